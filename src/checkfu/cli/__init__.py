@@ -1,0 +1,49 @@
+"""The ``checkfu`` command. Thin: it calls only the public API and renders what comes back."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import typer
+from rich.console import Console
+
+from checkfu.cli import checks, kit
+from checkfu.contract.errors import SandboxError
+
+app = typer.Typer(
+    name="checkfu",
+    help="The sandbox provider seam: check envelopes and profiles, export the author kit, run sandboxes.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+app.add_typer(checks.envelope_app, name="envelope")
+app.add_typer(checks.profile_app, name="profile")
+app.add_typer(kit.app, name="kit")
+
+EXIT_REFUSED = 1
+EXIT_INTERNAL = 70
+EXIT_INTERRUPTED = 130
+
+
+def main() -> None:
+    """Entry point: no traceback reaches a user unless ``CHECKFU_DEBUG=1``."""
+    err = Console(stderr=True)
+    try:
+        app()
+    except SandboxError as exc:
+        err.print(f"[bold red]{exc.code}[/]: {exc.message}", highlight=False, markup=True)
+        sys.exit(EXIT_REFUSED)
+    except KeyboardInterrupt:
+        err.print("interrupted")
+        sys.exit(EXIT_INTERRUPTED)
+    except Exception as exc:
+        if os.environ.get("CHECKFU_DEBUG") == "1":
+            raise
+        err.print(
+            f"checkfu: internal error: {type(exc).__name__}: {exc} (set CHECKFU_DEBUG=1 for a traceback)",
+            highlight=False,
+            markup=False,
+        )
+        sys.exit(EXIT_INTERNAL)

@@ -1,0 +1,80 @@
+"""``checkfu envelope check`` and ``checkfu profile check``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from checkfu.cli.files import dump, load
+from checkfu.contract.envelope import SandboxProviderCapabilities
+from checkfu.contract.errors import SandboxError
+from checkfu.contract.model import Model
+from checkfu.contract.profile import SandboxProfile
+from checkfu.contract.tiers import assess
+
+envelope_app = typer.Typer(help="Capability envelopes (SandboxProviderCapabilities).", no_args_is_help=True)
+profile_app = typer.Typer(help="Sandbox profiles.", no_args_is_help=True)
+
+FileArg = Annotated[Path, typer.Argument(help="a JSON or TOML file", show_default=False)]
+JsonOpt = Annotated[bool, typer.Option("--json", help="print one JSON object instead of a summary")]
+
+
+def _refusal(exc: SandboxError) -> dict[str, object]:
+    return {"ok": False, "error": {"code": exc.code, "message": exc.message, "field": exc.field}}
+
+
+def _check(model: type[Model], key: str, file: Path, as_json: bool) -> Model:
+    out = Console(highlight=False)
+    try:
+        value = load(model, file)
+    except SandboxError as exc:
+        if as_json:
+            print(json.dumps(_refusal(exc)))
+        else:
+            where = f" (field {exc.field})" if exc.field else ""
+            Console(stderr=True, highlight=False).print(f"[bold red]refused[/] {exc.code}{where}: {exc.message}")
+        raise typer.Exit(1) from None
+    if as_json:
+        print(json.dumps({"ok": True, key: dump(value)}))
+    else:
+        out.print(f"[bold green]ok[/] {file} is a valid {model.__name__}")
+    return value
+
+
+@envelope_app.command("check")
+def envelope_check(file: FileArg, as_json: JsonOpt = False) -> None:
+    """Decode an envelope strictly; summarize the tier it amounts to and what it cannot serve."""
+    env = _check(SandboxProviderCapabilities, "envelope", file, as_json)
+    if as_json:
+        return
+    assert isinstance(env, SandboxProviderCapabilities)
+    a = assess(env)
+    out = Console(highlight=False)
+    out.print(f"adapter   {env.target}")
+    colour = "yellow" if a.tier == "below_day_one" else "green"
+    out.print(f"tier      [bold {colour}]{a.label}[/]")
+    if a.short_of_next:
+        out.print("          short of the next tier: " + "; ".join(a.short_of_next))
+    if a.not_counting:
+        out.print("[yellow]not enforced[/]:")
+        for axis in a.not_counting:
+            out.print(f"  - {axis} ({env.enforcement.authority(axis)})")
+    else:
+        out.print("enforced  all nine axes count as enforcement")
+    if a.cannot_serve:
+        out.print("cannot serve:")
+        for item in a.cannot_serve:
+            out.print(f"  - {item}")
+
+
+@profile_app.command("check")
+def profile_check(file: FileArg, as_json: JsonOpt = False) -> None:
+    """Decode a profile strictly and print its content digest."""
+    prof = _check(SandboxProfile, "profile", file, as_json)
+    if not as_json:
+        assert isinstance(prof, SandboxProfile)
+        Console(highlight=False).print(f"digest    {prof.digest}")

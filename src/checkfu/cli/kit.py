@@ -1,0 +1,24 @@
+"""``checkfu kit export``: the provider author kit."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from checkfu.wire.kit import export_kit
+
+app = typer.Typer(help="The provider author kit: JSON Schemas and golden vectors.", no_args_is_help=True)
+
+
+@app.command("export")
+def export(directory: Annotated[Path, typer.Argument(help="where to write the kit", show_default=False)]) -> None:
+    """Write JSON Schemas (draft 2020-12) and golden vectors for every wire message."""
+    try:
+        count = export_kit(directory)
+    except OSError as exc:
+        Console(stderr=True).print(f"cannot write the kit to {directory}: {exc.strerror or exc}")
+        raise typer.Exit(1) from None
+    Console(highlight=False).print(f"wrote {count} files to {directory}")

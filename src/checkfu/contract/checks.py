@@ -1,0 +1,139 @@
+"""Cross-checks of provider results against what the runner asked and holds.
+
+Pure functions: given the request, the runner's own record and the decoded
+result, accept or raise the one vocabulary member the failure amounts to.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Collection, Iterable
+
+from checkfu.contract.errors import (
+    SandboxBoundExceeded,
+    SandboxDigestMismatch,
+    SandboxIdentityMismatch,
+    SandboxLeaseFenced,
+    SandboxPathRejected,
+    SandboxStateConflict,
+)
+from checkfu.contract.members import FileContent, ReadFilesResult, Result, WriteFileRequest, WriteFileResult
+from checkfu.contract.paths import admit_path, is_within
+from checkfu.contract.target import ExecutionTarget, Lease
+
+
+def check_lease(returned: Lease, held: Lease) -> None:
+    """A result must carry the caller's own lease at its own epoch.
+
+    Raises:
+        SandboxLeaseFenced: another lease id, or another (older or newer) epoch.
+    """
+    if returned.lease_id != held.lease_id:
+        raise SandboxLeaseFenced(
+            f"lease: result carries lease {returned.lease_id!r}, not {held.lease_id!r}", field="lease.lease_id"
+        )
+    if returned.lease_epoch != held.lease_epoch:
+        raise SandboxLeaseFenced(
+            f"lease: result carries epoch {returned.lease_epoch}, the runner holds {held.lease_epoch}",
+            field="lease.lease_epoch",
+        )
+
+
+def check_echo(
+    result: Result,
+    *,
+    target: ExecutionTarget,
+    lease: Lease,
+    allocation_key: str | None = None,
+    instance_id: str | None = None,
+) -> None:
+    """Every echo of ``result`` equals the runner's record.
+
+    Raises:
+        SandboxIdentityMismatch: the target tuple, allocation key or instance id differs.
+        SandboxLeaseFenced: the lease differs.
+    """
+    if result.target != target:
+        raise SandboxIdentityMismatch(
+            f"target: result echoes {result.target}, the runner selected {target}", field="target"
+        )
+    check_lease(result.lease, lease)
+    if allocation_key is not None:
+        check_equal("allocation_key", getattr(result, "allocation_key", None), allocation_key)
+    if instance_id is not None:
+        check_equal("instance_id", getattr(result, "instance_id", None), instance_id)
+
+
+def check_equal(field: str, returned: object, expected: object) -> None:
+    """Raises SandboxIdentityMismatch when a returned identity differs from the runner's own."""
+    if returned != expected:
+        raise SandboxIdentityMismatch(
+            f"{field}: result echoes {returned!r}, the runner holds {expected!r}", field=field
+        )
+
+
+def check_new_identity(field: str, returned: str, held: Collection[str]) -> None:
+    """A clone or a resumed instance must have an id the runner does not already hold.
+
+    Raises:
+        SandboxIdentityMismatch: the id is one the runner already holds.
+    """
+    if returned in held:
+        raise SandboxIdentityMismatch(f"{field}: {returned!r} is an id the runner already holds", field=field)
+
+
+def check_state(returned: str, expected: str, *, member: str) -> None:
+    """Raises SandboxStateConflict when a result reports a state the member cannot leave behind."""
+    if returned != expected:
+        raise SandboxStateConflict(f"state: {member} left the instance {returned}, expected {expected}", field="state")
+
+
+def check_bound(field: str, size: int, limit: int) -> None:
+    """Raises SandboxBoundExceeded when ``size`` is over the runner's ``limit``."""
+    if size > limit:
+        raise SandboxBoundExceeded(f"{field}: {size} is over the limit of {limit}", field=field)
+
+
+def check_write(result: WriteFileResult, request: WriteFileRequest) -> None:
+    """A staged write must echo the path, size and digest the runner sent."""
+    check_equal("path", result.path, request.path)
+    check_equal("size", result.size, request.size)
+    if result.digest != request.digest:
+        raise SandboxDigestMismatch(
+            f"digest: provider staged {result.digest}, the runner sent {request.digest}", field="digest"
+        )
+
+
+def sha256_digest(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def check_returned_paths(field: str, paths: Iterable[str], asked: Collection[str]) -> None:
+    """Every returned path is admissible and is one the runner asked for, or below one.
+
+    Raises:
+        SandboxPathRejected: naming the index of the first path at fault.
+    """
+    for i, path in enumerate(paths):
+        where = f"{field}.{i}"
+        admit_path(path, field=where)
+        if not any(is_within(path, root) for root in asked):
+            raise SandboxPathRejected(f"{where}: {path!r} was not asked for", field=where)
+
+
+def check_read_files(result: ReadFilesResult, asked: Collection[str], max_bytes: int) -> None:
+    """``readFiles`` returns only asked paths, within the byte bound, each matching its digest."""
+    check_returned_paths("files", (f.path for f in result.files), asked)
+    check_returned_paths("missing", result.missing, asked)
+    check_bound("files", sum(len(f.data) for f in result.files), max_bytes)
+    for i, f in enumerate(result.files):
+        check_content(f, field=f"files.{i}")
+
+
+def check_content(content: FileContent, *, field: str) -> None:
+    """Raises SandboxDigestMismatch when a returned file's bytes do not match its stated digest."""
+    actual = sha256_digest(content.data)
+    if actual != content.digest:
+        raise SandboxDigestMismatch(
+            f"{field}.digest: states {content.digest}, the bytes are {actual}", field=f"{field}.digest"
+        )

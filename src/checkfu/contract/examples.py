@@ -1,0 +1,278 @@
+"""Example values of every contract message: valid, minimal, and realistic.
+
+Provider authors read them; the author kit exports them as golden vectors; the
+tests build on them. Each function returns a fresh JSON-ready ``dict`` so a
+caller can mutate it into an invalid vector.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+from typing import Any
+
+from checkfu.contract.codec import decode_value
+from checkfu.contract.enforcement import AXES
+from checkfu.contract.profile import SandboxProfile
+
+HEX64 = "0" * 63 + "1"
+IMAGE_ID = "sha256:" + hashlib.sha256(b"checkfu example image").hexdigest()
+HELLO = b"hello\n"
+HELLO_SHA256 = "sha256:" + hashlib.sha256(HELLO).hexdigest()
+HELLO_GIT = "git:ce013625030ba8dba906f756967f9e9ca394464a"
+
+
+def target() -> dict[str, Any]:
+    return {
+        "provider": "acme-sandbox",
+        "provider_revision": "acme-sandbox 1.4.2",
+        "materialization_revision": "acme-images 7",
+        "placement": "hosted",
+    }
+
+
+def lease() -> dict[str, Any]:
+    return {"lease_id": "lease-0001", "lease_epoch": 3}
+
+
+def resources(scale: int = 1) -> dict[str, Any]:
+    return {"cpu_millis": 500 * scale, "memory_mib": 256 * scale, "disk_mib": 256 * scale, "pids": 64 * scale}
+
+
+def day_one_envelope() -> dict[str, Any]:
+    """The seed's day-one partner tier: ephemeral, network none, mounts, nothing optional."""
+    t = target()
+    return {
+        **t,
+        "tiers": ["container"],
+        "platforms": [{"os": "linux", "architecture": "amd64"}],
+        "image_mode": "profile",
+        "fixed_base_images": [],
+        "package_managers": ["apt", "pip"],
+        "network_modes": ["none"],
+        "retention_modes": ["ephemeral_zdr"],
+        "snapshots": False,
+        "enforcement": {
+            "sandbox_isolation": "provider_attested",
+            "root_read_only": "not_enforced",
+            "non_root": "guest_observed",
+            "no_new_privileges": "not_enforced",
+            "capabilities_dropped": "not_enforced",
+            "mounts_sealed": "provider_attested",
+            "disk_limit": "provider_attested",
+            "network_policy": "provider_attested",
+            "resource_limits": "provider_attested",
+        },
+        "minimum_resources": resources(1),
+        "maximum_resources": resources(8),
+        "max_mounts": 8,
+        "lifecycle_assurances": {"release_destroys": True, "cold_compensation": True},
+    }
+
+
+def parity_envelope() -> dict[str, Any]:
+    """Everything declared: the shape of an in-tree Docker-parity envelope."""
+    env = day_one_envelope()
+    env.update(
+        provider="example-parity",
+        placement="local",
+        retention_modes=["durable", "ephemeral_zdr"],
+        network_modes=["none", "allowlist"],
+        egress_certification="advisory_filter",
+        snapshots=True,
+        snapshot_custody="runner",
+        list_dir=True,
+        operations=["openProcess", "readFiles", "listAllocations"],
+        lifecycle_assurances={
+            "release_destroys": True,
+            "release_idempotent": True,
+            "reaps_process_tree": True,
+            "cold_compensation": True,
+            "enumerates_allocations": True,
+        },
+        enforcement={axis: "runner_enforced" for axis in AXES},
+        max_mounts=64,
+    )
+    return env
+
+
+def profile() -> dict[str, Any]:
+    return {
+        "tier": "container",
+        "base_image": "debian@" + IMAGE_ID,
+        "packages": {"apt": ["jq=1.6-2.1"], "pip": ["requests==2.31.0"]},
+        "network_policy": {"mode": "none"},
+        "resource_limits": resources(2),
+        "retention_mode": "ephemeral_zdr",
+    }
+
+
+def mount() -> dict[str, Any]:
+    return {
+        "target": "/workspace",
+        "files": [
+            {"path": "README", "mode": 0o644, "size": len(HELLO), "digest": HELLO_GIT},
+            {"path": "src/run.sh", "mode": 0o755, "size": len(HELLO), "digest": HELLO_SHA256},
+        ],
+    }
+
+
+def platform() -> dict[str, Any]:
+    return {"os": "linux", "architecture": "amd64"}
+
+
+def instance_call() -> dict[str, Any]:
+    return {"target": target(), "lease": lease(), "allocation_key": "ak-0001", "instance_id": "i-42"}
+
+
+def instance_echo(state: str = "provisioning") -> dict[str, Any]:
+    return {**instance_call(), "state": state}
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def _call() -> dict[str, Any]:
+    return {"target": target(), "lease": lease()}
+
+
+def _echo() -> dict[str, Any]:
+    return {"target": target(), "lease": lease()}
+
+
+def _profile_bound() -> dict[str, Any]:
+    prof = profile()
+    return {
+        **_call(),
+        "profile": prof,
+        "profile_digest": decode_value(SandboxProfile, prof).digest,
+        "platform": platform(),
+    }
+
+
+def _allocating(key: str = "ak-0001") -> dict[str, Any]:
+    return {
+        **_profile_bound(),
+        "allocation_key": key,
+        "runner_tag": "runner-a",
+        "mounts": [mount()],
+        "root_image": IMAGE_ID,
+    }
+
+
+def _process() -> dict[str, Any]:
+    return {**instance_call(), "argv": ["sh", "-c", "echo hello"], "env": {"LANG": "C.UTF-8"}, "cwd": "/workspace"}
+
+
+def messages() -> dict[str, list[dict[str, Any]]]:
+    """At least one valid example of every wire message, by message name."""
+    ic = instance_call()
+    return {
+        "SandboxProviderCapabilities": [day_one_envelope(), parity_envelope()],
+        "SandboxProfile": [profile()],
+        "MountPlan": [mount()],
+        "DescribeRequest": [{}],
+        "DescribeResult": [{"envelope": day_one_envelope()}],
+        "MaterializeRequest": [_profile_bound()],
+        "MaterializeResult": [
+            {
+                **_echo(),
+                "profile_digest": _profile_bound()["profile_digest"],
+                "image": IMAGE_ID,
+                "materialization_revision": "acme-images 7",
+                "built": True,
+            }
+        ],
+        "ProvisionRequest": [_allocating(), {**_allocating(), "mounts": []}],
+        "InstanceResult": [instance_echo("provisioning"), instance_echo("active")],
+        "WriteFileRequest": [
+            {**ic, "path": "/workspace/README", "mode": 0o644, "size": len(HELLO), "digest": HELLO_SHA256}
+        ],
+        "WriteFileResult": [{**ic, "path": "/workspace/README", "size": len(HELLO), "digest": HELLO_SHA256}],
+        "ActivateRequest": [ic],
+        "ExecRequest": [{**_process(), "stdin": b64(b"input"), "timeout_ms": 30000, "max_output_bytes": 1 << 20}],
+        "ExecResult": [
+            {
+                **ic,
+                "exit_code": 0,
+                "timed_out": False,
+                "stdout": b64(HELLO),
+                "stderr": "",
+                "stdout_truncated": False,
+                "stderr_truncated": False,
+            }
+        ],
+        "InspectRequest": [ic],
+        "ReleaseRequest": [ic],
+        "ReleaseResult": [{**instance_echo("released"), "destroyed": True}],
+        "CompensateRequest": [{**_call(), "allocation_key": "ak-0001", "runner_tag": "runner-a"}],
+        "CompensateResult": [{**_echo(), "allocation_key": "ak-0001", "reclaimed": 2}],
+        "OpenProcessRequest": [_process()],
+        "ProcessStarted": [{**ic, "process_id": "p-1"}],
+        "ReadFilesRequest": [{**ic, "paths": ["/workspace/README"], "max_bytes": 1 << 20}],
+        "ReadFilesResult": [
+            {
+                **ic,
+                "files": [{"path": "/workspace/README", "mode": 0o644, "digest": HELLO_SHA256, "data": b64(HELLO)}],
+                "missing": [],
+            }
+        ],
+        "ListAllocationsRequest": [{**_call(), "runner_tag": "runner-a"}],
+        "ListAllocationsResult": [
+            {
+                **_echo(),
+                "runner_tag": "runner-a",
+                "allocations": [{"allocation_key": "ak-0001", "kind": "instance", "object_id": "c0ffee"}],
+            }
+        ],
+        "ListDirRequest": [{**ic, "path": "/workspace", "recursive": True, "max_entries": 1000}],
+        "ListDirResult": [
+            {
+                **ic,
+                "path": "/workspace",
+                "truncated": False,
+                "entries": [
+                    {"path": "/workspace/README", "kind": "file", "size": len(HELLO), "mode": 0o644},
+                    {"path": "/workspace/src", "kind": "dir", "size": 0, "mode": 0o755},
+                ],
+            }
+        ],
+        "SnapshotRequest": [{**ic, "snapshot_allocation_key": "ak-0002"}],
+        "SnapshotResult": [{**ic, "snapshot_allocation_key": "ak-0002", "snapshot_id": "s-7"}],
+        "DeleteSnapshotRequest": [{**_call(), "snapshot_allocation_key": "ak-0002", "snapshot_id": "s-7"}],
+        "DeleteSnapshotResult": [
+            {**_echo(), "snapshot_allocation_key": "ak-0002", "snapshot_id": "s-7", "deleted": True}
+        ],
+        "CloneRequest": [{**_allocating("ak-0003"), "source_allocation_key": "ak-0001", "source_instance_id": "i-42"}],
+        "CloneResult": [
+            {
+                **_echo(),
+                "allocation_key": "ak-0003",
+                "instance_id": "i-43",
+                "state": "provisioning",
+                "source_instance_id": "i-42",
+            }
+        ],
+        "ResumeRequest": [{**_allocating("ak-0004"), "snapshot_allocation_key": "ak-0002", "snapshot_id": "s-7"}],
+        "ResumeResult": [
+            {
+                **_echo(),
+                "allocation_key": "ak-0004",
+                "instance_id": "i-44",
+                "state": "provisioning",
+                "snapshot_id": "s-7",
+            }
+        ],
+    }
+
+
+def wire_error() -> dict[str, Any]:
+    return {
+        "error": {
+            "code": "SandboxNotFound",
+            "message": "instance i-42 is gone",
+            "retryable": False,
+            "field": "instance_id",
+        }
+    }

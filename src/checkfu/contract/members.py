@@ -1,0 +1,395 @@
+"""Requests and results of the seventeen lifecycle members.
+
+Every result echoes what it acts on: the execution target tuple and the lease,
+and for instance-scoped members the allocation key and the instance id. Paths
+and ids a provider returns decode as plain bounded strings here; the runner
+admits them with ``checkfu.contract.paths`` and cross-checks them with
+``checkfu.contract.checks`` so each failure gets its own error code.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, ClassVar, Literal
+
+from pydantic import Field, Strict, model_validator
+
+from checkfu.contract.envelope import MOUNT_CEILING, Member, SandboxProviderCapabilities
+from checkfu.contract.errors import SandboxDigestMismatch, SandboxError, SandboxPathRejected, SandboxResultInvalid
+from checkfu.contract.model import (
+    NONEMPTY,
+    UNIQUE,
+    UNIQUE_ITEMS,
+    Bool,
+    Bytes,
+    Identifier,
+    Int,
+    Model,
+    NonNegInt,
+    PosInt,
+    Sha256Digest,
+    Str,
+    rule_error,
+)
+from checkfu.contract.mounts import MountPlan, overlapping_targets
+from checkfu.contract.paths import SandboxPath
+from checkfu.contract.profile import ImageRef, SandboxProfile
+from checkfu.contract.target import AllocationKey, ExecutionTarget, Lease, Revision, RunnerTag
+from checkfu.contract.vocabulary import Platform
+
+InstanceState = Literal["provisioning", "active", "released"]
+EnvName = Annotated[str, Strict(), Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,255}$")]
+Arg = Annotated[str, Strict(), Field(max_length=131072)]
+ResultPath = Annotated[str, Strict(), Field(max_length=65536)]
+"""A path as a provider reports it; admitted by the runner, not by the decoder."""
+
+
+class Call(Model):
+    """Fields every request carries: the execution target and the lease."""
+
+    target: ExecutionTarget
+    lease: Lease
+
+
+class InstanceCall(Call):
+    """A request that acts on one instance."""
+
+    allocation_key: AllocationKey
+    instance_id: Identifier
+
+
+class Result(Model):
+    """Fields every result echoes."""
+
+    decode_error: ClassVar[type[SandboxError]] = SandboxResultInvalid
+
+    target: ExecutionTarget
+    lease: Lease
+
+
+class InstanceResult(Result):
+    """An instance as the provider now holds it."""
+
+    allocation_key: AllocationKey
+    instance_id: Identifier
+    state: InstanceState
+
+
+# describe ---------------------------------------------------------------------------------
+
+
+class DescribeRequest(Model):
+    """``describe`` takes nothing."""
+
+
+class DescribeResult(Model):
+    decode_error: ClassVar[type[SandboxError]] = SandboxResultInvalid
+
+    envelope: SandboxProviderCapabilities
+
+
+# materialize ------------------------------------------------------------------------------
+
+
+class _ProfileBound(Call):
+    profile: SandboxProfile
+    profile_digest: Sha256Digest
+    platform: Platform
+
+    @model_validator(mode="after")
+    def _digest_matches(self) -> _ProfileBound:
+        if self.profile_digest != self.profile.digest:
+            raise rule_error(
+                SandboxDigestMismatch,
+                "profile_digest",
+                f"{self.profile_digest} is not the profile's digest {self.profile.digest}",
+            )
+        return self
+
+
+class MaterializeRequest(_ProfileBound):
+    """Turn an admitted profile into an image. Idempotent per profile digest."""
+
+
+class MaterializeResult(Result):
+    profile_digest: Sha256Digest
+    image: ImageRef
+    materialization_revision: Revision
+    built: Bool = Field(description="true when this call built the image, false when it was cached")
+
+
+# provision, clone, resume -------------------------------------------------------------------
+
+
+class _Allocating(_ProfileBound):
+    allocation_key: AllocationKey
+    runner_tag: RunnerTag
+    mounts: Annotated[tuple[MountPlan, ...], Field(max_length=MOUNT_CEILING)] = ()
+    root_image: ImageRef
+
+    @model_validator(mode="after")
+    def _mounts_apart(self) -> _Allocating:
+        pair = overlapping_targets(self.mounts)
+        if pair is not None:
+            i, j = pair
+            raise rule_error(
+                SandboxPathRejected,
+                f"mounts.{j}.target",
+                f"{self.mounts[j].target!r} overlaps mounts.{i}.target {self.mounts[i].target!r}",
+            )
+        return self
+
+    @property
+    def mount_roots(self) -> tuple[str, ...]:
+        return tuple(m.target for m in self.mounts)
+
+
+class ProvisionRequest(_Allocating):
+    """Allocate an instance; it comes back in ``provisioning``, not started."""
+
+
+class CloneRequest(_Allocating):
+    """Allocate a new, independent instance from the current state of a live one."""
+
+    source_allocation_key: AllocationKey
+    source_instance_id: Identifier
+
+
+class ResumeRequest(_Allocating):
+    """Allocate a new instance from a snapshot."""
+
+    snapshot_allocation_key: AllocationKey
+    snapshot_id: Identifier
+
+
+class CloneResult(InstanceResult):
+    source_instance_id: Identifier
+
+
+class ResumeResult(InstanceResult):
+    snapshot_id: Identifier
+
+
+# writeFile --------------------------------------------------------------------------------
+
+
+class WriteFileRequest(InstanceCall):
+    """Stage bytes at ``path`` during ``provisioning``; the bytes travel beside the request."""
+
+    path: SandboxPath
+    mode: Annotated[int, Strict(), Field(ge=0, le=0o777)] = 0o644
+    size: NonNegInt
+    digest: Sha256Digest
+
+
+class WriteFileResult(Result):
+    allocation_key: AllocationKey
+    instance_id: Identifier
+    path: ResultPath
+    size: NonNegInt
+    digest: Sha256Digest
+
+
+# activate, inspect, release -----------------------------------------------------------------
+
+
+class ActivateRequest(InstanceCall):
+    """Make staged paths real and sealed, and start the instance."""
+
+
+class InspectRequest(InstanceCall):
+    """Report the instance's current identity and state."""
+
+
+class ReleaseRequest(InstanceCall):
+    """Release the instance; destroy it where the retention mode or an assurance says so."""
+
+
+class ReleaseResult(InstanceResult):
+    state: Literal["released"]
+    destroyed: Bool
+
+
+# exec, openProcess ------------------------------------------------------------------------
+
+
+class _ProcessSpec(InstanceCall):
+    argv: Annotated[tuple[Arg, ...], NONEMPTY, Field(max_length=4096)]
+    env: dict[EnvName, Arg] = Field(default_factory=dict)
+    cwd: SandboxPath | None = None
+
+
+class ExecRequest(_ProcessSpec):
+    """Run one process to completion."""
+
+    stdin: Bytes = b""
+    timeout_ms: PosInt
+    max_output_bytes: PosInt = Field(description="cap per stream; more is dropped and flagged")
+
+
+class ExecResult(Result):
+    allocation_key: AllocationKey
+    instance_id: Identifier
+    exit_code: Int
+    timed_out: Bool
+    stdout: Bytes
+    stderr: Bytes
+    stdout_truncated: Bool
+    stderr_truncated: Bool
+
+
+class OpenProcessRequest(_ProcessSpec):
+    """Start one process with streamed stdin, stdout and stderr."""
+
+
+class ProcessStarted(Result):
+    """The first event of an open process; echoes the instance it runs in."""
+
+    allocation_key: AllocationKey
+    instance_id: Identifier
+    process_id: Identifier
+
+
+# readFiles, listDir -----------------------------------------------------------------------
+
+
+class ReadFilesRequest(InstanceCall):
+    paths: Annotated[tuple[SandboxPath, ...], UNIQUE, UNIQUE_ITEMS, NONEMPTY, Field(max_length=1024)]
+    max_bytes: PosInt = Field(description="cap on the bytes of all files together")
+
+
+class FileContent(Model):
+    path: ResultPath
+    mode: Annotated[int, Strict(), Field(ge=0, le=0o7777)]
+    digest: Sha256Digest
+    data: Bytes
+
+
+class ReadFilesResult(Result):
+    allocation_key: AllocationKey
+    instance_id: Identifier
+    files: tuple[FileContent, ...]
+    missing: tuple[ResultPath, ...] = ()
+
+
+class ListDirRequest(InstanceCall):
+    path: SandboxPath
+    recursive: Bool = False
+    max_entries: PosInt
+
+
+EntryKind = Literal["file", "dir", "symlink", "other"]
+
+
+class DirEntry(Model):
+    path: ResultPath
+    kind: EntryKind
+    size: NonNegInt
+    mode: Annotated[int, Strict(), Field(ge=0, le=0o7777)]
+
+
+class ListDirResult(Result):
+    allocation_key: AllocationKey
+    instance_id: Identifier
+    path: ResultPath
+    entries: tuple[DirEntry, ...]
+    truncated: Bool
+
+
+# listAllocations, compensate ----------------------------------------------------------------
+
+AllocationKind = Literal["instance", "snapshot", "image", "volume", "other"]
+
+
+class ListAllocationsRequest(Call):
+    runner_tag: RunnerTag
+
+
+class AllocationEntry(Model):
+    allocation_key: AllocationKey
+    kind: AllocationKind
+    object_id: Str
+
+
+class ListAllocationsResult(Result):
+    runner_tag: RunnerTag
+    allocations: tuple[AllocationEntry, ...]
+
+
+class CompensateRequest(Call):
+    """Cold compensation: reclaim everything tagged with ``allocation_key``; idempotent."""
+
+    allocation_key: AllocationKey
+    runner_tag: RunnerTag
+
+
+class CompensateResult(Result):
+    allocation_key: AllocationKey
+    reclaimed: NonNegInt = Field(description="objects removed by this call; 0 when nothing was left")
+
+
+# snapshot family --------------------------------------------------------------------------
+
+
+class SnapshotRequest(InstanceCall):
+    snapshot_allocation_key: AllocationKey
+
+
+class SnapshotResult(Result):
+    allocation_key: AllocationKey
+    instance_id: Identifier
+    snapshot_allocation_key: AllocationKey
+    snapshot_id: Identifier
+
+
+class DeleteSnapshotRequest(Call):
+    snapshot_allocation_key: AllocationKey
+    snapshot_id: Identifier
+
+
+class DeleteSnapshotResult(Result):
+    snapshot_allocation_key: AllocationKey
+    snapshot_id: Identifier
+    deleted: Bool
+
+
+MESSAGES: dict[Member, tuple[type[Model], type[Model]]] = {
+    "describe": (DescribeRequest, DescribeResult),
+    "materialize": (MaterializeRequest, MaterializeResult),
+    "provision": (ProvisionRequest, InstanceResult),
+    "writeFile": (WriteFileRequest, WriteFileResult),
+    "activate": (ActivateRequest, InstanceResult),
+    "exec": (ExecRequest, ExecResult),
+    "inspect": (InspectRequest, InstanceResult),
+    "release": (ReleaseRequest, ReleaseResult),
+    "compensate": (CompensateRequest, CompensateResult),
+    "openProcess": (OpenProcessRequest, ProcessStarted),
+    "readFiles": (ReadFilesRequest, ReadFilesResult),
+    "listAllocations": (ListAllocationsRequest, ListAllocationsResult),
+    "listDir": (ListDirRequest, ListDirResult),
+    "snapshot": (SnapshotRequest, SnapshotResult),
+    "deleteSnapshot": (DeleteSnapshotRequest, DeleteSnapshotResult),
+    "clone": (CloneRequest, CloneResult),
+    "resume": (ResumeRequest, ResumeResult),
+}
+"""Each member's request and result type, by wire name."""
+
+METHOD_NAMES: dict[Member, str] = {
+    "describe": "describe",
+    "materialize": "materialize",
+    "provision": "provision",
+    "writeFile": "write_file",
+    "activate": "activate",
+    "exec": "exec",
+    "inspect": "inspect",
+    "release": "release",
+    "compensate": "compensate",
+    "openProcess": "open_process",
+    "readFiles": "read_files",
+    "listAllocations": "list_allocations",
+    "listDir": "list_dir",
+    "snapshot": "snapshot",
+    "deleteSnapshot": "delete_snapshot",
+    "clone": "clone",
+    "resume": "resume",
+}
+"""The Python method of ``Provider`` that serves each member."""

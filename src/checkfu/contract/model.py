@@ -1,0 +1,106 @@
+"""The base model and the scalar types every contract message is built from.
+
+Models are frozen, keyword-only and refuse unknown fields. Scalars are strict
+(no string-to-number or number-to-bool coercion); sequences decode from JSON
+arrays into tuples. Cross-field rules live in each model's ``model_validator``
+so they fire on construction and on decode alike.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections.abc import Hashable, Sequence
+from typing import Annotated, ClassVar, TypeVar
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    PlainValidator,
+    Strict,
+    WithJsonSchema,
+)
+from pydantic_core import PydanticCustomError
+
+from checkfu.contract.errors import SandboxError, SandboxProtocolViolation
+
+MAX_SAFE_INT = 2**53 - 1
+"""The largest integer every JSON implementation reads exactly (I-JSON, RFC 7493)."""
+
+Int = Annotated[int, Strict(), Field(ge=-MAX_SAFE_INT, le=MAX_SAFE_INT)]
+NonNegInt = Annotated[int, Strict(), Field(ge=0, le=MAX_SAFE_INT)]
+PosInt = Annotated[int, Strict(), Field(ge=1, le=MAX_SAFE_INT)]
+Bool = Annotated[bool, Strict()]
+Str = Annotated[str, Strict(), Field(max_length=65536)]
+
+
+def _bytes_in(value: object) -> bytes:
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, str):
+        try:
+            return base64.b64decode(value, validate=True)
+        except (binascii.Error, ValueError):
+            raise PydanticCustomError("base64", "is not standard base64 (RFC 4648 section 4, padded)") from None
+    raise PydanticCustomError("bytes_type", "should be base64 text")
+
+
+Bytes = Annotated[
+    bytes,
+    PlainValidator(_bytes_in, json_schema_input_type=str),
+    PlainSerializer(lambda b: base64.b64encode(b).decode("ascii"), return_type=str, when_used="json"),
+    WithJsonSchema({"type": "string", "contentEncoding": "base64"}),
+]
+"""Bytes travel as standard, padded base64 (what Go's ``encoding/json`` does for ``[]byte``)."""
+
+Sha256Digest = Annotated[str, Strict(), Field(pattern=r"^sha256:[0-9a-f]{64}$")]
+"""``sha256:`` and 64 lowercase hex digits."""
+
+Identifier = Annotated[str, Strict(), Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")]
+"""An opaque id chosen by the runner or the provider: 1..128 characters, no spaces or slashes."""
+
+H = TypeVar("H", bound=Hashable)
+
+
+def _unique(items: Sequence[H]) -> Sequence[H]:
+    seen: set[H] = set()
+    for i, item in enumerate(items):
+        if item in seen:
+            raise PydanticCustomError(
+                "duplicate", "duplicate entry {item} at index {index}", {"item": repr(item)[:80], "index": i}
+            )
+        seen.add(item)
+    return items
+
+
+UNIQUE = AfterValidator(_unique)
+"""Refuses a duplicate in a set-valued list (pair it with ``UNIQUE_ITEMS`` for the schema)."""
+
+UNIQUE_ITEMS = Field(json_schema_extra={"uniqueItems": True})
+NONEMPTY = Field(min_length=1)
+
+
+def rule_error(error: type[SandboxError], field: str, message: str) -> PydanticCustomError:
+    """A cross-field rule's failure, raised inside a validator.
+
+    The decoder turns it into ``error`` with the full dotted path of ``field``
+    (prefixed by wherever the message sits inside an outer one).
+    """
+    return PydanticCustomError("contract_rule", "{message}", {"message": message, "code": error.code, "field": field})
+
+
+class Model(BaseModel):
+    """Base of every contract message: frozen, strict scalars, no unknown fields."""
+
+    model_config = ConfigDict(
+        frozen=True,
+        extra="forbid",
+        validate_default=False,
+        hide_input_in_errors=True,
+    )
+
+    decode_error: ClassVar[type[SandboxError]] = SandboxProtocolViolation
+    """The vocabulary member a decode failure of this message becomes."""

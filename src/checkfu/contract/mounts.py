@@ -1,0 +1,75 @@
+"""Mount plans: what the runner stages into a sandbox, file by file, at each Run start."""
+
+from __future__ import annotations
+
+from typing import Annotated, ClassVar
+
+from pydantic import Field, Strict, model_validator
+
+from checkfu.contract.errors import SandboxError, SandboxPathRejected, SandboxProfileInvalid
+from checkfu.contract.model import Model, NonNegInt, rule_error
+from checkfu.contract.paths import RelativePath, SandboxPath, is_within
+
+ContentDigest = Annotated[str, Strict(), Field(pattern=r"^(?:sha256:[0-9a-f]{64}|git:(?:[0-9a-f]{40}|[0-9a-f]{64}))$")]
+"""``sha256:<hex>`` of the bytes, or ``git:<blob id>`` for immutable Git content."""
+
+MAX_FILE_BYTES = 1 << 32
+"""No single staged file may be larger than 4 GiB."""
+
+MAX_FILES_PER_MOUNT = 100_000
+
+
+class MountFile(Model):
+    """One file of a mount: where it lands below the target, its mode, size and digest."""
+
+    decode_error: ClassVar[type[SandboxError]] = SandboxProfileInvalid
+
+    path: RelativePath
+    mode: Annotated[int, Strict(), Field(ge=0, le=0o777, description="permission bits only")] = 0o644
+    size: Annotated[NonNegInt, Field(le=MAX_FILE_BYTES)]
+    digest: ContentDigest
+
+
+class MountPlan(Model):
+    """A target directory and its files. Sealed read-only once the instance is active."""
+
+    decode_error: ClassVar[type[SandboxError]] = SandboxProfileInvalid
+
+    target: SandboxPath
+    files: Annotated[tuple[MountFile, ...], Field(max_length=MAX_FILES_PER_MOUNT)]
+
+    @model_validator(mode="after")
+    def _distinct_files(self) -> MountPlan:
+        if self.target == "/":
+            raise rule_error(SandboxPathRejected, "target", "a mount may not cover the root '/'")
+        seen: set[str] = set()
+        dirs: set[str] = set()
+        for i, f in enumerate(self.files):
+            if f.path in seen or f.path in dirs:
+                raise rule_error(SandboxPathRejected, f"files.{i}.path", f"{f.path!r} is staged twice")
+            seen.add(f.path)
+            parts = f.path.split("/")
+            for j in range(1, len(parts)):
+                dirs.add("/".join(parts[:j]))
+        clash = seen & dirs
+        if clash:
+            name = sorted(clash)[0]
+            raise rule_error(SandboxPathRejected, "files", f"{name!r} is both a file and a directory")
+        return self
+
+    def absolute(self, file: MountFile) -> str:
+        return f"{self.target}/{file.path}"
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(f.size for f in self.files)
+
+
+def overlapping_targets(mounts: tuple[MountPlan, ...]) -> tuple[int, int] | None:
+    """The first pair of mount indexes whose targets overlap (one inside the other), if any."""
+    for i, a in enumerate(mounts):
+        for j in range(i + 1, len(mounts)):
+            b = mounts[j]
+            if is_within(a.target, b.target) or is_within(b.target, a.target):
+                return (i, j)
+    return None

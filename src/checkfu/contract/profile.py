@@ -1,0 +1,123 @@
+"""The admitted ``SandboxProfile``, frozen at admission, with its content digest."""
+
+from __future__ import annotations
+
+import re
+from functools import cached_property
+from typing import Annotated, ClassVar
+
+from pydantic import AfterValidator, Field, Strict, model_validator
+from pydantic_core import PydanticCustomError
+
+from checkfu.contract.codec import digest
+from checkfu.contract.errors import SandboxError, SandboxProfileInvalid
+from checkfu.contract.model import UNIQUE, UNIQUE_ITEMS, Model, rule_error
+from checkfu.contract.vocabulary import NetworkMode, PackageManager, Resources, RetentionMode, Tier
+
+HOST_IMAGE = "host"
+"""The base image of the host-process tier: the runner host's own userland."""
+
+ImageRef = Annotated[
+    str,
+    Strict(),
+    Field(pattern=r"^(?:host|sha256:[0-9a-f]{64}|[a-z0-9][a-z0-9._/:-]{0,254}@sha256:[0-9a-f]{64})$"),
+]
+"""A pinned image: ``name@sha256:…`` by digest, ``sha256:…`` a locally built image id, or ``host``."""
+
+PIN_PATTERNS: dict[PackageManager, re.Pattern[str]] = {
+    "apt": re.compile(r"^[a-z0-9][a-z0-9+.-]*=[A-Za-z0-9.+~:-]+$"),
+    "pip": re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*==[A-Za-z0-9.+!_-]+$"),
+    "npm": re.compile(r"^(?:@[a-z0-9._-]+/)?[a-z0-9._-]+@[0-9A-Za-z.+-]+$"),
+    "cargo": re.compile(r"^[A-Za-z0-9_-]+@[0-9A-Za-z.+-]+$"),
+    "gem": re.compile(r"^[A-Za-z0-9._-]+:[0-9A-Za-z.+-]+$"),
+    "go": re.compile(r"^[A-Za-z0-9._~/-]+@v[0-9A-Za-z.+-]+$"),
+}
+"""A pinned name per manager: ``curl=7.88.1-10``, ``requests==2.31.0``, ``left-pad@1.3.0``,
+``serde@1.0.0``, ``rake:13.0.6``, ``golang.org/x/tools@v0.1.0``."""
+
+PIN_EXAMPLES: dict[PackageManager, str] = {
+    "apt": "curl=7.88.1-10",
+    "pip": "requests==2.31.0",
+    "npm": "left-pad@1.3.0",
+    "cargo": "serde@1.0.0",
+    "gem": "rake:13.0.6",
+    "go": "golang.org/x/tools@v0.1.0",
+}
+
+
+def _port_in_range(value: str) -> str:
+    port = int(value.rsplit(":", 1)[1])
+    if not 1 <= port <= 65535:
+        raise PydanticCustomError("destination", "port {port} is outside 1..65535", {"port": port})
+    return value
+
+
+Destination = Annotated[
+    str,
+    Strict(),
+    Field(
+        pattern=r"^(?:[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?(?:\.[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?)*"
+        r"|\[[0-9a-f:.]{2,45}\]):[0-9]{1,5}$",
+        max_length=260,
+    ),
+    AfterValidator(_port_in_range),
+]
+"""``host:port``: a lowercase DNS name, an IPv4 address, or a bracketed IPv6 address."""
+
+
+class NetworkPolicy(Model):
+    """The profile's network: a mode and, for ``allowlist`` only, its destinations."""
+
+    decode_error: ClassVar[type[SandboxError]] = SandboxProfileInvalid
+
+    mode: NetworkMode
+    allowlist: Annotated[tuple[Destination, ...], UNIQUE, UNIQUE_ITEMS] = ()
+
+    @model_validator(mode="after")
+    def _allowlist_matches_mode(self) -> NetworkPolicy:
+        if self.mode == "allowlist" and not self.allowlist:
+            raise rule_error(SandboxProfileInvalid, "allowlist", "mode 'allowlist' needs at least one destination")
+        if self.mode != "allowlist" and self.allowlist:
+            raise rule_error(
+                SandboxProfileInvalid,
+                "allowlist",
+                f"destinations are only allowed with mode 'allowlist', not {self.mode!r}",
+            )
+        return self
+
+
+class SandboxProfile(Model):
+    """What a Session's sandbox is, frozen at admission and never moved again."""
+
+    decode_error: ClassVar[type[SandboxError]] = SandboxProfileInvalid
+
+    tier: Tier
+    base_image: ImageRef
+    packages: dict[
+        PackageManager, Annotated[tuple[Annotated[str, Strict(), Field(max_length=256)], ...], UNIQUE, UNIQUE_ITEMS]
+    ] = Field(default_factory=dict, description="pinned names per package manager")
+    network_policy: NetworkPolicy
+    resource_limits: Resources
+    retention_mode: RetentionMode
+
+    @model_validator(mode="after")
+    def _pins(self) -> SandboxProfile:
+        for manager, names in self.packages.items():
+            pattern = PIN_PATTERNS[manager]
+            for i, name in enumerate(names):
+                if not pattern.fullmatch(name):
+                    raise rule_error(
+                        SandboxProfileInvalid,
+                        f"packages.{manager}.{i}",
+                        f"{name[:80]!r} is not a pinned {manager} name (for example {PIN_EXAMPLES[manager]!r})",
+                    )
+        return self
+
+    @cached_property
+    def digest(self) -> str:
+        """``sha256:`` of the profile's RFC 8785 canonical JSON; independent of key order."""
+        return digest(self)
+
+    @property
+    def package_managers(self) -> tuple[PackageManager, ...]:
+        return tuple(m for m, names in self.packages.items() if names)

@@ -1,0 +1,1 @@
+"""The wire form: JSON Schemas, golden vectors, and (later) the HTTP service and client."""
