@@ -1,0 +1,1 @@
+"""In-tree sandbox providers. Each depends on ``checkfu.contract`` only."""
