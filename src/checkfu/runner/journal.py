@@ -1,0 +1,366 @@
+"""The runner's journal: allocations, leases, runs and member-call events.
+
+SQLAlchemy Core over an embedded SQLite file by default, PostgreSQL by URL; one
+schema for both. The journal is written *before* a provider is asked for an
+allocation, so a crash at any point leaves a row that reconciliation can settle
+with ``compensate(allocation_key)``.
+
+Allocation states::
+
+    pending      journaled; the provider may or may not have allocated
+    live         the provider's result passed every check
+    released     released through the provider
+    compensated  reclaimed by compensate(allocation_key)
+
+``pending`` and ``live`` are *open*: reconciliation reclaims an open allocation
+whose lease has expired or whose owner is gone.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.pool import StaticPool
+
+from checkfu.contract.codec import decode
+from checkfu.contract.target import ExecutionTarget
+
+AllocationState = Literal["pending", "live", "released", "compensated"]
+AllocationKind = Literal["instance", "snapshot", "clone", "resume"]
+OPEN_STATES: tuple[AllocationState, ...] = ("pending", "live")
+
+metadata = sa.MetaData()
+
+runs = sa.Table(
+    "runs",
+    metadata,
+    sa.Column("run_id", sa.String(64), primary_key=True),
+    sa.Column("runner_tag", sa.String(128), nullable=False),
+    sa.Column("target", sa.Text, nullable=False),
+    sa.Column("profile_digest", sa.String(80), nullable=True),
+    sa.Column("command", sa.Text, nullable=True),
+    sa.Column("status", sa.String(32), nullable=False),
+    sa.Column("exit_code", sa.Integer, nullable=True),
+    sa.Column("summary", sa.Text, nullable=True),
+    sa.Column("created_at", sa.Float, nullable=False),
+    sa.Column("finished_at", sa.Float, nullable=True),
+)
+
+leases = sa.Table(
+    "leases",
+    metadata,
+    sa.Column("lease_id", sa.String(128), primary_key=True),
+    sa.Column("run_id", sa.String(64), nullable=False),
+    sa.Column("owner", sa.String(256), nullable=False),
+    sa.Column("epoch", sa.BigInteger, nullable=False),
+    sa.Column("expires_at", sa.Float, nullable=False),
+    sa.Column("ended", sa.Boolean, nullable=False, default=False),
+)
+
+allocations = sa.Table(
+    "allocations",
+    metadata,
+    sa.Column("allocation_key", sa.String(128), primary_key=True),
+    sa.Column("run_id", sa.String(64), nullable=False, index=True),
+    sa.Column("kind", sa.String(16), nullable=False),
+    sa.Column("target", sa.Text, nullable=False),
+    sa.Column("runner_tag", sa.String(128), nullable=False, index=True),
+    sa.Column("lease_id", sa.String(128), nullable=False),
+    sa.Column("state", sa.String(16), nullable=False, index=True),
+    sa.Column("object_id", sa.String(256), nullable=True),
+    sa.Column("parent_key", sa.String(128), nullable=True),
+    sa.Column("created_at", sa.Float, nullable=False),
+    sa.Column("updated_at", sa.Float, nullable=False),
+)
+
+events = sa.Table(
+    "events",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("run_id", sa.String(64), nullable=False, index=True),
+    sa.Column("member", sa.String(32), nullable=False),
+    sa.Column("allocation_key", sa.String(128), nullable=True),
+    sa.Column("started_at", sa.Float, nullable=False),
+    sa.Column("duration_ms", sa.Float, nullable=False),
+    sa.Column("outcome", sa.String(16), nullable=False),
+    sa.Column("error_code", sa.String(64), nullable=True),
+    sa.Column("detail", sa.Text, nullable=True),
+)
+
+
+@dataclass(frozen=True)
+class AllocationRow:
+    allocation_key: str
+    run_id: str
+    kind: AllocationKind
+    target: ExecutionTarget
+    runner_tag: str
+    lease_id: str
+    state: AllocationState
+    object_id: str | None
+    parent_key: str | None
+    created_at: float
+
+
+@dataclass(frozen=True)
+class EventRow:
+    run_id: str
+    member: str
+    allocation_key: str | None
+    started_at: float
+    duration_ms: float
+    outcome: str
+    error_code: str | None
+    detail: str | None
+
+
+@dataclass(frozen=True)
+class RunRow:
+    run_id: str
+    runner_tag: str
+    target: ExecutionTarget
+    profile_digest: str | None
+    command: list[str] | None
+    status: str
+    exit_code: int | None
+    summary: dict[str, Any] | None
+    created_at: float
+    finished_at: float | None
+
+
+def sqlite_url(path: Path) -> str:
+    return f"sqlite+pysqlite:///{path}"
+
+
+def make_engine(url: str) -> Engine:
+    """An engine for ``url``; SQLite gets WAL, a busy timeout and foreign-thread use."""
+    if url.startswith("sqlite"):
+        if url in ("sqlite://", "sqlite+pysqlite://", "sqlite+pysqlite:///:memory:"):
+            return sa.create_engine(
+                "sqlite+pysqlite://", connect_args={"check_same_thread": False}, poolclass=StaticPool
+            )
+        engine = sa.create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+
+        @sa.event.listens_for(engine, "connect")
+        def _pragmas(dbapi_conn: Any, _record: Any) -> None:
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA synchronous=NORMAL")
+            cur.close()
+
+        return engine
+    return sa.create_engine(url, pool_pre_ping=True)
+
+
+class Journal:
+    """Durable runner state. Every method is one short transaction."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.engine = make_engine(url)
+        metadata.create_all(self.engine)
+
+    @contextmanager
+    def tx(self) -> Iterator[Connection]:
+        with self.engine.begin() as conn:
+            yield conn
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    # runs ---------------------------------------------------------------------------------
+
+    def start_run(
+        self,
+        run_id: str,
+        *,
+        runner_tag: str,
+        target: ExecutionTarget,
+        now: float,
+        profile_digest: str | None = None,
+        command: Sequence[str] | None = None,
+    ) -> None:
+        with self.tx() as c:
+            c.execute(
+                runs.insert().values(
+                    run_id=run_id,
+                    runner_tag=runner_tag,
+                    target=target.model_dump_json(),
+                    profile_digest=profile_digest,
+                    command=json.dumps(list(command)) if command is not None else None,
+                    status="running",
+                    created_at=now,
+                )
+            )
+
+    def finish_run(
+        self,
+        run_id: str,
+        *,
+        status: str,
+        now: float,
+        exit_code: int | None = None,
+        summary: dict[str, Any] | None = None,
+    ) -> None:
+        with self.tx() as c:
+            c.execute(
+                runs.update()
+                .where(runs.c.run_id == run_id)
+                .values(
+                    status=status,
+                    exit_code=exit_code,
+                    finished_at=now,
+                    summary=json.dumps(summary) if summary is not None else None,
+                )
+            )
+
+    def run(self, run_id: str) -> RunRow | None:
+        with self.tx() as c:
+            row = c.execute(runs.select().where(runs.c.run_id == run_id)).mappings().first()
+        return _run_row(row) if row else None
+
+    def find_runs(self, prefix: str) -> list[RunRow]:
+        with self.tx() as c:
+            rows = c.execute(runs.select().where(runs.c.run_id.startswith(prefix, autoescape=True))).mappings().all()
+        return [_run_row(r) for r in rows]
+
+    def list_runs(self, limit: int = 50) -> list[RunRow]:
+        with self.tx() as c:
+            rows = c.execute(runs.select().order_by(runs.c.created_at.desc()).limit(limit)).mappings().all()
+        return [_run_row(r) for r in rows]
+
+    # allocations --------------------------------------------------------------------------
+
+    def journal_allocation(
+        self,
+        key: str,
+        *,
+        run_id: str,
+        kind: AllocationKind,
+        target: ExecutionTarget,
+        runner_tag: str,
+        lease_id: str,
+        now: float,
+        parent_key: str | None = None,
+    ) -> None:
+        """Record an allocation as ``pending`` before the provider is asked for it."""
+        with self.tx() as c:
+            c.execute(
+                allocations.insert().values(
+                    allocation_key=key,
+                    run_id=run_id,
+                    kind=kind,
+                    target=target.model_dump_json(),
+                    runner_tag=runner_tag,
+                    lease_id=lease_id,
+                    state="pending",
+                    parent_key=parent_key,
+                    created_at=now,
+                    updated_at=now,
+                )
+            )
+
+    def set_allocation(self, key: str, state: AllocationState, *, now: float, object_id: str | None = None) -> None:
+        values: dict[str, Any] = {"state": state, "updated_at": now}
+        if object_id is not None:
+            values["object_id"] = object_id
+        with self.tx() as c:
+            c.execute(allocations.update().where(allocations.c.allocation_key == key).values(**values))
+
+    def allocation(self, key: str) -> AllocationRow | None:
+        with self.tx() as c:
+            row = c.execute(allocations.select().where(allocations.c.allocation_key == key)).mappings().first()
+        return _allocation_row(row) if row else None
+
+    def open_allocations(self, *, runner_tag: str | None = None, run_id: str | None = None) -> list[AllocationRow]:
+        q = allocations.select().where(allocations.c.state.in_(OPEN_STATES))
+        if runner_tag is not None:
+            q = q.where(allocations.c.runner_tag == runner_tag)
+        if run_id is not None:
+            q = q.where(allocations.c.run_id == run_id)
+        with self.tx() as c:
+            rows = c.execute(q.order_by(allocations.c.created_at)).mappings().all()
+        return [_allocation_row(r) for r in rows]
+
+    def allocations_for_run(self, run_id: str) -> list[AllocationRow]:
+        with self.tx() as c:
+            rows = (
+                c.execute(allocations.select().where(allocations.c.run_id == run_id).order_by(allocations.c.created_at))
+                .mappings()
+                .all()
+            )
+        return [_allocation_row(r) for r in rows]
+
+    # events -------------------------------------------------------------------------------
+
+    def record_event(
+        self,
+        run_id: str,
+        member: str,
+        *,
+        started_at: float,
+        duration_ms: float,
+        outcome: str,
+        allocation_key: str | None = None,
+        error_code: str | None = None,
+        detail: str | None = None,
+    ) -> None:
+        with self.tx() as c:
+            c.execute(
+                events.insert().values(
+                    run_id=run_id,
+                    member=member,
+                    allocation_key=allocation_key,
+                    started_at=started_at,
+                    duration_ms=duration_ms,
+                    outcome=outcome,
+                    error_code=error_code,
+                    detail=detail,
+                )
+            )
+
+    def events_for_run(self, run_id: str) -> list[EventRow]:
+        with self.tx() as c:
+            rows = c.execute(events.select().where(events.c.run_id == run_id).order_by(events.c.id)).mappings().all()
+        return [EventRow(**{k: r[k] for k in EventRow.__dataclass_fields__}) for r in rows]
+
+
+def _target(raw: str) -> ExecutionTarget:
+    return decode(ExecutionTarget, raw)
+
+
+def _allocation_row(r: Any) -> AllocationRow:
+    return AllocationRow(
+        allocation_key=r["allocation_key"],
+        run_id=r["run_id"],
+        kind=r["kind"],
+        target=_target(r["target"]),
+        runner_tag=r["runner_tag"],
+        lease_id=r["lease_id"],
+        state=r["state"],
+        object_id=r["object_id"],
+        parent_key=r["parent_key"],
+        created_at=r["created_at"],
+    )
+
+
+def _run_row(r: Any) -> RunRow:
+    return RunRow(
+        run_id=r["run_id"],
+        runner_tag=r["runner_tag"],
+        target=_target(r["target"]),
+        profile_digest=r["profile_digest"],
+        command=json.loads(r["command"]) if r["command"] else None,
+        status=r["status"],
+        exit_code=r["exit_code"],
+        summary=json.loads(r["summary"]) if r["summary"] else None,
+        created_at=r["created_at"],
+        finished_at=r["finished_at"],
+    )

@@ -1,0 +1,162 @@
+"""Lease fencing: each Run attempt holds ``(lease_id, lease_epoch)`` in the journal's database.
+
+A takeover bumps the epoch with a compare-and-set, so exactly one holder is current.
+Every provider call first renews the caller's lease; a holder whose lease was taken
+over (or ended) is refused with ``SandboxLeaseFenced`` before the provider is asked.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from dataclasses import dataclass
+
+import sqlalchemy as sa
+
+from checkfu.contract.errors import SandboxLeaseFenced, SandboxNotFound
+from checkfu.contract.target import Lease
+from checkfu.runner.clock import Clock
+from checkfu.runner.journal import Journal, leases
+
+DEFAULT_TTL = 600.0
+
+
+def _proc_start(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat = fh.read().decode("ascii", "replace")
+    except OSError:
+        return None
+    # Field 22 (starttime) counts from after the parenthesised command name.
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def current_owner() -> str:
+    """This process as a lease owner: host, pid and the pid's start time (pids are recycled)."""
+    pid = os.getpid()
+    return f"{socket.gethostname()}/{pid}/{_proc_start(pid)}"
+
+
+def owner_alive(owner: str) -> bool | None:
+    """Whether ``owner`` still runs: ``None`` when it lives on another host and cannot be seen."""
+    try:
+        host, pid, start = owner.rsplit("/", 2)
+        pid_n = int(pid)
+    except ValueError:
+        return None
+    if host != socket.gethostname():
+        return None
+    return _proc_start(pid_n) == start
+
+
+@dataclass(frozen=True)
+class LeaseRecord:
+    lease_id: str
+    run_id: str
+    owner: str
+    epoch: int
+    expires_at: float
+    ended: bool
+
+
+class LeaseStore:
+    def __init__(self, journal: Journal, clock: Clock, *, ttl: float = DEFAULT_TTL) -> None:
+        self.journal = journal
+        self.clock = clock
+        self.ttl = ttl
+
+    def acquire(self, run_id: str, *, owner: str | None = None, ttl: float | None = None) -> Lease:
+        lease = Lease(lease_id=f"lease-{uuid.uuid4().hex}", lease_epoch=1)
+        with self.journal.tx() as c:
+            c.execute(
+                leases.insert().values(
+                    lease_id=lease.lease_id,
+                    run_id=run_id,
+                    owner=owner or current_owner(),
+                    epoch=1,
+                    expires_at=self.clock.now() + (ttl or self.ttl),
+                    ended=False,
+                )
+            )
+        return lease
+
+    def renew(self, lease: Lease, *, ttl: float | None = None) -> None:
+        """Extend ``lease`` if it is still current.
+
+        Raises:
+            SandboxLeaseFenced: the lease was taken over (another epoch) or ended.
+        """
+        with self.journal.tx() as c:
+            done = c.execute(
+                leases.update()
+                .where(
+                    leases.c.lease_id == lease.lease_id, leases.c.epoch == lease.lease_epoch, leases.c.ended.is_(False)
+                )
+                .values(expires_at=self.clock.now() + (ttl or self.ttl))
+            ).rowcount
+        if done != 1:
+            raise self._fenced(lease)
+
+    def takeover(self, lease_id: str, *, owner: str | None = None, ttl: float | None = None) -> Lease:
+        """Become the holder of ``lease_id`` by bumping its epoch; the old holder is fenced.
+
+        Raises:
+            SandboxNotFound: no such lease.
+            SandboxLeaseFenced: another takeover won the race.
+        """
+        rec = self.record(lease_id)
+        with self.journal.tx() as c:
+            done = c.execute(
+                leases.update()
+                .where(leases.c.lease_id == lease_id, leases.c.epoch == rec.epoch)
+                .values(
+                    epoch=rec.epoch + 1,
+                    owner=owner or current_owner(),
+                    ended=False,
+                    expires_at=self.clock.now() + (ttl or self.ttl),
+                )
+            ).rowcount
+        if done != 1:
+            raise SandboxLeaseFenced(f"lease {lease_id}: another takeover won", field="lease.lease_epoch")
+        return Lease(lease_id=lease_id, lease_epoch=rec.epoch + 1)
+
+    def end(self, lease: Lease) -> None:
+        """Give the lease up; later calls under it are fenced. Ending a fenced lease does nothing."""
+        with self.journal.tx() as c:
+            c.execute(
+                leases.update()
+                .where(leases.c.lease_id == lease.lease_id, leases.c.epoch == lease.lease_epoch)
+                .values(ended=True)
+            )
+
+    def record(self, lease_id: str) -> LeaseRecord:
+        with self.journal.tx() as c:
+            row = c.execute(sa.select(leases).where(leases.c.lease_id == lease_id)).mappings().first()
+        if row is None:
+            raise SandboxNotFound(f"lease {lease_id} is not in the journal", field="lease.lease_id")
+        return LeaseRecord(**{k: row[k] for k in LeaseRecord.__dataclass_fields__})
+
+    def reclaimable(self, lease_id: str) -> bool:
+        """Whether an open allocation under ``lease_id`` may be reclaimed by someone else:
+        the lease ended, expired, or its owner process is gone."""
+        try:
+            rec = self.record(lease_id)
+        except SandboxNotFound:
+            return True
+        if rec.ended or rec.expires_at < self.clock.now():
+            return True
+        return owner_alive(rec.owner) is False
+
+    def _fenced(self, lease: Lease) -> SandboxLeaseFenced:
+        try:
+            rec = self.record(lease.lease_id)
+        except SandboxNotFound:
+            return SandboxLeaseFenced(f"lease {lease.lease_id} is unknown", field="lease.lease_id")
+        if rec.epoch != lease.lease_epoch:
+            return SandboxLeaseFenced(
+                f"lease {lease.lease_id} was taken over: epoch {rec.epoch} is current, this runner holds "
+                f"{lease.lease_epoch}",
+                field="lease.lease_epoch",
+            )
+        return SandboxLeaseFenced(f"lease {lease.lease_id} has ended", field="lease.lease_id")

@@ -1,0 +1,133 @@
+"""The runner: admission, exact selection and the capability check, then a checked session.
+
+Everything that can refuse an attempt refuses it here, before the provider is
+asked for any work: the adapter is selected by its exact target, and the profile
+and attempt are checked against its envelope, every unmet requirement listed in
+one ``SandboxCapabilityUnavailable``.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+
+from checkfu.contract.enforcement import Axis
+from checkfu.contract.profile import SandboxProfile
+from checkfu.contract.requirements import require_capabilities
+from checkfu.contract.target import ExecutionTarget
+from checkfu.contract.vocabulary import Platform
+from checkfu.runner.clock import Clock, SystemClock
+from checkfu.runner.driver import Limits, RunSession
+from checkfu.runner.journal import Journal
+from checkfu.runner.leases import DEFAULT_TTL, LeaseStore
+from checkfu.runner.registry import Adapter, Registry
+
+
+def new_run_id() -> str:
+    return f"run-{uuid.uuid4().hex[:20]}"
+
+
+@dataclass(frozen=True)
+class Attempt:
+    session: RunSession
+    adapter: Adapter
+    not_enforced: tuple[Axis, ...]
+    """Axes this Run does not have enforced; a loud tier says so at selection."""
+
+    def warning(self) -> str | None:
+        if not self.not_enforced:
+            return None
+        env = self.adapter.envelope
+        axes = ", ".join(f"{a} ({env.enforcement.authority(a)})" for a in self.not_enforced)
+        return f"{env.target} does not enforce: {axes}"
+
+
+class Runner:
+    def __init__(
+        self,
+        registry: Registry,
+        journal: Journal,
+        *,
+        runner_tag: str,
+        clock: Clock | None = None,
+        limits: Limits | None = None,
+        lease_ttl: float = DEFAULT_TTL,
+    ) -> None:
+        self.registry = registry
+        self.journal = journal
+        self.runner_tag = runner_tag
+        self.clock = clock or SystemClock()
+        self.limits = limits or Limits()
+        self.leases = LeaseStore(journal, self.clock, ttl=lease_ttl)
+
+    def select(
+        self, target: ExecutionTarget, profile: SandboxProfile, *, platform: Platform, mount_count: int
+    ) -> Adapter:
+        """The one adapter for ``target`` that can serve ``profile``; no provider call is made.
+
+        Raises:
+            SandboxAdapterUnavailable: no adapter advertises ``target``.
+            SandboxAdapterAmbiguous: more than one does.
+            SandboxCapabilityUnavailable: listing every requirement the envelope does not meet.
+        """
+        adapter = self.registry.select(target)
+        require_capabilities(adapter.envelope, profile, platform=platform, mount_count=mount_count)
+        return adapter
+
+    def start(
+        self,
+        target: ExecutionTarget,
+        profile: SandboxProfile,
+        *,
+        platform: Platform,
+        mount_count: int = 0,
+        command: list[str] | None = None,
+        run_id: str | None = None,
+    ) -> Attempt:
+        """Select, check, journal the Run and take its lease; returns the session to drive."""
+        adapter = self.select(target, profile, platform=platform, mount_count=mount_count)
+        run_id = run_id or new_run_id()
+        now = self.clock.now()
+        self.journal.start_run(
+            run_id,
+            runner_tag=self.runner_tag,
+            target=adapter.target,
+            now=now,
+            profile_digest=profile.digest,
+            command=command,
+        )
+        lease = self.leases.acquire(run_id)
+        not_enforced = tuple(adapter.envelope.enforcement.not_counting())
+        attempt = Attempt(
+            session=RunSession(
+                provider=adapter.provider,
+                envelope=adapter.envelope,
+                journal=self.journal,
+                leases=self.leases,
+                lease=lease,
+                run_id=run_id,
+                runner_tag=self.runner_tag,
+                clock=self.clock,
+                limits=self.limits,
+            ),
+            adapter=adapter,
+            not_enforced=not_enforced,
+        )
+        warning = attempt.warning()
+        self.journal.record_event(
+            run_id,
+            "select",
+            started_at=now,
+            duration_ms=0.0,
+            outcome="warning" if warning else "ok",
+            detail=warning or str(adapter.target),
+        )
+        return attempt
+
+    def finish(
+        self, attempt: Attempt, *, status: str, exit_code: int | None = None, summary: dict[str, object] | None = None
+    ) -> None:
+        self.journal.finish_run(
+            attempt.session.run_id, status=status, now=self.clock.now(), exit_code=exit_code, summary=summary
+        )
+        self.leases.end(attempt.session.lease)
