@@ -8,7 +8,7 @@ import sys
 import typer
 from rich.console import Console
 
-from checkfu.cli import checks, kit
+from checkfu.cli import checks, kit, run
 from checkfu.contract.errors import SandboxError
 
 app = typer.Typer(
@@ -21,6 +21,9 @@ app = typer.Typer(
 app.add_typer(checks.envelope_app, name="envelope")
 app.add_typer(checks.profile_app, name="profile")
 app.add_typer(kit.app, name="kit")
+app.add_typer(run.runs_app, name="runs")
+app.add_typer(run.runner_app, name="runner")
+app.command("run", context_settings={"allow_interspersed_args": False})(run.run_command)
 
 EXIT_REFUSED = 1
 EXIT_INTERNAL = 70

@@ -1,0 +1,338 @@
+"""``checkfu run``, ``checkfu runs`` and ``checkfu runner reconcile``."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import sys
+import tomllib
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from checkfu.cli.files import load
+from checkfu.cli.state import open_journal, runner_tag
+from checkfu.contract.codec import decode_value
+from checkfu.contract.errors import SandboxAdapterUnavailable, SandboxProfileInvalid
+from checkfu.contract.profile import SandboxProfile
+from checkfu.contract.tiers import assess
+from checkfu.runner.clock import SystemClock
+from checkfu.runner.job import JobResult, run_job
+from checkfu.runner.mounts import MountSpec, parse_mount
+from checkfu.runner.reconcile import reconcile
+from checkfu.runner.registry import Registry, load_registry
+from checkfu.runner.runner import Attempt, Runner
+
+err = Console(stderr=True, highlight=False)
+
+runs_app = typer.Typer(help="The history of Runs, from the journal.", no_args_is_help=True)
+runner_app = typer.Typer(help="Runner maintenance.", no_args_is_help=True)
+
+DbOpt = Annotated[str | None, typer.Option("--db", help="journal URL (default: SQLite in the state directory)")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="print JSON")]
+
+
+class ConsoleObserver:
+    """Renders a Run for a person: phases as they finish, live output, staging progress."""
+
+    def __init__(self) -> None:
+        self.last_stage = 0
+
+    def phase(self, name: str, seconds: float) -> None:
+        err.print(f"[dim]• {name:<11} {seconds * 1000:8.1f} ms[/]")
+
+    def warning(self, text: str) -> None:
+        err.print(f"[bold yellow]warning[/]: {text}")
+
+    def selected(self, attempt: Attempt) -> None:
+        a = assess(attempt.adapter.envelope)
+        err.print(f"[dim]• adapter     {attempt.adapter.target} — {a.label}[/]")
+
+    def stage_progress(self, done: int, total: int) -> None:
+        if total and (done == total or done - self.last_stage > total // 10):
+            self.last_stage = done
+            err.print(f"[dim]  staged {done}/{total} bytes[/]")
+
+    def output(self, stream: str, data: bytes) -> None:
+        target = sys.stdout if stream == "out" else sys.stderr
+        target.buffer.write(data)
+        target.flush()
+
+
+def _pin_image(profile: dict[str, Any], provider: str) -> None:
+    """Pin an unpinned ``base_image`` tag to the engine's image id (admission owns the digest)."""
+    ref = profile.get("base_image")
+    if not isinstance(ref, str) or ref == "host" or "sha256:" in ref or provider != "docker":
+        return
+    try:
+        import docker  # noqa: PLC0415 - only needed for this one admission step
+
+        image_id = docker.from_env().images.get(ref).id
+    except Exception as exc:
+        raise SandboxProfileInvalid(
+            f"base_image: cannot pin {ref!r} on the Docker engine: {exc}", field="base_image"
+        ) from None
+    err.print(f"[dim]• pinned      {ref} → {image_id}[/]")
+    profile["base_image"] = image_id
+
+
+def _read_profile(path: Path, provider: str) -> SandboxProfile:
+    if path.suffix.lower() != ".toml":
+        return load(SandboxProfile, path)
+    try:
+        doc = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise SandboxProfileInvalid(f"cannot read {path}: {exc.strerror or exc}") from None
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise SandboxProfileInvalid(f"{path}: not valid TOML: {exc}") from None
+    _pin_image(doc, provider)
+    return decode_value(SandboxProfile, doc)
+
+
+def _choose(registry: Registry, provider: str, explicit: bool) -> Any:
+    found = registry.by_provider(provider)
+    if len(found) == 1:
+        return found[0].target
+    if not found:
+        why = "; ".join(f"{k}: {v}" for k, v in registry.unavailable.items())
+        if not explicit and provider == "docker":
+            raise SandboxAdapterUnavailable(
+                "the Docker tier is not available" + (f" ({why})" if why else "") + ". Either start a Docker "
+                "Engine (scripts/engine-up does it as root), or run on the host with --provider host-process, "
+                "which enforces no isolation and says so.",
+                field="provider",
+            )
+        raise SandboxAdapterUnavailable(
+            f"no adapter for provider {provider!r}" + (f" ({why})" if why else ""), field="provider"
+        )
+    raise SandboxAdapterUnavailable(
+        f"{len(found)} adapters of provider {provider!r}; name one exactly", field="provider"
+    )
+
+
+def _summary(result: JobResult, attempt_label: str) -> None:
+    err.print()
+    err.print(f"[bold]run[/]        {result.run_id}")
+    err.print(f"[bold]adapter[/]    {result.adapter} — {attempt_label}")
+    err.print("[bold]phases[/]     " + ", ".join(f"{k} {v * 1000:.0f} ms" for k, v in result.phases.items()))
+    colour = "green" if result.exit_code == 0 else "red"
+    err.print(f"[bold]exit[/]       [{colour}]{result.exit_code}[/]")
+    if result.captured:
+        err.print("[bold]captured[/]   " + ", ".join(result.captured))
+    if result.not_enforced:
+        err.print("[bold yellow]not enforced[/] " + ", ".join(result.not_enforced))
+    else:
+        err.print("[bold]enforced[/]   all nine axes")
+
+
+def run_command(
+    command: Annotated[list[str], typer.Argument(help="the command to run inside the sandbox, after --")],
+    profile: Annotated[Path, typer.Option("--profile", help="a SandboxProfile (TOML or JSON)")],
+    mount: Annotated[list[str] | None, typer.Option("--mount", help="SRC:TARGET; SRC a directory or REPO@REF")] = None,
+    provider: Annotated[str | None, typer.Option("--provider", help="provider name (default: docker)")] = None,
+    capture: Annotated[list[str] | None, typer.Option("--capture", help="a sandbox path to read back")] = None,
+    capture_dir: Annotated[Path | None, typer.Option("--capture-dir", help="where captures go")] = None,
+    db: DbOpt = None,
+    timeout: Annotated[float, typer.Option("--timeout", help="seconds the command may run")] = 3600.0,
+) -> None:
+    """Run one command in a fresh sandbox built from a profile, with mounts staged by the runner."""
+    name = provider or "docker"
+    specs: list[MountSpec] = [parse_mount(m) for m in (mount or [])]
+    prof = _read_profile(profile, name)
+    journal = open_journal(db)
+    try:
+        code = asyncio.run(
+            _run(prof, name, provider is not None, specs, command, capture or [], capture_dir, journal, timeout)
+        )
+    finally:
+        journal.close()
+    raise typer.Exit(code)
+
+
+async def _run(
+    prof: SandboxProfile,
+    name: str,
+    explicit: bool,
+    specs: list[MountSpec],
+    command: list[str],
+    captures: list[str],
+    capture_dir: Path | None,
+    journal: Any,
+    timeout: float,
+) -> int:
+    registry = await load_registry(entry_point_names=[name])
+    target = _choose(registry, name, explicit)
+    runner = Runner(registry, journal, runner_tag=runner_tag())
+    observer = ConsoleObserver()
+    task = asyncio.current_task()
+    loop = asyncio.get_running_loop()
+    got: list[int] = []
+
+    def on_signal(signum: int) -> None:
+        got.append(signum)
+        if task is not None:
+            task.cancel()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal, sig)
+    try:
+        result = await run_job(
+            runner,
+            target,
+            prof,
+            command,
+            mounts=specs,
+            captures=captures,
+            capture_dir=capture_dir,
+            observer=observer,
+            timeout=timeout,
+        )
+    except asyncio.CancelledError:
+        signum = got[0] if got else signal.SIGINT
+        err.print(
+            f"[bold red]interrupted[/] by {signal.Signals(signum).name}: released and compensated; "
+            "nothing is left behind"
+        )
+        return 128 + signum
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+    label = assess(registry.select(target).envelope).label
+    _summary(result, label)
+    return result.exit_code
+
+
+@runs_app.command("list")
+def runs_list(db: DbOpt = None, as_json: JsonOpt = False, limit: int = 20) -> None:
+    """The most recent Runs."""
+    journal = open_journal(db)
+    rows = journal.list_runs(limit)
+    journal.close()
+    if as_json:
+        print(
+            json.dumps(
+                [
+                    {
+                        "run_id": r.run_id,
+                        "status": r.status,
+                        "exit_code": r.exit_code,
+                        "adapter": str(r.target),
+                        "created_at": r.created_at,
+                        "finished_at": r.finished_at,
+                        "command": r.command,
+                    }
+                    for r in rows
+                ]
+            )
+        )
+        return
+    table = Table("run", "status", "exit", "adapter", "command")
+    for r in rows:
+        table.add_row(
+            r.run_id,
+            r.status,
+            "" if r.exit_code is None else str(r.exit_code),
+            str(r.target),
+            " ".join(r.command or []),
+        )
+    Console().print(table)
+
+
+@runs_app.command("show")
+def runs_show(
+    run: Annotated[str, typer.Argument(help="a run id or a unique prefix")], db: DbOpt = None, as_json: JsonOpt = False
+) -> None:
+    """One Run: each member call with its duration and outcome."""
+    journal = open_journal(db)
+    try:
+        found = journal.find_runs(run)
+        if len(found) != 1:
+            err.print(f"[bold red]SandboxNotFound[/]: {'no' if not found else len(found)} runs match {run!r}")
+            raise typer.Exit(1)
+        r = found[0]
+        events = journal.events_for_run(r.run_id)
+        allocs = journal.allocations_for_run(r.run_id)
+    finally:
+        journal.close()
+    if as_json:
+        print(
+            json.dumps(
+                {
+                    "run_id": r.run_id,
+                    "status": r.status,
+                    "exit_code": r.exit_code,
+                    "adapter": str(r.target),
+                    "profile_digest": r.profile_digest,
+                    "command": r.command,
+                    "summary": r.summary,
+                    "events": [
+                        {
+                            "member": e.member,
+                            "allocation_key": e.allocation_key,
+                            "started_at": e.started_at,
+                            "duration_ms": e.duration_ms,
+                            "outcome": e.outcome,
+                            "error_code": e.error_code,
+                            "detail": e.detail,
+                        }
+                        for e in events
+                    ],
+                    "allocations": [
+                        {"allocation_key": a.allocation_key, "kind": a.kind, "state": a.state} for a in allocs
+                    ],
+                }
+            )
+        )
+        return
+    out = Console(highlight=False)
+    out.print(f"run {r.run_id}  {r.status}  exit {r.exit_code}  {r.target}")
+    out.print(f"command {' '.join(r.command or [])}")
+    table = Table("member", "duration", "outcome", "allocation", "detail")
+    for e in events:
+        table.add_row(
+            e.member,
+            f"{e.duration_ms:.1f} ms",
+            e.error_code or e.outcome,
+            e.allocation_key or "",
+            (e.detail or "")[:80],
+        )
+    out.print(table)
+    for a in allocs:
+        out.print(f"allocation {a.allocation_key} {a.kind} {a.state}")
+
+
+@runner_app.command("reconcile")
+def runner_reconcile(
+    db: DbOpt = None, provider: Annotated[list[str] | None, typer.Option("--provider")] = None, as_json: JsonOpt = False
+) -> None:
+    """Compensate every unsettled allocation whose lease expired or whose owner is gone."""
+    journal = open_journal(db)
+    try:
+        registry = asyncio.run(load_registry(entry_point_names=provider))
+        report = asyncio.run(reconcile(journal, registry, SystemClock(), runner_tag=runner_tag()))
+    finally:
+        journal.close()
+    if as_json:
+        print(
+            json.dumps(
+                {
+                    "compensated": report.compensated,
+                    "enumerated": report.enumerated,
+                    "failed": report.failed,
+                    "skipped": report.skipped,
+                }
+            )
+        )
+    else:
+        err.print(
+            f"compensated {len(report.compensated)}, strays {len(report.enumerated)}, "
+            f"failed {len(report.failed)}, skipped {len(report.skipped)}"
+        )
+        for key, why in {**report.failed, **report.skipped}.items():
+            err.print(f"  {key}: {why}")
+    if report.failed:
+        raise typer.Exit(1)

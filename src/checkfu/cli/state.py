@@ -1,0 +1,38 @@
+"""Where the command line keeps its state: the journal and this runner's tag."""
+
+from __future__ import annotations
+
+import os
+import secrets
+from pathlib import Path
+
+from checkfu.runner.journal import Journal, sqlite_url
+
+
+def state_dir() -> Path:
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    path = Path(base) / "checkfu"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def runner_tag() -> str:
+    """This runner's tag, made once and kept in the state directory (``CHECKFU_RUNNER_TAG`` overrides)."""
+    override = os.environ.get("CHECKFU_RUNNER_TAG")
+    if override:
+        return override
+    path = state_dir() / "runner_tag"
+    try:
+        tag = path.read_text().strip()
+        if tag:
+            return tag
+    except FileNotFoundError:
+        pass
+    tag = f"runner-{secrets.token_hex(6)}"
+    path.write_text(tag + "\n")
+    return tag
+
+
+def open_journal(url: str | None) -> Journal:
+    """The journal at ``url``, or the embedded SQLite file in the state directory."""
+    return Journal(url or sqlite_url(state_dir() / "journal.sqlite"))

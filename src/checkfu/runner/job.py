@@ -1,0 +1,245 @@
+"""One command in one sandbox, through the whole seam: the job behind ``checkfu run``.
+
+Phases, in order: resolve mounts (read and verify every byte), select and check
+(no provider work before this passes), materialize, provision, stage, activate,
+the process, capture, release. Any failure or cancellation after provisioning
+releases and compensates; nothing is left behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import platform as host_platform
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Protocol
+
+from checkfu.contract.errors import SandboxError
+from checkfu.contract.process import ProcessExit, ProcessOutput
+from checkfu.contract.profile import SandboxProfile
+from checkfu.contract.target import ExecutionTarget
+from checkfu.contract.vocabulary import Platform
+from checkfu.runner.driver import Instance, RunSession
+from checkfu.runner.mounts import MountSpec, ResolvedMount, resolve_mount
+from checkfu.runner.runner import Attempt, Runner
+
+PHASES = ("resolve", "select", "materialize", "provision", "stage", "activate", "process", "capture", "release")
+
+
+class Observer(Protocol):
+    """What a person sees; the CLI renders it, tests record it."""
+
+    def phase(self, name: str, seconds: float) -> None: ...
+
+    def warning(self, text: str) -> None: ...
+
+    def selected(self, attempt: Attempt) -> None: ...
+
+    def stage_progress(self, done: int, total: int) -> None: ...
+
+    def output(self, stream: str, data: bytes) -> None: ...
+
+
+class QuietObserver:
+    def __init__(self) -> None:
+        self.out = bytearray()
+        self.err = bytearray()
+        self.phases: dict[str, float] = {}
+        self.warnings: list[str] = []
+
+    def phase(self, name: str, seconds: float) -> None:
+        self.phases[name] = seconds
+
+    def warning(self, text: str) -> None:
+        self.warnings.append(text)
+
+    def selected(self, attempt: Attempt) -> None:
+        pass
+
+    def stage_progress(self, done: int, total: int) -> None:
+        pass
+
+    def output(self, stream: str, data: bytes) -> None:
+        (self.out if stream == "out" else self.err).extend(data)
+
+
+def host_platform_value() -> Platform:
+    machine = host_platform.machine().lower()
+    arch = "arm64" if machine in ("aarch64", "arm64") else "amd64"
+    return Platform(os="linux", architecture=arch)
+
+
+@dataclass
+class JobResult:
+    run_id: str
+    exit_code: int
+    phases: dict[str, float] = field(default_factory=dict)
+    captured: list[str] = field(default_factory=list)
+    not_enforced: tuple[str, ...] = ()
+    adapter: str = ""
+    tier: str = ""
+
+
+class _Phases:
+    def __init__(self, observer: Observer) -> None:
+        self.observer = observer
+        self.seconds: dict[str, float] = {}
+
+    def run(self, name: str) -> _Timer:
+        return _Timer(self, name)
+
+
+class _Timer:
+    def __init__(self, phases: _Phases, name: str) -> None:
+        self.phases = phases
+        self.name = name
+
+    def __enter__(self) -> None:
+        self.t0 = time.perf_counter()
+
+    def __exit__(self, *exc: object) -> None:
+        took = time.perf_counter() - self.t0
+        self.phases.seconds[self.name] = took
+        self.phases.observer.phase(self.name, took)
+
+
+async def run_job(
+    runner: Runner,
+    target: ExecutionTarget,
+    profile: SandboxProfile,
+    argv: Sequence[str],
+    *,
+    mounts: Sequence[MountSpec] = (),
+    captures: Sequence[str] = (),
+    capture_dir: Path | None = None,
+    observer: Observer | None = None,
+    env: dict[str, str] | None = None,
+    cwd: str | None = None,
+    timeout: float = 3600.0,
+) -> JobResult:
+    """Run ``argv`` in a fresh sandbox; returns its exit code and what happened.
+
+    Raises:
+        SandboxError: a refusal or a provider fault; whatever was allocated has been
+            released or compensated before it propagates.
+    """
+    obs = observer or QuietObserver()
+    phases = _Phases(obs)
+    platform = host_platform_value()
+    with phases.run("resolve"):
+        resolved = [resolve_mount(spec) for spec in mounts]
+    with phases.run("select"):
+        attempt = runner.start(target, profile, platform=platform, mount_count=len(resolved), command=list(argv))
+    session = attempt.session
+    obs.selected(attempt)
+    warning = attempt.warning()
+    if warning:
+        obs.warning(warning)
+    result = JobResult(
+        run_id=session.run_id, exit_code=-1, not_enforced=attempt.not_enforced, adapter=str(attempt.adapter.target)
+    )
+    status = "failed"
+    try:
+        result.exit_code, result.captured = await _drive(
+            session, profile, platform, resolved, argv, captures, capture_dir, phases, obs, env, cwd, timeout
+        )
+        status = "succeeded" if result.exit_code == 0 else "command_failed"
+    except asyncio.CancelledError:
+        status = "interrupted"
+        raise
+    except SandboxError as exc:
+        status = f"refused:{exc.code}"
+        raise
+    finally:
+        with phases.run("release"):
+            await asyncio.shield(session.release_all())
+        result.phases = phases.seconds
+        runner.finish(
+            attempt,
+            status=status,
+            exit_code=result.exit_code if result.exit_code >= 0 else None,
+            summary={"phases": phases.seconds, "captured": result.captured, "not_enforced": list(attempt.not_enforced)},
+        )
+    return result
+
+
+async def _drive(
+    session: RunSession,
+    profile: SandboxProfile,
+    platform: Platform,
+    resolved: list[ResolvedMount],
+    argv: Sequence[str],
+    captures: Sequence[str],
+    capture_dir: Path | None,
+    phases: _Phases,
+    obs: Observer,
+    env: dict[str, str] | None,
+    cwd: str | None,
+    timeout: float,
+) -> tuple[int, list[str]]:
+    with phases.run("materialize"):
+        image = (await session.materialize(profile, platform)).image
+    with phases.run("provision"):
+        inst = await session.provision(profile, platform, image, resolved)
+    with phases.run("stage"):
+        await session.stage(inst, resolved, progress=obs.stage_progress)
+    with phases.run("activate"):
+        await session.activate(inst)
+    with phases.run("process"):
+        code = await _process(session, inst, argv, obs, env, cwd, timeout)
+    captured: list[str] = []
+    if captures:
+        with phases.run("capture"):
+            captured = await _capture(session, inst, captures, capture_dir or Path("captures") / session.run_id)
+    return code, captured
+
+
+async def _process(
+    session: RunSession,
+    inst: Instance,
+    argv: Sequence[str],
+    obs: Observer,
+    env: dict[str, str] | None,
+    cwd: str | None,
+    timeout: float,
+) -> int:
+    if session.envelope.declares("openProcess"):
+        proc = await session.open_process(inst, argv, env=env, cwd=cwd)
+        await proc.close_stdin()
+        try:
+            async with asyncio.timeout(timeout):
+                async for event in proc.events():
+                    if isinstance(event, ProcessOutput):
+                        obs.output(event.stream, event.data)
+                    elif isinstance(event, ProcessExit):
+                        return event.exit_code
+        finally:
+            await proc.kill()
+        return -1  # unreachable: events() ends with an exit or raises
+    res = await session.exec(inst, argv, env=env, cwd=cwd, timeout=timeout)
+    obs.output("out", res.stdout)
+    obs.output("err", res.stderr)
+    return 124 if res.timed_out else res.exit_code
+
+
+async def _capture(session: RunSession, inst: Instance, paths: Sequence[str], into: Path) -> list[str]:
+    files: list[str] = []
+    for path in paths:
+        if session.envelope.declares("listDir"):
+            listing = await session.list_dir(inst, path, recursive=True)
+            found = [e.path for e in listing.entries if e.kind == "file"]
+            files.extend(found if found else [path])
+        else:
+            files.append(path)
+    if not files:
+        return []
+    result = await session.read_files(inst, files)
+    saved: list[str] = []
+    for f in result.files:
+        local = into / PurePosixPath(f.path).relative_to("/")
+        local.parent.mkdir(parents=True, exist_ok=True)
+        local.write_bytes(f.data)
+        saved.append(str(local))
+    return saved
