@@ -7,6 +7,7 @@ import sys
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from checkfu.cli import checks, kit, run
 from checkfu.contract.errors import SandboxError
@@ -36,7 +37,7 @@ def main() -> None:
     try:
         app()
     except SandboxError as exc:
-        err.print(f"[bold red]{exc.code}[/]: {exc.message}", highlight=False, markup=True)
+        err.print(f"[bold red]{exc.code}[/]: {escape(exc.message)}", highlight=False, markup=True)
         sys.exit(EXIT_REFUSED)
     except KeyboardInterrupt:
         err.print("interrupted")

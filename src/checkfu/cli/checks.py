@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from checkfu.cli.files import dump, load
 from checkfu.contract.envelope import SandboxProviderCapabilities
@@ -35,13 +36,15 @@ def _check(model: type[Model], key: str, file: Path, as_json: bool) -> Model:
         if as_json:
             print(json.dumps(_refusal(exc)))
         else:
-            where = f" (field {exc.field})" if exc.field else ""
-            Console(stderr=True, highlight=False).print(f"[bold red]refused[/] {exc.code}{where}: {exc.message}")
+            where = f" (field {escape(exc.field)})" if exc.field else ""
+            Console(stderr=True, highlight=False).print(
+                f"[bold red]refused[/] {exc.code}{where}: {escape(exc.message)}"
+            )
         raise typer.Exit(1) from None
     if as_json:
         print(json.dumps({"ok": True, key: dump(value)}))
     else:
-        out.print(f"[bold green]ok[/] {file} is a valid {model.__name__}")
+        out.print(f"[bold green]ok[/] {escape(str(file))} is a valid {model.__name__}")
     return value
 
 
@@ -54,11 +57,11 @@ def envelope_check(file: FileArg, as_json: JsonOpt = False) -> None:
     assert isinstance(env, SandboxProviderCapabilities)
     a = assess(env)
     out = Console(highlight=False)
-    out.print(f"adapter   {env.target}")
+    out.print(f"adapter   {escape(str(env.target))}")
     colour = "yellow" if a.tier == "below_day_one" else "green"
     out.print(f"tier      [bold {colour}]{a.label}[/]")
     if a.short_of_next:
-        out.print("          short of the next tier: " + "; ".join(a.short_of_next))
+        out.print("          short of the next tier: " + escape("; ".join(a.short_of_next)))
     if a.not_counting:
         out.print("[yellow]not enforced[/]:")
         for axis in a.not_counting:
@@ -68,7 +71,7 @@ def envelope_check(file: FileArg, as_json: JsonOpt = False) -> None:
     if a.cannot_serve:
         out.print("cannot serve:")
         for item in a.cannot_serve:
-            out.print(f"  - {item}")
+            out.print(f"  - {escape(item)}")
 
 
 @profile_app.command("check")

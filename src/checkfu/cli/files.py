@@ -39,6 +39,8 @@ def load(model: type[M], path: Path) -> M:
             raise refuse(f"{path}: not UTF-8") from None
         except tomllib.TOMLDecodeError as exc:
             raise refuse(f"{path}: not valid TOML: {exc}") from None
+        except RecursionError:
+            raise refuse(f"{path}: not valid TOML: nested too deeply") from None
         return decode_value(model, value)
     return decode(model, raw)
 

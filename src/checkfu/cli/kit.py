@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from checkfu.wire.kit import export_kit
 
@@ -19,6 +20,8 @@ def export(directory: Annotated[Path, typer.Argument(help="where to write the ki
     try:
         count = export_kit(directory)
     except OSError as exc:
-        Console(stderr=True).print(f"cannot write the kit to {directory}: {exc.strerror or exc}")
+        Console(stderr=True).print(
+            f"cannot write the kit to {escape(str(directory))}: {escape(str(exc.strerror or exc))}"
+        )
         raise typer.Exit(1) from None
-    Console(highlight=False).print(f"wrote {count} files to {directory}")
+    Console(highlight=False).print(f"wrote {count} files to {escape(str(directory))}")

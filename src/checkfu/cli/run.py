@@ -12,6 +12,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from checkfu.cli.files import load
@@ -46,11 +47,11 @@ class ConsoleObserver:
         err.print(f"[dim]• {name:<11} {seconds * 1000:8.1f} ms[/]")
 
     def warning(self, text: str) -> None:
-        err.print(f"[bold yellow]warning[/]: {text}")
+        err.print(f"[bold yellow]warning[/]: {escape(text)}")
 
     def selected(self, attempt: Attempt) -> None:
         a = assess(attempt.adapter.envelope)
-        err.print(f"[dim]• adapter     {attempt.adapter.target} — {a.label}[/]")
+        err.print(f"[dim]• adapter     {escape(str(attempt.adapter.target))} — {a.label}[/]")
 
     def stage_progress(self, done: int, total: int) -> None:
         if total and (done == total or done - self.last_stage > total // 10):
@@ -76,7 +77,7 @@ def _pin_image(profile: dict[str, Any], provider: str) -> None:
         raise SandboxProfileInvalid(
             f"base_image: cannot pin {ref!r} on the Docker engine: {exc}", field="base_image"
         ) from None
-    err.print(f"[dim]• pinned      {ref} → {image_id}[/]")
+    err.print(f"[dim]• pinned      {escape(ref)} → {image_id}[/]")
     profile["base_image"] = image_id
 
 
@@ -117,12 +118,12 @@ def _choose(registry: Registry, provider: str, explicit: bool) -> Any:
 def _summary(result: JobResult, attempt_label: str) -> None:
     err.print()
     err.print(f"[bold]run[/]        {result.run_id}")
-    err.print(f"[bold]adapter[/]    {result.adapter} — {attempt_label}")
+    err.print(f"[bold]adapter[/]    {escape(result.adapter)} — {attempt_label}")
     err.print("[bold]phases[/]     " + ", ".join(f"{k} {v * 1000:.0f} ms" for k, v in result.phases.items()))
     colour = "green" if result.exit_code == 0 else "red"
     err.print(f"[bold]exit[/]       [{colour}]{result.exit_code}[/]")
     if result.captured:
-        err.print("[bold]captured[/]   " + ", ".join(result.captured))
+        err.print("[bold]captured[/]   " + escape(", ".join(result.captured)))
     if result.not_enforced:
         err.print("[bold yellow]not enforced[/] " + ", ".join(result.not_enforced))
     else:
@@ -251,7 +252,9 @@ def runs_show(
     try:
         found = journal.find_runs(run)
         if len(found) != 1:
-            err.print(f"[bold red]SandboxNotFound[/]: {'no' if not found else len(found)} runs match {run!r}")
+            err.print(
+                f"[bold red]SandboxNotFound[/]: {'no' if not found else len(found)} runs match {escape(repr(run))}"
+            )
             raise typer.Exit(1)
         r = found[0]
         events = journal.events_for_run(r.run_id)
@@ -333,6 +336,6 @@ def runner_reconcile(
             f"failed {len(report.failed)}, skipped {len(report.skipped)}"
         )
         for key, why in {**report.failed, **report.skipped}.items():
-            err.print(f"  {key}: {why}")
+            err.print(f"  {escape(key)}: {escape(why)}")
     if report.failed:
         raise typer.Exit(1)

@@ -97,13 +97,13 @@ class SandboxProviderCapabilities(Model):
     provider_revision: Revision
     materialization_revision: Revision
     placement: Placement
-    tiers: Annotated[tuple[Tier, ...], UNIQUE, UNIQUE_ITEMS, NONEMPTY]
-    platforms: Annotated[tuple[Platform, ...], UNIQUE, UNIQUE_ITEMS, NONEMPTY]
+    tiers: Annotated[tuple[Tier, ...], NONEMPTY, UNIQUE, UNIQUE_ITEMS]
+    platforms: Annotated[tuple[Platform, ...], NONEMPTY, UNIQUE, UNIQUE_ITEMS]
     image_mode: ImageMode
     fixed_base_images: Annotated[tuple[ImageRef, ...], UNIQUE, UNIQUE_ITEMS]
     package_managers: Annotated[tuple[PackageManager, ...], UNIQUE, UNIQUE_ITEMS]
-    network_modes: Annotated[tuple[NetworkMode, ...], UNIQUE, UNIQUE_ITEMS, NONEMPTY]
-    retention_modes: Annotated[tuple[RetentionMode, ...], UNIQUE, UNIQUE_ITEMS, NONEMPTY]
+    network_modes: Annotated[tuple[NetworkMode, ...], NONEMPTY, UNIQUE, UNIQUE_ITEMS]
+    retention_modes: Annotated[tuple[RetentionMode, ...], NONEMPTY, UNIQUE, UNIQUE_ITEMS]
     snapshots: Bool
     snapshot_custody: SnapshotCustody = "runner"
     enforcement: EnforcementStatement

@@ -214,7 +214,10 @@ class ReleaseResult(InstanceResult):
 
 class _ProcessSpec(InstanceCall):
     argv: Annotated[tuple[Arg, ...], NONEMPTY, Field(max_length=4096)]
-    env: dict[EnvName, Arg] = Field(default_factory=dict)
+    env: dict[EnvName, Arg] = Field(
+        default_factory=dict,
+        json_schema_extra={"additionalProperties": False},  # a name outside EnvName is refused by the schema too
+    )
     cwd: SandboxPath | None = None
 
 
@@ -253,7 +256,7 @@ class ProcessStarted(Result):
 
 
 class ReadFilesRequest(InstanceCall):
-    paths: Annotated[tuple[SandboxPath, ...], UNIQUE, UNIQUE_ITEMS, NONEMPTY, Field(max_length=1024)]
+    paths: Annotated[tuple[SandboxPath, ...], NONEMPTY, Field(max_length=1024), UNIQUE, UNIQUE_ITEMS]
     max_bytes: PosInt = Field(description="cap on the bytes of all files together")
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from functools import cached_property
 from typing import Annotated, ClassVar
@@ -24,13 +25,16 @@ ImageRef = Annotated[
 ]
 """A pinned image: ``name@sha256:…`` by digest, ``sha256:…`` a locally built image id, or ``host``."""
 
+_SEMVER = r"[0-9]+\.[0-9]+\.[0-9]+(?:-[0-9A-Za-z.-]+)?(?:\+[0-9A-Za-z.-]+)?"
+"""An exact semantic version: a tag (``latest``) or a prefix (``1``, ``1.x``, ``v0.1``) is not a pin."""
+
 PIN_PATTERNS: dict[PackageManager, re.Pattern[str]] = {
     "apt": re.compile(r"^[a-z0-9][a-z0-9+.-]*=[A-Za-z0-9.+~:-]+$"),
     "pip": re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*==[A-Za-z0-9.+!_-]+$"),
-    "npm": re.compile(r"^(?:@[a-z0-9._-]+/)?[a-z0-9._-]+@[0-9A-Za-z.+-]+$"),
-    "cargo": re.compile(r"^[A-Za-z0-9_-]+@[0-9A-Za-z.+-]+$"),
+    "npm": re.compile(r"^(?:@[a-z0-9._-]+/)?[a-z0-9._-]+@" + _SEMVER + "$"),
+    "cargo": re.compile(r"^[A-Za-z0-9_-]+@" + _SEMVER + "$"),
     "gem": re.compile(r"^[A-Za-z0-9._-]+:[0-9A-Za-z.+-]+$"),
-    "go": re.compile(r"^[A-Za-z0-9._~/-]+@v[0-9A-Za-z.+-]+$"),
+    "go": re.compile(r"^[A-Za-z0-9._~/-]+@v" + _SEMVER + "$"),
 }
 """A pinned name per manager: ``curl=7.88.1-10``, ``requests==2.31.0``, ``left-pad@1.3.0``,
 ``serde@1.0.0``, ``rake:13.0.6``, ``golang.org/x/tools@v0.1.0``."""
@@ -46,9 +50,15 @@ PIN_EXAMPLES: dict[PackageManager, str] = {
 
 
 def _port_in_range(value: str) -> str:
-    port = int(value.rsplit(":", 1)[1])
+    host, port_text = value.rsplit(":", 1)
+    port = int(port_text)
     if not 1 <= port <= 65535:
         raise PydanticCustomError("destination", "port {port} is outside 1..65535", {"port": port})
+    if host.startswith("["):
+        try:
+            ipaddress.IPv6Address(host[1:-1])
+        except ValueError:
+            raise PydanticCustomError("destination", "{host} is not a bracketed IPv6 address", {"host": host}) from None
     return value
 
 
@@ -57,7 +67,7 @@ Destination = Annotated[
     Strict(),
     Field(
         pattern=r"^(?:[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?(?:\.[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?)*"
-        r"|\[[0-9a-f:.]{2,45}\]):[0-9]{1,5}$",
+        r"|\[[0-9a-f:.]{2,45}\]):[1-9][0-9]{0,4}$",
         max_length=260,
     ),
     AfterValidator(_port_in_range),

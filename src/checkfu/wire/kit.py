@@ -400,7 +400,12 @@ def invalid_vectors(name: str, model: type[Model], example: dict[str, Any]) -> I
 def build_kit() -> dict[str, Any]:
     """Every file of the kit, by relative path."""
     files: dict[str, Any] = {}
-    index: dict[str, Any] = {"version": KIT_VERSION, "dialect": SCHEMA_DIALECT, "messages": {}}
+    index: dict[str, Any] = {
+        "version": KIT_VERSION,
+        "dialect": SCHEMA_DIALECT,
+        "members": {m: {"request": req.__name__, "result": res.__name__} for m, (req, res) in MESSAGES.items()},
+        "messages": {},
+    }
     examples = ex.messages()
     for name, model in message_types().items():
         files[f"schemas/{name}.schema.json"] = schema(model)
@@ -437,7 +442,8 @@ README = """# checkfu provider author kit ({version})
 
 A provider written in any language can use this folder without Python.
 
-- `index.json` lists every wire message: its JSON Schema, the lifecycle member and role
+- `index.json` maps every lifecycle member to its request and result message
+  (`members`), and lists every wire message: its JSON Schema, the first member and role
   (request or result) it belongs to, and its vectors.
 - `schemas/NAME.schema.json` are JSON Schemas (draft 2020-12) generated from the models
   the runner decodes with. They check shape; some cross-field rules (for example
