@@ -1,0 +1,138 @@
+"""B7: snapshot, resume and clone on the Docker tier, beside ``docker commit`` and a create from the image.
+
+The sandbox holds 1 MiB of state (files in its home and in ``/tmp``). Its root
+is read-only, so ours captures the writable areas through the archive API (the
+sandbox paused, as ``commit`` pauses) into a labelled image, and restores them
+at activation. The raw container keeps the same files in a writable root layer,
+which is what ``docker commit`` captures.
+
+- snapshot: ours ``snapshot`` beside raw ``commit``;
+- resume: ours ``resume`` + ``activate`` beside raw ``create`` from the committed image + ``start``;
+- clone: ours ``clone`` + ``activate`` beside raw ``commit`` + ``create`` + ``start``.
+
+Target: each at most 1.10 times the raw primitive. ``CHECKFU_BENCH_N`` sets the rounds (default 10).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from b1_docker_first_command import LEASE, Rig, exec_request, rounds
+from harness import Figure, interleave, summarize
+
+from checkfu.contract.members import (
+    ActivateRequest,
+    CloneRequest,
+    DeleteSnapshotRequest,
+    ReleaseRequest,
+    ResumeRequest,
+    SnapshotRequest,
+)
+
+NAMES = ["B7"]
+STATE = (
+    "mkdir -p $HOME/proj && for i in 1 2 3 4 5 6 7 8; do head -c 98304 /dev/urandom > $HOME/proj/f$i; done"
+    " && head -c 262144 /dev/urandom > /tmp/scratch"
+)
+RAW_STATE = STATE.replace("$HOME", "/home/sandbox")
+
+
+async def run() -> list[Figure]:
+    rig = Rig("B7", retention="durable")
+    p = rig.provider
+    figures: list[Figure] = []
+    try:
+        source = await rig.up()
+        assert (await p.exec(exec_request(source, "sh", "-c", STATE))).exit_code == 0
+        cfg = rig.raw_config(writable_root=True)
+        cfg.pop("tmpfs")
+        raw_source = rig.client.containers.run(detach=True, **cfg)
+        assert raw_source.exec_run(["sh", "-c", RAW_STATE], user="1000:1000").exit_code == 0
+        snaps: list[tuple[str, str]] = []
+        images: list[Any] = []
+        label = {"LABEL": f"checkfu.runner_tag={rig.tag}"}
+
+        async def snapshot() -> None:
+            key = rig.key()
+            result = await p.snapshot(SnapshotRequest(**source, snapshot_allocation_key=key))
+            snaps.append((key, result.snapshot_id))
+
+        def commit() -> None:
+            images.append(raw_source.commit(changes=[f"LABEL checkfu.runner_tag={rig.tag}"]))
+
+        a, b = await interleave(snapshot, commit, n=rounds(10), warmup=1)
+        figures.append(
+            summarize("B7 docker snapshot", a, b, target="<=1.10x docker commit", met=lambda r, *_: r <= 1.10)
+        )
+        snap_key, snap_id = snaps[0]
+        image = images[0]
+        made: list[dict[str, Any]] = []
+        raw_made: list[Any] = []
+
+        async def resume() -> None:
+            base = rig.provision_request(rig.key())
+            request = ResumeRequest(**base.model_dump(), snapshot_allocation_key=snap_key, snapshot_id=snap_id)
+            result = await p.resume(request)
+            call = rig.call(request.allocation_key, result.instance_id)
+            await p.activate(ActivateRequest(**call))
+            made.append(call)
+
+        def create_from_image() -> None:
+            c = rig.client.containers.create(**{**cfg, "image": image.id})
+            c.start()
+            raw_made.append(c)
+
+        async def clone() -> None:
+            base = rig.provision_request(rig.key())
+            request = CloneRequest(
+                **base.model_dump(),
+                source_allocation_key=source["allocation_key"],
+                source_instance_id=source["instance_id"],
+            )
+            result = await p.clone(request)
+            call = rig.call(request.allocation_key, result.instance_id)
+            await p.activate(ActivateRequest(**call))
+            made.append(call)
+
+        def commit_create() -> None:
+            img = raw_source.commit(changes=[f"LABEL checkfu.runner_tag={rig.tag}"])
+            images.append(img)
+            c = rig.client.containers.create(**{**cfg, "image": img.id})
+            c.start()
+            raw_made.append(c)
+
+        async def cleanup() -> None:
+            while made:
+                await p.release(ReleaseRequest(**made.pop()))
+            while raw_made:
+                raw_made.pop().remove(force=True)
+
+        for name, ours, raw in (
+            ("B7 docker resume", resume, create_from_image),
+            ("B7 docker clone", clone, commit_create),
+        ):
+            xs: list[float] = []
+            ys: list[float] = []
+            for i in range(rounds(10) + 1):
+                a, b = await interleave(ours, raw, n=1, warmup=0)
+                if i:
+                    xs += a
+                    ys += b
+                await cleanup()
+            figures.append(summarize(name, xs, ys, target="<=1.10x commit + create", met=lambda r, *_: r <= 1.10))
+        check = await p.exec(exec_request(source, "sh", "-c", "cat $HOME/proj/f3 | wc -c"))
+        assert check.stdout.strip() == b"98304"
+        await p.release(ReleaseRequest(**source))
+        for key, sid in snaps:
+            await p.delete_snapshot(
+                DeleteSnapshotRequest(target=rig.target, lease=LEASE, snapshot_allocation_key=key, snapshot_id=sid)
+            )
+        raw_source.remove(force=True)
+        for img in images:
+            rig.client.images.remove(img.id, force=True)
+        _ = label
+    finally:
+        left = await rig.close()
+    for fig in figures:
+        fig.extra["left_behind"] = left
+    return figures

@@ -1,0 +1,153 @@
+"""What the Docker provider advertises, and the check that it never quietly serves less.
+
+Every claim here is one a test in ``tests/providers/docker`` proves against the
+real engine: all nine enforcement axes are ``runner_enforced`` because this
+in-tree code sets every container flag itself (see ``spec.py``).
+"""
+
+from __future__ import annotations
+
+import os
+import platform as host_platform
+from dataclasses import dataclass
+
+from checkfu.contract.enforcement import AXES, EnforcementStatement
+from checkfu.contract.envelope import LifecycleAssurances, SandboxProviderCapabilities
+from checkfu.contract.errors import SandboxCapabilityUnavailable, SandboxIdentityMismatch, Unmet
+from checkfu.contract.members import Call
+from checkfu.contract.mounts import MountPlan
+from checkfu.contract.profile import HOST_IMAGE, SandboxProfile
+from checkfu.contract.target import ExecutionTarget
+from checkfu.contract.vocabulary import PackageManager, Platform, Resources
+
+PROVIDER = "docker"
+PROVIDER_REVISION = "checkfu-docker 1"
+MATERIALIZATION_REVISION = "checkfu-docker-images 1"
+PACKAGE_MANAGERS: tuple[PackageManager, ...] = ("apt", "pip")
+
+MINIMUM = Resources(cpu_millis=100, memory_mib=16, disk_mib=16, pids=16)
+"""``disk_mib`` 16 leaves every writable area at least 1 MiB after the split (see ``spec.split_disk``)."""
+
+ARCHITECTURES = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64"}
+
+
+@dataclass(frozen=True)
+class HostFacts:
+    """What the envelope's platform and ceilings are computed from."""
+
+    architecture: str
+    cpus: int
+    memory_mib: int
+
+
+def host_facts() -> HostFacts:
+    """This host's architecture, CPU count and memory.
+
+    Raises:
+        SandboxCapabilityUnavailable: the architecture is neither amd64 nor arm64.
+    """
+    machine = host_platform.machine().lower()
+    arch = ARCHITECTURES.get(machine)
+    if arch is None:
+        raise SandboxCapabilityUnavailable([Unmet("platforms", f"host architecture {machine!r} is not amd64 or arm64")])
+    pages = os.sysconf("SC_PHYS_PAGES") if hasattr(os, "sysconf") else 0
+    page = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 0
+    memory = max(MINIMUM.memory_mib, (pages * page) >> 20)
+    return HostFacts(architecture=arch, cpus=os.cpu_count() or 1, memory_mib=memory)
+
+
+def build_envelope(facts: HostFacts) -> SandboxProviderCapabilities:
+    """The Docker provider's envelope on a host with ``facts``.
+
+    The writable areas are memory-backed (tmpfs), so ``maximum_resources.disk_mib``
+    is bounded by the host's memory like ``memory_mib``.
+    """
+    arch = "arm64" if facts.architecture == "arm64" else "amd64"
+    maximum = Resources(
+        cpu_millis=max(MINIMUM.cpu_millis, facts.cpus * 1000),
+        memory_mib=facts.memory_mib,
+        disk_mib=max(MINIMUM.disk_mib, facts.memory_mib // 2),
+        pids=32768,
+    )
+    return SandboxProviderCapabilities(
+        provider=PROVIDER,
+        provider_revision=PROVIDER_REVISION,
+        materialization_revision=MATERIALIZATION_REVISION,
+        placement="local",
+        tiers=("container",),
+        platforms=(Platform(os="linux", architecture=arch),),
+        image_mode="profile",
+        fixed_base_images=(),
+        package_managers=PACKAGE_MANAGERS,
+        network_modes=("none",),
+        retention_modes=("durable", "ephemeral_zdr"),
+        snapshots=True,
+        snapshot_custody="runner",
+        enforcement=EnforcementStatement(**{axis: "runner_enforced" for axis in AXES}),
+        egress_certification="unsupported",
+        list_dir=True,
+        minimum_resources=MINIMUM,
+        maximum_resources=maximum,
+        max_mounts=64,
+        operations=("openProcess", "readFiles", "listAllocations"),
+        lifecycle_assurances=LifecycleAssurances(
+            release_destroys=True,
+            release_idempotent=True,
+            reaps_process_tree=True,
+            cold_compensation=True,
+            enumerates_allocations=True,
+        ),
+    )
+
+
+def check_target(request: Call, target: ExecutionTarget) -> None:
+    """Raises SandboxIdentityMismatch when ``request`` is addressed to another adapter."""
+    if request.target != target:
+        raise SandboxIdentityMismatch(
+            f"target: request is for {request.target}, this provider is {target}", field="target"
+        )
+
+
+def unmet_needs(
+    envelope: SandboxProviderCapabilities,
+    profile: SandboxProfile,
+    platform: Platform,
+    mounts: tuple[MountPlan, ...] = (),
+) -> list[Unmet]:
+    """Every requirement of ``profile`` (and the attempt's platform and mounts) ``envelope`` does not meet."""
+    unmet: list[Unmet] = []
+    if profile.tier not in envelope.tiers:
+        unmet.append(Unmet("profile.tier", f"{profile.tier!r} is not among {list(envelope.tiers)}"))
+    if profile.base_image == HOST_IMAGE:
+        unmet.append(Unmet("profile.base_image", "'host' is the host-process tier's image, not a container image"))
+    for manager in profile.package_managers:
+        if manager not in envelope.package_managers:
+            unmet.append(Unmet(f"profile.packages.{manager}", f"{manager!r} packages are not materialized here"))
+    if profile.network_policy.mode not in envelope.network_modes:
+        unmet.append(
+            Unmet(
+                "profile.network_policy.mode", f"{profile.network_policy.mode!r} is not among {envelope.network_modes}"
+            )
+        )
+    if profile.retention_mode not in envelope.retention_modes:
+        unmet.append(Unmet("profile.retention_mode", f"{profile.retention_mode!r} is not offered"))
+    for problem in profile.resource_limits.within(envelope.minimum_resources, envelope.maximum_resources):
+        dim, reason = problem.split(": ", 1)
+        unmet.append(Unmet(f"profile.resource_limits.{dim}", reason))
+    if platform not in envelope.platforms:
+        unmet.append(Unmet("platform", f"{platform.os}/{platform.architecture} is not this host's platform"))
+    if len(mounts) > envelope.effective_max_mounts:
+        unmet.append(Unmet("mounts", f"{len(mounts)} mounts, at most {envelope.effective_max_mounts}"))
+    return unmet
+
+
+def require_served(
+    envelope: SandboxProviderCapabilities,
+    profile: SandboxProfile,
+    platform: Platform,
+    mounts: tuple[MountPlan, ...] = (),
+) -> None:
+    """Raises SandboxCapabilityUnavailable listing every unmet need, if there is any."""
+    unmet = unmet_needs(envelope, profile, platform, mounts)
+    if unmet:
+        raise SandboxCapabilityUnavailable(unmet, provider=envelope.provider)

@@ -1,0 +1,101 @@
+"""Labels and names: how every object the Docker provider creates is found again.
+
+Every container, volume and image carries ``checkfu.runner_tag`` and
+``checkfu.allocation_key``. Compensation, release and enumeration find objects
+by these labels only, never by an id a caller handed back. Names are derived
+from the allocation key, so a retried or foreign call lands on the same name
+and is recognised by its labels.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from typing import Literal
+
+RUNNER_TAG = "checkfu.runner_tag"
+ALLOCATION_KEY = "checkfu.allocation_key"
+KIND = "checkfu.kind"
+TARGET = "checkfu.target"
+"""On a volume: the sandbox path it is mounted on."""
+SOURCE_KEY = "checkfu.source_allocation_key"
+"""On a snapshot or a clone's carrier image: the allocation it was taken from."""
+RESTORE = "checkfu.restore"
+"""On an instance: the image whose bytes fill its writable areas at activation."""
+RETENTION = "checkfu.retention"
+MOUNTS = "checkfu.mounts"
+"""On an instance: the JSON list of its mount targets (where ``writeFile`` may stage)."""
+AREAS = "checkfu.areas"
+"""On an instance: the JSON list of its writable paths."""
+STAGER = "checkfu.stager"
+"""On an instance: the name of its staging container, when it has mounts."""
+MATERIALIZATION = "checkfu.materialization_digest"
+
+Kind = Literal["instance", "stager", "area", "mount", "snapshot", "carrier", "image"]
+KINDS: tuple[Kind, ...] = ("instance", "stager", "area", "mount", "snapshot", "carrier", "image")
+
+
+def owner_labels(allocation_key: str, runner_tag: str, kind: Kind, **extra: str) -> dict[str, str]:
+    """The labels of one object: its allocation key, runner tag and kind, plus ``extra``."""
+    out = {ALLOCATION_KEY: allocation_key, RUNNER_TAG: runner_tag, KIND: kind}
+    out.update(extra)
+    return out
+
+
+def label_filter(
+    *, allocation_key: str | None = None, runner_tag: str | None = None, kind: Kind | None = None, **extra: str
+) -> dict[str, list[str]]:
+    """A Docker ``filters`` value matching every given label (all must hold)."""
+    wanted: list[str] = []
+    if allocation_key is not None:
+        wanted.append(f"{ALLOCATION_KEY}={allocation_key}")
+    if runner_tag is not None:
+        wanted.append(f"{RUNNER_TAG}={runner_tag}")
+    if kind is not None:
+        wanted.append(f"{KIND}={kind}")
+    wanted.extend(f"{k}={v}" for k, v in extra.items())
+    return {"label": wanted}
+
+
+def instance_name(allocation_key: str) -> str:
+    """The container name (and instance id) of the allocation ``allocation_key``."""
+    return "checkfu-" + hashlib.sha256(allocation_key.encode()).hexdigest()[:32]
+
+
+def stager_name(instance: str) -> str:
+    return f"{instance}-stage"
+
+
+def area_volume(instance: str, index: int) -> str:
+    return f"{instance}-w{index}"
+
+
+def mount_volume(instance: str, index: int) -> str:
+    return f"{instance}-m{index}"
+
+
+def kind_of(labels: Mapping[str, str] | None) -> Kind | None:
+    value = (labels or {}).get(KIND)
+    for kind in KINDS:
+        if kind == value:
+            return kind
+    return None
+
+
+def json_list(labels: Mapping[str, str] | None, name: str) -> tuple[str, ...]:
+    """A label holding a JSON list of strings; empty when absent or malformed."""
+    raw = (labels or {}).get(name)
+    if not raw:
+        return ()
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return ()
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        return ()
+    return tuple(value)
+
+
+def dump_list(values: tuple[str, ...]) -> str:
+    return json.dumps(list(values), separators=(",", ":"))

@@ -1,0 +1,384 @@
+"""Processes in a sandbox, through the Engine API's exec endpoints.
+
+``exec_create`` goes through docker-py; the start is hijacked on the engine's
+Unix socket here, byte-exact, so no output can be lost between the HTTP headers
+and the raw stream (docker-py's socket mode reads the headers through a buffered
+reader that may swallow the first frames), and so stdin can be half-closed.
+The raw stream is demultiplexed by ``FrameDecoder``, a sans-I/O object.
+
+An exec that outlives its timeout, or whose caller goes away, is ended with
+SIGKILL to its process group: the engine starts every exec as a session leader,
+so its group id is the host pid the engine reports. The pid is checked to
+belong to the sandbox's cgroup first, so a reused pid is never signalled.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import select
+import signal
+import socket
+import threading
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from checkfu.contract.errors import SandboxProviderFailed, SandboxStateConflict
+from checkfu.contract.members import ProcessStarted
+from checkfu.contract.process import ProcessEvent, ProcessExit, ProcessOutput, ProcessStreamEnd
+from checkfu.providers.docker.engine import STATUS_ERRORS, Engine
+
+HEADER = 8
+STDOUT, STDERR = 1, 2
+READ_SIZE = 1 << 16
+EXIT_WAIT = 10.0
+"""How long to wait for the engine to record an exec's exit after its streams ended."""
+
+
+class FrameDecoder:
+    """Splits the Engine API's multiplexed stream (8-byte header: stream, 0, 0, 0, big-endian size)."""
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+        self._pos = 0
+
+    def feed(self, data: bytes) -> list[tuple[int, bytes]]:
+        """The frames ``data`` completes, in order; a partial frame waits for more."""
+        self._buf += data
+        out: list[tuple[int, bytes]] = []
+        buf, pos = self._buf, self._pos
+        while len(buf) - pos >= HEADER:
+            size = int.from_bytes(buf[pos + 4 : pos + 8], "big")
+            if len(buf) - pos - HEADER < size:
+                break
+            out.append((buf[pos], bytes(buf[pos + HEADER : pos + HEADER + size])))
+            pos += HEADER + size
+        if pos > 1 << 16 or pos == len(buf):
+            del buf[:pos]
+            pos = 0
+        self._pos = pos
+        return out
+
+    @property
+    def pending(self) -> int:
+        """Bytes of an incomplete frame held back."""
+        return len(self._buf) - self._pos
+
+
+@dataclass
+class Capture:
+    """One output stream, kept up to ``cap`` bytes; the rest is counted and dropped."""
+
+    cap: int
+    data: bytearray = field(default_factory=bytearray)
+    dropped: int = 0
+
+    def add(self, chunk: bytes) -> None:
+        room = self.cap - len(self.data)
+        if room >= len(chunk):
+            self.data += chunk
+        else:
+            if room > 0:
+                self.data += chunk[:room]
+            self.dropped += len(chunk) - max(room, 0)
+
+    @property
+    def truncated(self) -> bool:
+        return self.dropped > 0
+
+
+@dataclass
+class ExecOutcome:
+    exit_code: int
+    timed_out: bool
+    stdout: bytes
+    stderr: bytes
+    stdout_truncated: bool
+    stderr_truncated: bool
+
+
+def hijack(socket_path: str, api_version: str, exec_id: str, *, timeout: float = 60.0) -> tuple[socket.socket, bytes]:
+    """Start exec ``exec_id`` attached; the connected socket and the stream bytes already read.
+
+    Raises:
+        SandboxNotFound: the exec (or its container) is gone.
+        SandboxStateConflict: the container is not running (or is paused).
+        SandboxProviderFailed: the engine refused the start otherwise, or closed the connection.
+    """
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.settimeout(timeout)
+        sock.connect(socket_path)
+        body = b'{"Detach":false,"Tty":false}'
+        head = (
+            f"POST /v{api_version}/exec/{exec_id}/start HTTP/1.1\r\nHost: docker\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+            "Connection: Upgrade\r\nUpgrade: tcp\r\n\r\n"
+        ).encode()
+        sock.sendall(head + body)
+        buf = b""
+        while b"\r\n\r\n" not in buf:
+            chunk = sock.recv(4096)
+            if not chunk:
+                raise SandboxProviderFailed("exec start: the engine closed the connection before answering")
+            buf += chunk
+            if len(buf) > 1 << 16:
+                raise SandboxProviderFailed("exec start: the engine's answer has no end of headers")
+        header, _, rest = buf.partition(b"\r\n\r\n")
+        status = int(header.split(b" ", 2)[1])
+        if status in (101, 200):
+            sock.settimeout(None)
+            return sock, rest
+        message = _error_message(rest)
+        cls = STATUS_ERRORS.get(status)
+        detail = f"exec start: engine answered {status}" + (f" ({message})" if message else "")
+        if cls is not None:
+            raise cls(detail)
+        raise SandboxProviderFailed(detail, retryable=status >= 500)
+    except BaseException:
+        sock.close()
+        raise
+
+
+def _error_message(body: bytes) -> str:
+    try:
+        value = json.loads(body.decode("utf-8", "replace") or "{}")
+    except ValueError:
+        return ""
+    message = value.get("message") if isinstance(value, dict) else None
+    return message[:300] if isinstance(message, str) else ""
+
+
+def pump(
+    sock: socket.socket,
+    initial: bytes,
+    *,
+    stdin: bytes | None,
+    cap: int,
+    deadline: float,
+    cancel: threading.Event,
+) -> tuple[Capture, Capture, bool]:
+    """Feed ``stdin`` (then half-close) and collect both streams until EOF, the deadline or ``cancel``.
+
+    Returns the two captures and whether the stream ended (``False`` when the
+    deadline passed or the caller cancelled first).
+    """
+    out, err = Capture(cap), Capture(cap)
+    decoder = FrameDecoder()
+
+    def take(data: bytes) -> None:
+        for stream, payload in decoder.feed(data):
+            if stream == STDOUT:
+                out.add(payload)
+            elif stream == STDERR:
+                err.add(payload)
+
+    take(initial)
+    pending = memoryview(stdin) if stdin is not None else None
+    if pending is not None and len(pending) == 0:
+        _close_write(sock)
+        pending = None
+    sock.setblocking(False)
+    poller = select.poll()
+    poller.register(sock, select.POLLIN)
+    writing = False
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0 or cancel.is_set():
+            return out, err, False
+        want_write = pending is not None
+        if want_write != writing:
+            poller.modify(sock, select.POLLIN | (select.POLLOUT if want_write else 0))
+            writing = want_write
+        for _fd, ev in poller.poll(min(remaining, 0.25) * 1000):
+            if ev & select.POLLOUT and pending is not None:
+                try:
+                    sent = sock.send(pending[: 1 << 16])
+                except (BrokenPipeError, ConnectionResetError):
+                    pending = None
+                    continue
+                except BlockingIOError:
+                    continue
+                pending = pending[sent:]
+                if len(pending) == 0:
+                    _close_write(sock)
+                    pending = None
+            if ev & (select.POLLIN | select.POLLHUP | select.POLLERR):
+                try:
+                    data = sock.recv(READ_SIZE)
+                except BlockingIOError:
+                    continue
+                except ConnectionResetError:
+                    data = b""
+                if not data:
+                    return out, err, True
+                take(data)
+
+
+def _close_write(sock: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_WR)
+
+
+def wait_exit(api: Any, exec_id: str, *, limit: float = EXIT_WAIT) -> int | None:
+    """The exit code the engine records for ``exec_id``, waiting up to ``limit`` seconds for it."""
+    end = time.monotonic() + limit
+    pause = 0.002
+    while True:
+        info = api.exec_inspect(exec_id)
+        if not info.get("Running"):
+            code = info.get("ExitCode")
+            return int(code) if isinstance(code, int) else None
+        if time.monotonic() >= end:
+            return None
+        time.sleep(pause)
+        pause = min(pause * 2, 0.05)
+
+
+def kill_group(api: Any, exec_id: str, container_id: str) -> None:
+    """SIGKILL the process group of a running exec; nothing when it already ended.
+
+    Raises:
+        SandboxProviderFailed: the process cannot be signalled from here.
+    """
+    info = api.exec_inspect(exec_id)
+    pid = info.get("Pid")
+    if not info.get("Running") or not isinstance(pid, int) or pid <= 0:
+        return
+    try:
+        with open(f"/proc/{pid}/cgroup", encoding="utf-8") as f:
+            if container_id not in f.read():
+                return
+        os.killpg(pid, signal.SIGKILL)
+    except (FileNotFoundError, ProcessLookupError):
+        return
+    except PermissionError as exc:
+        raise SandboxProviderFailed(f"cannot end exec {exec_id[:12]}: {exc}") from exc
+
+
+def run_exec(
+    engine: Engine,
+    *,
+    container_id: str,
+    argv: list[str],
+    env: dict[str, str],
+    cwd: str,
+    user: str,
+    stdin: bytes,
+    cap: int,
+    timeout: float,
+    cancel: threading.Event,
+) -> ExecOutcome:
+    """Create, start and wait for one exec (blocking; run it in the engine's pool)."""
+    api = engine.api
+    deadline = time.monotonic() + timeout
+    created = api.exec_create(
+        container_id,
+        argv,
+        stdout=True,
+        stderr=True,
+        stdin=bool(stdin),
+        tty=False,
+        environment=env or None,
+        workdir=cwd,
+        user=user,
+        privileged=False,
+    )
+    exec_id = created["Id"]
+    sock, initial = hijack(engine.socket, engine.api_version, exec_id, timeout=max(1.0, timeout))
+    ended = False
+    try:
+        out, err, ended = pump(sock, initial, stdin=stdin if stdin else None, cap=cap, deadline=deadline, cancel=cancel)
+    finally:
+        if not ended:
+            kill_group(api, exec_id, container_id)
+        sock.close()
+    code = wait_exit(api, exec_id)
+    return ExecOutcome(
+        exit_code=-1 if code is None else code,
+        timed_out=not ended and not cancel.is_set(),
+        stdout=bytes(out.data),
+        stderr=bytes(err.data),
+        stdout_truncated=out.truncated,
+        stderr_truncated=err.truncated,
+    )
+
+
+class DockerProcess:
+    """An open process: ``ProcessStream`` over one hijacked exec stream."""
+
+    def __init__(
+        self, engine: Engine, started: ProcessStarted, sock: socket.socket, initial: bytes, container_id: str
+    ) -> None:
+        self._engine = engine
+        self._started = started
+        self._sock = sock
+        self._initial = initial
+        self._container_id = container_id
+        self._stdin_closed = False
+        self._finished = False
+
+    @property
+    def started(self) -> ProcessStarted:
+        return self._started
+
+    @property
+    def exec_id(self) -> str:
+        return self._started.process_id
+
+    async def send_stdin(self, data: bytes) -> None:
+        """Write ``data`` to the process; waits while the process is not reading.
+
+        Raises:
+            SandboxStateConflict: stdin was closed, or the process no longer reads it.
+        """
+        if self._stdin_closed:
+            raise SandboxStateConflict("stdin: already closed", field="stdin")
+        try:
+            await self._engine.run("openProcess stdin", self._sock.sendall, data)
+        except SandboxProviderFailed as exc:
+            if isinstance(exc.__cause__, (BrokenPipeError, ConnectionResetError)):
+                self._stdin_closed = True
+                raise SandboxStateConflict("stdin: the process has stopped reading it", field="stdin") from None
+            raise
+
+    async def close_stdin(self) -> None:
+        """End stdin; idempotent. Later ``send_stdin`` calls raise ``SandboxStateConflict``."""
+        if not self._stdin_closed:
+            self._stdin_closed = True
+            _close_write(self._sock)
+
+    async def events(self) -> AsyncIterator[ProcessEvent]:
+        """Output chunks as they arrive, one end per stream, then the exit. Pulling is the backpressure."""
+        decoder = FrameDecoder()
+        pending = decoder.feed(self._initial)
+        self._initial = b""
+        while True:
+            for stream, payload in pending:
+                if payload and stream in (STDOUT, STDERR):
+                    yield ProcessOutput(stream="out" if stream == STDOUT else "err", data=payload)
+            data = await self._engine.run("openProcess read", self._recv)
+            if not data:
+                break
+            pending = decoder.feed(data)
+        yield ProcessStreamEnd(stream="out")
+        yield ProcessStreamEnd(stream="err")
+        code = await self._engine.run("openProcess exit", wait_exit, self._engine.api, self.exec_id)
+        self._finished = True
+        self._sock.close()
+        yield ProcessExit(exit_code=-1 if code is None else code)
+
+    def _recv(self) -> bytes:
+        try:
+            return self._sock.recv(READ_SIZE)
+        except (ConnectionResetError, OSError):
+            return b""
+
+    async def kill(self) -> None:
+        """SIGKILL the process and its group; idempotent."""
+        if self._finished:
+            return
+        await self._engine.run("openProcess kill", kill_group, self._engine.api, self.exec_id, self._container_id)

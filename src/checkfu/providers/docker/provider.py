@@ -1,0 +1,984 @@
+"""``DockerProvider``: the seventeen members on the real Docker Engine.
+
+What an instance is on the engine (all labelled ``checkfu.allocation_key`` and
+``checkfu.runner_tag``, all named after the allocation key):
+
+- the sandbox container, created at ``provision`` and started at ``activate``;
+  its id on the seam is its name, ``checkfu-<sha256(allocation_key)[:32]>``;
+- one tmpfs volume per writable area (home, ``/tmp``, ``/dev/shm``; ``spec.py``);
+- one disk volume per mount plan, mounted read-only in the sandbox, and a
+  stager container (never started) through which ``writeFile`` fills them
+  before activation; the stager is removed at ``activate``;
+- for a clone, a carrier image with the source's areas, consumed at ``activate``.
+
+Snapshots are images labelled with their own allocation key (``snapshots.py``).
+State is the container's real state: ``created`` is ``provisioning``, started is
+``active``, gone is ``released`` (when this object released it) or not found.
+The only in-memory state is a cache of verified container ids, of the instances
+this object provisioned or activated (so ``writeFile``, ``activate`` and
+``release`` need not ask the engine first; the engine's answer to the call
+itself still decides, and every other member reads the real state), and the set
+of names this object released. A freshly built provider (cold) finds everything again by name
+and label.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import functools
+import hashlib
+import os
+import threading
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NoReturn
+
+from checkfu.contract.envelope import Member
+from checkfu.contract.errors import (
+    SandboxDigestMismatch,
+    SandboxError,
+    SandboxNotFound,
+    SandboxPathRejected,
+    SandboxProviderFailed,
+)
+from checkfu.contract.lifecycle import State, snapshot_transition, transition
+from checkfu.contract.members import (
+    ActivateRequest,
+    AllocationEntry,
+    AllocationKind,
+    CloneRequest,
+    CloneResult,
+    CompensateRequest,
+    CompensateResult,
+    DeleteSnapshotRequest,
+    DeleteSnapshotResult,
+    DescribeResult,
+    ExecRequest,
+    ExecResult,
+    InspectRequest,
+    InstanceCall,
+    InstanceResult,
+    ListAllocationsRequest,
+    ListAllocationsResult,
+    ListDirRequest,
+    ListDirResult,
+    MaterializeRequest,
+    MaterializeResult,
+    OpenProcessRequest,
+    ProcessStarted,
+    ProvisionRequest,
+    ReadFilesRequest,
+    ReadFilesResult,
+    ReleaseRequest,
+    ReleaseResult,
+    ResumeRequest,
+    ResumeResult,
+    SnapshotRequest,
+    SnapshotResult,
+    WriteFileRequest,
+    WriteFileResult,
+    _Allocating,
+)
+from checkfu.contract.paths import is_within
+from checkfu.providers.docker import files, snapshots, spec
+from checkfu.providers.docker import labels as L
+from checkfu.providers.docker.engine import DEFAULT_WORKERS, Engine
+from checkfu.providers.docker.envelope import HostFacts, build_envelope, check_target, host_facts, require_served
+from checkfu.providers.docker.materialize import BuildProgress, Materializer, ProgressCallback
+from checkfu.providers.docker.process import DockerProcess, ExecOutcome, hijack, run_exec
+from checkfu.providers.docker.staging import DIRECT_BYTES, SPOOL_LIMIT, Spool, Spools, file_archive
+
+
+def default_state_dir() -> Path:
+    """``$XDG_STATE_HOME/checkfu-docker`` (``~/.local/state/checkfu-docker``)."""
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "checkfu-docker"
+
+
+@dataclass(frozen=True)
+class Instance:
+    """A sandbox container as the engine reports it."""
+
+    container_id: str
+    name: str
+    state: State
+    running: bool
+    labels: Mapping[str, str]
+    volumes: tuple[str, ...]
+    """The named volumes the container mounts (its writable areas and mount volumes)."""
+
+    @property
+    def runner_tag(self) -> str:
+        return self.labels.get(L.RUNNER_TAG, "")
+
+    @property
+    def mounts(self) -> tuple[str, ...]:
+        return L.json_list(self.labels, L.MOUNTS)
+
+    @property
+    def areas(self) -> tuple[str, ...]:
+        return L.json_list(self.labels, L.AREAS)
+
+    @property
+    def stager(self) -> str | None:
+        return self.labels.get(L.STAGER) or None
+
+    @property
+    def restore(self) -> str | None:
+        return self.labels.get(L.RESTORE) or None
+
+    @property
+    def retention(self) -> str:
+        return self.labels.get(L.RETENTION, "")
+
+
+def _status(exc: BaseException) -> int | None:
+    code = getattr(exc, "status_code", None)
+    return code if isinstance(code, int) else None
+
+
+class DockerProvider:
+    """The in-tree Docker provider. Every docker-py call runs off the event loop, in ``engine``'s pool.
+
+    Args:
+        engine: the engine wrapper (a new one from the environment by default).
+        sandbox_user: ``uid:gid`` every sandbox process runs as; never root.
+        home: the sandbox user's home, a writable area and the default working directory.
+        state_dir: where staged files wait for activation (named by instance, found again when cold).
+        cache_tag: the runner tag materialized images are labelled with.
+        progress: called on the event loop with each line of an image build.
+    """
+
+    def __init__(
+        self,
+        *,
+        engine: Engine | None = None,
+        sandbox_user: str = "1000:1000",
+        home: str = "/home/sandbox",
+        state_dir: str | Path | None = None,
+        cache_tag: str = "checkfu-cache",
+        progress: ProgressCallback | None = None,
+        workers: int = DEFAULT_WORKERS,
+        facts: HostFacts | None = None,
+    ) -> None:
+        self.engine = engine if engine is not None else Engine(workers=workers)
+        self.user = spec.SandboxUser.parse(sandbox_user, home)
+        self.envelope = build_envelope(facts if facts is not None else host_facts())
+        self.target = self.envelope.target
+        self.state_dir = Path(state_dir) if state_dir is not None else default_state_dir()
+        self.spools = Spools(self.state_dir / "staging")
+        self.cache_tag = cache_tag
+        self.progress = progress
+        self._materializer = Materializer(self.engine.api, lambda: self.engine.build_client().api, self.user, cache_tag)
+        self._fanout = ThreadPoolExecutor(max_workers=16, thread_name_prefix="checkfu-docker-fanout")
+        self._guard = threading.Lock()
+        self._ids: dict[str, str] = {}
+        self._staging: dict[str, Instance] = {}
+        self._active: dict[str, Instance] = {}
+        self._released: set[str] = set()
+
+    def close(self) -> None:
+        """Release the engine's threads and connections. Sandboxes are left as they are."""
+        self._fanout.shutdown(wait=False, cancel_futures=True)
+        self.engine.close()
+
+    # identity and state -------------------------------------------------------------------
+
+    def _remember(self, name: str, container_id: str) -> None:
+        with self._guard:
+            self._ids[name] = container_id
+            self._released.discard(name)
+
+    def _forget(self, name: str) -> None:
+        with self._guard:
+            self._ids.pop(name, None)
+            self._staging.pop(name, None)
+            self._active.pop(name, None)
+            self._released.add(name)
+
+    def _check_identity(self, request: InstanceCall) -> str:
+        check_target(request, self.target)
+        name = L.instance_name(request.allocation_key)
+        if request.instance_id != name:
+            raise SandboxNotFound(
+                f"instance_id: {request.instance_id!r} is not the instance of allocation {request.allocation_key!r}",
+                field="instance_id",
+            )
+        return name
+
+    def _inspect_blocking(self, name: str, allocation_key: str) -> Instance | None:
+        try:
+            info = self.engine.api.inspect_container(name)
+        except Exception as exc:
+            if _status(exc) == 404:
+                return None
+            raise
+        labels = info.get("Config", {}).get("Labels") or {}
+        if labels.get(L.ALLOCATION_KEY) != allocation_key or L.kind_of(labels) != "instance":
+            raise SandboxNotFound(f"instance_id: {name!r} is not an instance of allocation {allocation_key!r}")
+        status = info.get("State", {}).get("Status", "")
+        return Instance(
+            container_id=str(info["Id"]),
+            name=name,
+            state="provisioning" if status == "created" else "active",
+            running=bool(info.get("State", {}).get("Running")) and not info.get("State", {}).get("Paused"),
+            labels=labels,
+            volumes=tuple(str(m["Name"]) for m in info.get("Mounts") or [] if m.get("Type") == "volume"),
+        )
+
+    async def _find(self, request: InstanceCall) -> tuple[str, Instance | None]:
+        name = self._check_identity(request)
+        found = await self.engine.run("inspect", self._inspect_blocking, name, request.allocation_key)
+        if found is not None:
+            self._remember(name, found.container_id)
+        return name, found
+
+    async def _resolve(self, request: InstanceCall, member: Member) -> Instance:
+        """The instance ``request`` addresses, after the lifecycle table allows ``member`` in its real state.
+
+        Raises:
+            SandboxIdentityMismatch: the request is for another adapter.
+            SandboxNotFound: no such instance, or it belongs to another allocation.
+            SandboxStateConflict: ``member`` is not allowed in the instance's state.
+        """
+        name, found = await self._find(request)
+        if found is None:
+            if name in self._released:
+                transition("released", member)
+            raise SandboxNotFound(f"instance_id: {name!r} does not exist", field="instance_id")
+        transition(found.state, member)
+        return found
+
+    @staticmethod
+    def _require_running(instance: Instance) -> None:
+        if not instance.running:
+            raise SandboxProviderFailed(
+                f"instance {instance.name!r} was started but is no longer running", retryable=False
+            )
+
+    async def _running_id(self, request: InstanceCall, member: Member) -> str:
+        """The container id of a running instance; from the cache when this object already verified it."""
+        name = self._check_identity(request)
+        with self._guard:
+            cached = self._ids.get(name)
+        if cached is not None:
+            return cached
+        instance = await self._resolve(request, member)
+        self._require_running(instance)
+        return instance.container_id
+
+    async def _explain(self, request: InstanceCall, member: Member, exc: SandboxError) -> NoReturn:
+        """Raise the error the instance's real state calls for after a call on a cached id failed."""
+        with self._guard:
+            self._ids.pop(L.instance_name(request.allocation_key), None)
+        instance = await self._resolve(request, member)
+        self._require_running(instance)
+        raise exc
+
+    def _echo(self, request: InstanceCall, state: Any) -> InstanceResult:
+        return InstanceResult(
+            target=request.target,
+            lease=request.lease,
+            allocation_key=request.allocation_key,
+            instance_id=request.instance_id,
+            state=state,
+        )
+
+    async def namespaces(self) -> tuple[str, ...]:
+        """The namespaces every sandbox gets of its own on this engine: a user namespace only under userns-remap.
+
+        The envelope has no field for this; ``sandbox_isolation`` holds with or without it.
+        """
+        info = await self.engine.run("info", self.engine.api.info)
+        options = info.get("SecurityOptions") or []
+        userns = any(isinstance(o, str) and "name=userns" in o.split(",") for o in options)
+        return ("mnt", "pid", "net", "ipc", "uts", *(("user",) if userns else ()))
+
+    # describe, materialize ------------------------------------------------------------------
+
+    async def describe(self) -> DescribeResult:
+        return DescribeResult(envelope=self.envelope)
+
+    async def materialize(self, request: MaterializeRequest) -> MaterializeResult:
+        """Build (or find) the image of ``request.profile``.
+
+        Raises:
+            SandboxIdentityMismatch: the request is for another adapter.
+            SandboxCapabilityUnavailable: the envelope cannot serve the profile.
+            SandboxNotFound: the base image is not on this engine.
+            SandboxProviderFailed: the build failed.
+        """
+        check_target(request, self.target)
+        require_served(self.envelope, request.profile, request.platform)
+        loop = asyncio.get_running_loop()
+        callback = self.progress
+
+        def emit(event: BuildProgress) -> None:
+            if callback is not None:
+                loop.call_soon_threadsafe(callback, event)
+
+        image, built = await self.engine.run(
+            "materialize",
+            self._materializer.materialize,
+            request.profile,
+            self.envelope.materialization_revision,
+            emit if callback is not None else None,
+        )
+        return MaterializeResult(
+            target=request.target,
+            lease=request.lease,
+            profile_digest=request.profile_digest,
+            image=image,
+            materialization_revision=self.envelope.materialization_revision,
+            built=built,
+        )
+
+    # provision, clone, resume -------------------------------------------------------------
+
+    def _create_blocking(
+        self, request: _Allocating, areas: tuple[spec.Area, ...], restore: str | None
+    ) -> tuple[str, dict[str, str], tuple[str, ...]]:
+        api = self.engine.api
+        key, tag = request.allocation_key, request.runner_tag
+        name = L.instance_name(key)
+        volumes = [spec.area_volume_spec(name, i, area, self.user, key, tag) for i, area in enumerate(areas)]
+        volumes += [spec.mount_volume_spec(name, i, plan.target, key, tag) for i, plan in enumerate(request.mounts)]
+        for future in [self._fanout.submit(functools.partial(api.create_volume, **v)) for v in volumes]:
+            future.result()
+        if request.mounts:
+            try:
+                api.create_container(**spec.stager_spec(api, name, request.root_image, request.mounts, key, tag))
+            except Exception as exc:
+                if _status(exc) == 404:
+                    self._reclaim_blocking(allocation_key=key, runner_tag=tag, snapshots_of=False)
+                    raise SandboxNotFound(
+                        f"root_image: {request.root_image[:80]} is not on this engine", field="root_image"
+                    ) from exc
+                if _status(exc) != 409:
+                    raise
+        config = spec.sandbox_spec(
+            api,
+            instance=name,
+            image=request.root_image,
+            profile=request.profile,
+            mounts=request.mounts,
+            areas=areas,
+            user=self.user,
+            key=key,
+            tag=tag,
+            restore=restore,
+        )
+        try:
+            created = api.create_container(**config)
+        except Exception as exc:
+            status = _status(exc)
+            if status == 404:
+                self._reclaim_blocking(allocation_key=key, runner_tag=tag, snapshots_of=False)
+                raise SandboxNotFound(
+                    f"root_image: {request.root_image[:80]} is not on this engine", field="root_image"
+                ) from exc
+            if status != 409:
+                raise
+            existing = self._inspect_blocking(name, key)
+            transition(existing.state if existing is not None else "released", "provision")
+            raise
+        return str(created["Id"]), dict(config["labels"]), tuple(str(v["name"]) for v in volumes)
+
+    async def _allocate(self, request: _Allocating, member: Member, restore: str | None) -> None:
+        check_target(request, self.target)
+        require_served(self.envelope, request.profile, request.platform, request.mounts)
+        areas = spec.split_disk(request.profile.resource_limits.disk_mib, self.user)
+        spec.check_mount_targets(request.mounts, areas)
+        transition("absent", member)
+        container_id, labels, volume_names = await self.engine.run(
+            member, self._create_blocking, request, areas, restore
+        )
+        name = L.instance_name(request.allocation_key)
+        self._remember(name, container_id)
+        with self._guard:
+            self._staging[name] = Instance(
+                container_id, name, "provisioning", running=False, labels=labels, volumes=volume_names
+            )
+
+    def _new_instance(self, request: _Allocating) -> dict[str, Any]:
+        return {
+            "target": request.target,
+            "lease": request.lease,
+            "allocation_key": request.allocation_key,
+            "instance_id": L.instance_name(request.allocation_key),
+            "state": "provisioning",
+        }
+
+    async def provision(self, request: ProvisionRequest) -> InstanceResult:
+        """Create the sandbox (not started), its writable areas, and its mount volumes and stager.
+
+        A cancelled or failed call may already have created some of these; all
+        carry the allocation key, so ``compensate`` reclaims them.
+
+        Raises:
+            SandboxIdentityMismatch: the request is for another adapter.
+            SandboxCapabilityUnavailable: the envelope cannot serve the profile, platform or mounts.
+            SandboxPathRejected: a mount target covers a writable area or sits in a kernel tree.
+            SandboxNotFound: the root image is not on this engine.
+            SandboxStateConflict: the allocation already has an instance.
+        """
+        await self._allocate(request, "provision", None)
+        return InstanceResult(**self._new_instance(request))
+
+    async def clone(self, request: CloneRequest) -> CloneResult:
+        """A new instance (``provisioning``) whose writable areas will hold the source's, as they are now.
+
+        Raises:
+            SandboxNotFound: the source does not exist or belongs to another allocation.
+            SandboxStateConflict: the source is not active.
+            (and every error of ``provision``)
+        """
+        check_target(request, self.target)
+        source_call = InstanceCall(
+            target=request.target,
+            lease=request.lease,
+            allocation_key=request.source_allocation_key,
+            instance_id=request.source_instance_id,
+        )
+        require_served(self.envelope, request.profile, request.platform, request.mounts)
+        source = await self._resolve(source_call, "clone")
+        self._require_running(source)
+        labels = L.owner_labels(
+            request.allocation_key,
+            request.runner_tag,
+            "carrier",
+            **{L.SOURCE_KEY: request.source_allocation_key},
+        )
+        carrier = await self.engine.run(
+            "clone", snapshots.take, self.engine.api, source.container_id, source.areas, source.mounts, labels
+        )
+        await self._allocate(request, "clone", carrier)
+        return CloneResult(**self._new_instance(request), source_instance_id=request.source_instance_id)
+
+    def _snapshot_labels(self, snapshot_id: str) -> Mapping[str, str] | None:
+        try:
+            info = self.engine.api.inspect_image(snapshot_id)
+        except Exception as exc:
+            if _status(exc) == 404:
+                return None
+            raise
+        labels: Mapping[str, str] = info.get("Config", {}).get("Labels") or {}
+        return labels
+
+    async def resume(self, request: ResumeRequest) -> ResumeResult:
+        """A new instance (``provisioning``) whose writable areas will hold the snapshot's.
+
+        Raises:
+            SandboxNotFound: the snapshot does not exist (or was deleted), or is another allocation's or runner's.
+            (and every error of ``provision``)
+        """
+        check_target(request, self.target)
+        labels = await self.engine.run("resume", self._snapshot_labels, request.snapshot_id)
+        if (
+            labels is None
+            or labels.get(L.ALLOCATION_KEY) != request.snapshot_allocation_key
+            or labels.get(L.RUNNER_TAG) != request.runner_tag
+            or L.kind_of(labels) != "snapshot"
+        ):
+            raise SandboxNotFound(
+                f"snapshot_id: {request.snapshot_id!r} is not a snapshot of allocation "
+                f"{request.snapshot_allocation_key!r}",
+                field="snapshot_id",
+            )
+        snapshot_transition("present", "resume")
+        await self._allocate(request, "resume", request.snapshot_id)
+        return ResumeResult(**self._new_instance(request), snapshot_id=request.snapshot_id)
+
+    # writeFile, activate ----------------------------------------------------------------------
+
+    def _flush(self, spool: Spool, stager: str) -> None:
+        """Upload the spool into ``stager`` and empty it. Call with ``spool.lock`` held."""
+        size = spool.size()
+        if size == 0:
+            return
+
+        def body() -> Any:
+            with spool.path.open("rb") as f:
+                while chunk := f.read(1 << 20):
+                    yield chunk
+            yield b"\0" * 1024
+
+        self.engine.api.put_archive(stager, "/", body())
+        spool.discard()
+
+    def _stage_blocking(self, instance: Instance, request: WriteFileRequest, target: str, data: bytes) -> None:
+        if len(data) != request.size:
+            raise SandboxDigestMismatch(
+                f"size: {len(data)} bytes arrived, the request states {request.size}", field="size"
+            )
+        actual = "sha256:" + hashlib.sha256(data).hexdigest()
+        if actual != request.digest:
+            raise SandboxDigestMismatch(
+                f"digest: the bytes are {actual}, the request states {request.digest}", field="digest"
+            )
+        stager = instance.stager
+        if stager is None:
+            raise SandboxProviderFailed(f"instance {instance.name!r} has mounts but no stager")
+        spool = self.spools.get(instance.name, instance.runner_tag)
+        uid, gid = self.user.uid, self.user.gid
+        with spool.lock:
+            if len(data) >= DIRECT_BYTES:
+                self._flush(spool, stager)
+                self.engine.api.put_archive(
+                    stager, "/", file_archive(request.path, target, data, mode=request.mode, uid=uid, gid=gid)
+                )
+                return
+            spool.append(request.path, target, data, mode=request.mode, uid=uid, gid=gid)
+            if spool.size() >= SPOOL_LIMIT:
+                self._flush(spool, stager)
+
+    async def write_file(self, request: WriteFileRequest, data: bytes) -> WriteFileResult:
+        """Stage ``data`` at ``request.path`` for the mount that contains it, after checking its length and digest.
+
+        Raises:
+            SandboxStateConflict: the instance is not provisioning.
+            SandboxPathRejected: the path is not strictly below one of the instance's mount targets.
+            SandboxDigestMismatch: the bytes do not have the stated length or SHA-256.
+        """
+        name = self._check_identity(request)
+        with self._guard:
+            staged = self._staging.get(name)
+        instance = staged if staged is not None else await self._resolve(request, "writeFile")
+        if staged is None:
+            with self._guard:
+                self._staging[name] = instance
+        transition(instance.state, "writeFile")
+        target = next((t for t in instance.mounts if is_within(request.path, t) and request.path != t), None)
+        if target is None:
+            raise SandboxPathRejected(
+                f"path: {request.path!r} is not below a mount target of this instance "
+                f"({', '.join(instance.mounts) or 'it has none'})",
+                field="path",
+            )
+        await self.engine.run("writeFile", self._stage_blocking, instance, request, target, data)
+        return WriteFileResult(
+            target=request.target,
+            lease=request.lease,
+            allocation_key=request.allocation_key,
+            instance_id=request.instance_id,
+            path=request.path,
+            size=request.size,
+            digest=request.digest,
+        )
+
+    def _activate_blocking(self, instance: Instance) -> None:
+        api = self.engine.api
+        if instance.stager is not None:
+            spool = self.spools.get(instance.name, instance.runner_tag)
+            with spool.lock:
+                self._flush(spool, instance.stager)
+            try:
+                api.remove_container(instance.stager, force=True)
+            except Exception as exc:
+                if _status(exc) != 404:
+                    raise
+        api.start(instance.container_id)
+        self._verify_sealed(instance)
+        if instance.restore is not None:
+            snapshots.restore(api, instance.restore, instance.container_id, instance.areas, instance.mounts)
+            labels = self._snapshot_labels(instance.restore) or {}
+            if L.kind_of(labels) == "carrier" and labels.get(L.ALLOCATION_KEY) == instance.labels.get(L.ALLOCATION_KEY):
+                api.remove_image(instance.restore)
+
+    def _verify_sealed(self, instance: Instance) -> None:
+        """After start, the engine reports every flag as set; otherwise the sandbox is stopped and refused."""
+        info = self.engine.api.inspect_container(instance.container_id)
+        host = info.get("HostConfig", {})
+        problems = []
+        if not info.get("State", {}).get("Running"):
+            problems.append("not running")
+        if not host.get("ReadonlyRootfs"):
+            problems.append("root is writable")
+        if host.get("NetworkMode") != "none":
+            problems.append("network is not none")
+        if "ALL" not in (host.get("CapDrop") or []):
+            problems.append("capabilities kept")
+        if "no-new-privileges" not in (host.get("SecurityOpt") or []):
+            problems.append("new privileges allowed")
+        for mount in info.get("Mounts") or []:
+            if mount.get("Destination") in instance.mounts and mount.get("RW"):
+                problems.append(f"mount {mount.get('Destination')} is writable")
+        if problems:
+            self.engine.api.kill(instance.container_id)
+            raise SandboxProviderFailed(f"activate: the engine did not apply the sandbox flags: {', '.join(problems)}")
+
+    async def activate(self, request: ActivateRequest) -> InstanceResult:
+        """Flush staged files into the mount volumes, drop the stager, start the sandbox with its mounts read-only,
+        and fill its writable areas when it is a clone or a resumed snapshot.
+
+        Raises:
+            SandboxStateConflict: the instance is not provisioning.
+            SandboxNotFound: the snapshot or clone data it restores from is gone.
+            SandboxProviderFailed: the engine failed to start it or did not apply every flag.
+        """
+        name = self._check_identity(request)
+        with self._guard:
+            staged = self._staging.pop(name, None)
+        instance = staged if staged is not None else await self._resolve(request, "activate")
+        transition(instance.state, "activate")
+        await self.engine.run("activate", self._activate_blocking, instance)
+        with self._guard:
+            self._active[name] = dataclasses.replace(instance, state="active", running=True)
+        return self._echo(request, "active")
+
+    # exec, openProcess ----------------------------------------------------------------------
+
+    async def exec(self, request: ExecRequest) -> ExecResult:
+        """Run one process as the sandbox user, through the Engine API; kill its group at the timeout.
+
+        Raises:
+            SandboxStateConflict: the instance is not active.
+            SandboxNotFound: no such instance.
+            SandboxProviderFailed: the sandbox stopped, or the engine failed the exec.
+        """
+        container_id = await self._running_id(request, "exec")
+        cancel = threading.Event()
+        try:
+            outcome: ExecOutcome = await self.engine.run(
+                "exec",
+                run_exec,
+                self.engine,
+                container_id=container_id,
+                argv=list(request.argv),
+                env=dict(request.env),
+                cwd=request.cwd or self.user.home,
+                user=self.user.spec,
+                stdin=request.stdin,
+                cap=request.max_output_bytes,
+                timeout=request.timeout_ms / 1000,
+                cancel=cancel,
+            )
+        except asyncio.CancelledError:
+            cancel.set()
+            raise
+        except SandboxError as exc:
+            if exc.code in ("SandboxNotFound", "SandboxStateConflict"):
+                await self._explain(request, "exec", exc)
+            raise
+        return ExecResult(
+            target=request.target,
+            lease=request.lease,
+            allocation_key=request.allocation_key,
+            instance_id=request.instance_id,
+            exit_code=outcome.exit_code,
+            timed_out=outcome.timed_out,
+            stdout=outcome.stdout,
+            stderr=outcome.stderr,
+            stdout_truncated=outcome.stdout_truncated,
+            stderr_truncated=outcome.stderr_truncated,
+        )
+
+    def _open_blocking(self, container_id: str, request: OpenProcessRequest) -> tuple[str, Any, bytes]:
+        api = self.engine.api
+        created = api.exec_create(
+            container_id,
+            list(request.argv),
+            stdout=True,
+            stderr=True,
+            stdin=True,
+            tty=False,
+            environment=dict(request.env) or None,
+            workdir=request.cwd or self.user.home,
+            user=self.user.spec,
+            privileged=False,
+        )
+        exec_id = str(created["Id"])
+        sock, initial = hijack(self.engine.socket, self.engine.api_version, exec_id)
+        return exec_id, sock, initial
+
+    async def open_process(self, request: OpenProcessRequest) -> DockerProcess:
+        """Start one process as the sandbox user with streamed stdin, stdout and stderr.
+
+        Raises:
+            SandboxStateConflict: the instance is not active.
+            SandboxNotFound: no such instance.
+        """
+        container_id = await self._running_id(request, "openProcess")
+        try:
+            exec_id, sock, initial = await self.engine.run("openProcess", self._open_blocking, container_id, request)
+        except SandboxError as exc:
+            if exc.code in ("SandboxNotFound", "SandboxStateConflict"):
+                await self._explain(request, "openProcess", exc)
+            raise
+        started = ProcessStarted(
+            target=request.target,
+            lease=request.lease,
+            allocation_key=request.allocation_key,
+            instance_id=request.instance_id,
+            process_id=exec_id,
+        )
+        return DockerProcess(self.engine, started, sock, initial, container_id)
+
+    # readFiles, listDir ---------------------------------------------------------------------
+
+    async def read_files(self, request: ReadFilesRequest) -> ReadFilesResult:
+        """The regular files at ``paths`` (never through a symlink's final component); the rest in ``missing``.
+
+        Raises:
+            SandboxStateConflict: the instance is not active.
+            SandboxBoundExceeded: the files hold more than ``max_bytes`` together.
+        """
+        instance = await self._resolve(request, "readFiles")
+        found, missing = await self.engine.run(
+            "readFiles", files.read_files, self.engine.api, instance.container_id, request.paths, request.max_bytes
+        )
+        return ReadFilesResult(
+            target=request.target,
+            lease=request.lease,
+            allocation_key=request.allocation_key,
+            instance_id=request.instance_id,
+            files=tuple(found),
+            missing=tuple(missing),
+        )
+
+    async def list_dir(self, request: ListDirRequest) -> ListDirResult:
+        """The entries below a directory, one level or all, at most ``max_entries``; links are listed, not followed.
+
+        Raises:
+            SandboxStateConflict: the instance is not active.
+            SandboxNotFound: the path does not exist.
+            SandboxPathRejected: the path is a symlink or not a directory.
+        """
+        instance = await self._resolve(request, "listDir")
+        entries, truncated = await self.engine.run(
+            "listDir",
+            files.list_dir,
+            self.engine.api,
+            instance.container_id,
+            request.path,
+            recursive=request.recursive,
+            max_entries=request.max_entries,
+        )
+        return ListDirResult(
+            target=request.target,
+            lease=request.lease,
+            allocation_key=request.allocation_key,
+            instance_id=request.instance_id,
+            path=request.path,
+            entries=tuple(entries),
+            truncated=truncated,
+        )
+
+    # snapshot family ------------------------------------------------------------------------
+
+    async def snapshot(self, request: SnapshotRequest) -> SnapshotResult:
+        """Capture every writable area (the sandbox paused meanwhile) as an image labelled with
+        ``snapshot_allocation_key``.
+
+        Raises:
+            SandboxStateConflict: the instance is not active.
+            SandboxProviderFailed: the sandbox stopped, or the capture failed.
+        """
+        instance = await self._resolve(request, "snapshot")
+        self._require_running(instance)
+        labels = L.owner_labels(
+            request.snapshot_allocation_key,
+            instance.runner_tag,
+            "snapshot",
+            **{L.SOURCE_KEY: request.allocation_key, L.RETENTION: instance.retention},
+        )
+        snapshot_id = await self.engine.run(
+            "snapshot", snapshots.take, self.engine.api, instance.container_id, instance.areas, instance.mounts, labels
+        )
+        return SnapshotResult(
+            target=request.target,
+            lease=request.lease,
+            allocation_key=request.allocation_key,
+            instance_id=request.instance_id,
+            snapshot_allocation_key=request.snapshot_allocation_key,
+            snapshot_id=snapshot_id,
+        )
+
+    def _delete_snapshot_blocking(self, snapshot_key: str, snapshot_id: str) -> bool:
+        labels = self._snapshot_labels(snapshot_id)
+        if labels is None:
+            return False
+        if labels.get(L.ALLOCATION_KEY) != snapshot_key or L.kind_of(labels) != "snapshot":
+            raise SandboxNotFound(
+                f"snapshot_id: {snapshot_id!r} is not a snapshot of allocation {snapshot_key!r}", field="snapshot_id"
+            )
+        try:
+            self.engine.api.remove_image(snapshot_id)
+        except Exception as exc:
+            if _status(exc) == 404:
+                return False
+            raise
+        return True
+
+    async def delete_snapshot(self, request: DeleteSnapshotRequest) -> DeleteSnapshotResult:
+        """Remove a snapshot's image; ``deleted`` says whether this call removed it (idempotent).
+
+        Raises:
+            SandboxNotFound: the id names an image that is not this allocation's snapshot.
+        """
+        check_target(request, self.target)
+        deleted = await self.engine.run(
+            "deleteSnapshot", self._delete_snapshot_blocking, request.snapshot_allocation_key, request.snapshot_id
+        )
+        return DeleteSnapshotResult(
+            target=request.target,
+            lease=request.lease,
+            snapshot_allocation_key=request.snapshot_allocation_key,
+            snapshot_id=request.snapshot_id,
+            deleted=deleted,
+        )
+
+    # inspect, release, compensate, listAllocations -------------------------------------------
+
+    async def inspect(self, request: InspectRequest) -> InstanceResult:
+        """The instance's real state: ``provisioning``, ``active``, or ``released`` when this object released it.
+
+        Raises:
+            SandboxNotFound: no such instance (or it is gone and this object did not release it).
+        """
+        name, found = await self._find(request)
+        if found is None:
+            if name in self._released:
+                return self._echo(request, transition("released", "inspect"))
+            raise SandboxNotFound(f"instance_id: {name!r} does not exist", field="instance_id")
+        return self._echo(request, transition(found.state, "inspect"))
+
+    def _reclaim_blocking(self, *, allocation_key: str, runner_tag: str | None, snapshots_of: bool) -> int:
+        """Remove every object labelled with ``allocation_key`` (and ``runner_tag`` when given): containers,
+        then volumes, then images, then the staging spool; with ``snapshots_of``, also every snapshot taken
+        from the allocation. The number of objects removed."""
+        api = self.engine.api
+        count = 0
+        selector = L.label_filter(allocation_key=allocation_key, runner_tag=runner_tag)
+        for container in api.containers(all=True, filters=selector):
+            count += self._gone(lambda c=container: api.remove_container(c["Id"], force=True))
+        volumes = api.volumes(filters=selector).get("Volumes") or []
+        removals = [
+            self._fanout.submit(self._gone, lambda v=v: api.remove_volume(v["Name"], force=True)) for v in volumes
+        ]
+        count += sum(f.result() for f in removals)
+        images = list(api.images(filters=selector))
+        if snapshots_of:
+            images += api.images(
+                filters=L.label_filter(runner_tag=runner_tag, kind="snapshot", **{L.SOURCE_KEY: allocation_key})
+            )
+        for image in images:
+            count += self._gone(lambda i=image: api.remove_image(i["Id"], force=False, noprune=False))
+        return count + self.spools.discard(L.instance_name(allocation_key), runner_tag)
+
+    @staticmethod
+    def _gone(remove: Any) -> int:
+        try:
+            remove()
+        except Exception as exc:
+            if _status(exc) == 404:
+                return 0
+            raise
+        return 1
+
+    def _release_blocking(self, instance: Instance, zdr: bool) -> None:
+        """Remove what ``instance`` is made of, found from the container itself; with ``zdr``, its snapshots too."""
+        api = self.engine.api
+        key = instance.labels.get(L.ALLOCATION_KEY, "")
+        self._gone(lambda: api.remove_container(instance.container_id, force=True))
+        if instance.stager is not None:
+            self._gone(lambda: api.remove_container(instance.stager, force=True))
+        removals = [
+            self._fanout.submit(self._gone, functools.partial(api.remove_volume, v, force=True))
+            for v in instance.volumes
+        ]
+        for future in removals:
+            future.result()
+        if instance.restore is not None:
+            labels = self._snapshot_labels(instance.restore) or {}
+            if L.kind_of(labels) == "carrier" and labels.get(L.ALLOCATION_KEY) == key:
+                self._gone(lambda: api.remove_image(instance.restore))
+        if zdr:
+            selector = L.label_filter(runner_tag=instance.runner_tag, kind="snapshot", **{L.SOURCE_KEY: key})
+            for image in api.images(filters=selector):
+                self._gone(lambda i=image: api.remove_image(i["Id"]))
+        self.spools.discard(instance.name, instance.runner_tag)
+
+    async def release(self, request: ReleaseRequest) -> ReleaseResult:
+        """Remove the sandbox and everything of its allocation (killing every process it started); for
+        ``ephemeral_zdr`` also every snapshot taken from it. Idempotent: a second call returns the same identity.
+
+        Raises:
+            SandboxNotFound: the instance belongs to another allocation.
+        """
+        name = self._check_identity(request)
+        with self._guard:
+            known = self._staging.get(name) or self._active.get(name)
+        found = known if known is not None else (await self._find(request))[1]
+        if found is not None:
+            transition(found.state, "release")
+            zdr = found.retention != "durable"
+            await self.engine.run("release", self._release_blocking, found, zdr)
+        else:
+            # Gone already (a second release, or released elsewhere): sweep what still carries the key.
+            # Snapshots carry their own keys and are left alone: a durable release keeps them.
+            transition("released", "release")
+            await self.engine.run(
+                "release",
+                self._reclaim_blocking,
+                allocation_key=request.allocation_key,
+                runner_tag=None,
+                snapshots_of=False,
+            )
+        self._forget(name)
+        return ReleaseResult(
+            target=request.target,
+            lease=request.lease,
+            allocation_key=request.allocation_key,
+            instance_id=request.instance_id,
+            state="released",
+            destroyed=True,
+        )
+
+    async def compensate(self, request: CompensateRequest) -> CompensateResult:
+        """Remove every container, volume and image labelled with both the allocation key and the runner tag,
+        and the allocation's staging spool. Trusts nothing returned earlier; idempotent; works cold."""
+        check_target(request, self.target)
+        count = await self.engine.run(
+            "compensate",
+            self._reclaim_blocking,
+            allocation_key=request.allocation_key,
+            runner_tag=request.runner_tag,
+            snapshots_of=False,
+        )
+        self._forget(L.instance_name(request.allocation_key))
+        return CompensateResult(
+            target=request.target, lease=request.lease, allocation_key=request.allocation_key, reclaimed=count
+        )
+
+    def _list_blocking(self, runner_tag: str) -> list[AllocationEntry]:
+        api = self.engine.api
+        selector = L.label_filter(runner_tag=runner_tag)
+        found: list[tuple[Mapping[str, str], str, AllocationKind]] = []
+        for c in api.containers(all=True, filters=selector):
+            labels = c.get("Labels") or {}
+            found.append((labels, str(c["Id"]), "instance" if L.kind_of(labels) == "instance" else "other"))
+        for v in api.volumes(filters=selector).get("Volumes") or []:
+            found.append((v.get("Labels") or {}, str(v["Name"]), "volume"))
+        for i in api.images(filters=selector):
+            labels = i.get("Labels") or {}
+            found.append((labels, str(i["Id"]), "snapshot" if L.kind_of(labels) == "snapshot" else "image"))
+        entries = []
+        for labels, object_id, kind in found:
+            key = labels.get(L.ALLOCATION_KEY, "")
+            try:
+                entries.append(AllocationEntry(allocation_key=key, kind=kind, object_id=object_id))
+            except ValueError:
+                continue
+        return entries
+
+    async def list_allocations(self, request: ListAllocationsRequest) -> ListAllocationsResult:
+        """Every container, volume and image labelled with ``runner_tag``, with its allocation key and kind."""
+        check_target(request, self.target)
+        entries = await self.engine.run("listAllocations", self._list_blocking, request.runner_tag)
+        return ListAllocationsResult(
+            target=request.target, lease=request.lease, runner_tag=request.runner_tag, allocations=tuple(entries)
+        )

@@ -1,0 +1,217 @@
+"""The container a profile becomes: every flag that realizes an enforcement axis.
+
+One function per object (area volume, mount volume, stager, sandbox), so each
+flag a test checks with ``docker inspect`` is set in exactly one place:
+
+- ``sandbox_isolation``: own mount, PID, network, IPC and UTS namespaces, the
+  engine's default seccomp profile (never ``unconfined``), not privileged; a user
+  namespace only where the engine runs with ``userns-remap``;
+- ``root_read_only``: ``ReadonlyRootfs``;
+- ``non_root``: ``User`` is the sandbox user (1000:1000 by default);
+- ``no_new_privileges``: ``SecurityOpt: no-new-privileges``;
+- ``capabilities_dropped``: ``CapDrop: ALL``;
+- ``mounts_sealed``: every mount plan's volume is mounted read-only in the sandbox
+  (it is written only through the stager, before activation);
+- ``disk_limit``: every writable path is a size-limited tmpfs volume, and
+  together they are exactly ``disk_mib`` (``split_disk``); POSIX message queues
+  get no bytes (``RLIMIT_MSGQUEUE`` 0); the container's output goes to no log file;
+- ``network_policy``: ``NetworkMode: none`` (only ``lo``);
+- ``resource_limits``: ``NanoCpus``, ``Memory`` and ``MemorySwap`` equal (swap is
+  not extra), ``PidsLimit``.
+
+The writable areas are memory-backed: their pages count against ``memory_mib``,
+so a sandbox can never hold more than ``memory_mib`` of memory and files together.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import docker.types
+
+from checkfu.contract.errors import SandboxPathRejected
+from checkfu.contract.mounts import MountPlan
+from checkfu.contract.paths import is_within
+from checkfu.contract.profile import SandboxProfile
+from checkfu.providers.docker import labels as L
+
+RESERVED_ROOTS = ("/proc", "/sys", "/dev")
+"""Kernel and device trees a mount may not be placed in (``/dev/shm`` is a writable area)."""
+
+
+@dataclass(frozen=True)
+class SandboxUser:
+    uid: int
+    gid: int
+    home: str
+
+    @property
+    def spec(self) -> str:
+        return f"{self.uid}:{self.gid}"
+
+    @classmethod
+    def parse(cls, user: str, home: str) -> SandboxUser:
+        """``"1000:1000"`` and a home path.
+
+        Raises:
+            ValueError: ``user`` is not ``uid:gid`` of non-zero integers, or ``home`` is not absolute.
+        """
+        uid_text, _, gid_text = user.partition(":")
+        uid, gid = int(uid_text), int(gid_text or uid_text)
+        if uid <= 0 or gid <= 0:
+            raise ValueError("the sandbox user must not be root")
+        if not home.startswith("/") or home == "/":
+            raise ValueError("the sandbox home must be an absolute path below /")
+        return cls(uid=uid, gid=gid, home=home.rstrip("/"))
+
+
+@dataclass(frozen=True)
+class Area:
+    """One writable path: a tmpfs volume of ``size_kib``."""
+
+    path: str
+    size_kib: int
+    mode: int
+    owned: bool
+    """Whether the sandbox user owns the root of the area (else root owns it, mode 1777)."""
+    executable: bool
+
+    def driver_opts(self, user: SandboxUser) -> dict[str, str]:
+        opts = [f"size={self.size_kib}k", f"mode={self.mode:04o}", "nosuid", "nodev"]
+        if self.owned:
+            opts += [f"uid={user.uid}", f"gid={user.gid}"]
+        if not self.executable:
+            opts.append("noexec")
+        return {"type": "tmpfs", "device": "tmpfs", "o": ",".join(opts)}
+
+
+def split_disk(disk_mib: int, user: SandboxUser) -> tuple[Area, ...]:
+    """The writable areas and their sizes; the sizes add up to exactly ``disk_mib``.
+
+    ``/dev/shm`` gets a sixteenth, ``/tmp`` a quarter, the home directory the rest.
+    """
+    total = disk_mib * 1024
+    shm = max(1024, total // 16)
+    tmp = max(1024, total // 4)
+    home = total - shm - tmp
+    return (
+        Area(path=user.home, size_kib=home, mode=0o755, owned=True, executable=True),
+        Area(path="/tmp", size_kib=tmp, mode=0o1777, owned=False, executable=True),
+        Area(path="/dev/shm", size_kib=shm, mode=0o1777, owned=False, executable=False),
+    )
+
+
+def check_mount_targets(mounts: tuple[MountPlan, ...], areas: tuple[Area, ...]) -> None:
+    """A mount may sit inside a writable area, but never on one, above one, or in a kernel tree.
+
+    Raises:
+        SandboxPathRejected: naming the first mount target at fault.
+    """
+    for i, plan in enumerate(mounts):
+        field = f"mounts.{i}.target"
+        for area in areas:
+            if is_within(area.path, plan.target):
+                raise SandboxPathRejected(
+                    f"{field}: {plan.target!r} would cover the writable area {area.path!r}", field=field
+                )
+        for root in RESERVED_ROOTS:
+            if is_within(plan.target, root) and not any(is_within(plan.target, a.path) for a in areas):
+                raise SandboxPathRejected(f"{field}: {plan.target!r} is inside {root}", field=field)
+
+
+def area_volume_spec(instance: str, index: int, area: Area, user: SandboxUser, key: str, tag: str) -> dict[str, Any]:
+    return {
+        "name": L.area_volume(instance, index),
+        "driver": "local",
+        "driver_opts": area.driver_opts(user),
+        "labels": L.owner_labels(key, tag, "area", **{L.TARGET: area.path}),
+    }
+
+
+def mount_volume_spec(instance: str, index: int, target: str, key: str, tag: str) -> dict[str, Any]:
+    return {
+        "name": L.mount_volume(instance, index),
+        "driver": "local",
+        "labels": L.owner_labels(key, tag, "mount", **{L.TARGET: target}),
+    }
+
+
+def _volume_mount(target: str, source: str, *, read_only: bool) -> Any:
+    return docker.types.Mount(target=target, source=source, type="volume", read_only=read_only, no_copy=True)
+
+
+def stager_spec(
+    api: Any, instance: str, image: str, mounts: tuple[MountPlan, ...], key: str, tag: str
+) -> dict[str, Any]:
+    """A container that is never started: the handle through which staged files reach the mount volumes."""
+    host_config = api.create_host_config(
+        mounts=[_volume_mount(p.target, L.mount_volume(instance, i), read_only=False) for i, p in enumerate(mounts)],
+        network_mode="none",
+        log_config=docker.types.LogConfig(type="none"),
+    )
+    return {
+        "image": image,
+        "command": ["true"],
+        "name": L.stager_name(instance),
+        "labels": L.owner_labels(key, tag, "stager"),
+        "host_config": host_config,
+    }
+
+
+def sandbox_spec(
+    api: Any,
+    *,
+    instance: str,
+    image: str,
+    profile: SandboxProfile,
+    mounts: tuple[MountPlan, ...],
+    areas: tuple[Area, ...],
+    user: SandboxUser,
+    key: str,
+    tag: str,
+    restore: str | None,
+) -> dict[str, Any]:
+    """The sandbox container, created (not started) with every enforcement flag set."""
+    limits = profile.resource_limits
+    volume_mounts = [_volume_mount(a.path, L.area_volume(instance, i), read_only=False) for i, a in enumerate(areas)]
+    volume_mounts += [
+        _volume_mount(p.target, L.mount_volume(instance, i), read_only=True) for i, p in enumerate(mounts)
+    ]
+    memory = limits.memory_mib * 1024 * 1024
+    host_config = api.create_host_config(
+        mounts=volume_mounts,
+        read_only=True,
+        network_mode="none",
+        ipc_mode="private",
+        init=True,
+        privileged=False,
+        cap_drop=["ALL"],
+        security_opt=["no-new-privileges"],
+        mem_limit=memory,
+        memswap_limit=memory,
+        nano_cpus=limits.cpu_millis * 1_000_000,
+        pids_limit=limits.pids,
+        ulimits=[docker.types.Ulimit(name="msgqueue", soft=0, hard=0)],
+        log_config=docker.types.LogConfig(type="none"),
+    )
+    extra = {
+        L.RETENTION: profile.retention_mode,
+        L.MOUNTS: L.dump_list(tuple(p.target for p in mounts)),
+        L.AREAS: L.dump_list(tuple(a.path for a in areas)),
+    }
+    if mounts:
+        extra[L.STAGER] = L.stager_name(instance)
+    if restore is not None:
+        extra[L.RESTORE] = restore
+    return {
+        "image": image,
+        "command": ["sleep", "infinity"],
+        "name": instance,
+        "user": user.spec,
+        "working_dir": user.home,
+        "hostname": "sandbox",
+        "environment": {"HOME": user.home},
+        "labels": L.owner_labels(key, tag, "instance", **extra),
+        "host_config": host_config,
+    }

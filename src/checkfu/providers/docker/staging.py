@@ -1,0 +1,133 @@
+"""Staged writes: the bytes ``writeFile`` accepted, on their way into the mount volumes.
+
+``writeFile`` verifies the length and SHA-256 of the bytes first; only verified
+bytes are staged. Small files are appended to a per-instance tar spool under the
+state directory (named after the instance, so a cold provider finds it), and the
+spool goes into the stager in one archive upload when it grows large, when a
+large file arrives, or at ``activate``. A large file is uploaded on its own,
+straight from memory. Later writes of a path replace earlier ones, in order.
+"""
+
+from __future__ import annotations
+
+import tarfile
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+BLOCK = 512
+END_OF_ARCHIVE = b"\0" * (2 * BLOCK)
+DIRECT_BYTES = 4 << 20
+"""A file at least this large skips the spool and is uploaded on its own."""
+SPOOL_LIMIT = 32 << 20
+"""A spool this large is flushed before it grows further."""
+DIR_MODE = 0o755
+
+
+def _header(name: str, *, size: int, mode: int, uid: int, gid: int, directory: bool) -> bytes:
+    info = tarfile.TarInfo(name)
+    info.size = 0 if directory else size
+    info.mode = mode
+    info.uid, info.gid = uid, gid
+    info.type = tarfile.DIRTYPE if directory else tarfile.REGTYPE
+    info.mtime = 0
+    return info.tobuf(format=tarfile.PAX_FORMAT, encoding="utf-8", errors="strict")
+
+
+def _padding(size: int) -> bytes:
+    return b"\0" * (-size % BLOCK)
+
+
+def entry_names(path: str, mount_target: str) -> tuple[list[str], str]:
+    """Archive names (relative to ``/``) of the directories from ``mount_target`` down to ``path``, and of ``path``."""
+    rel = path[len(mount_target) + 1 :]
+    base = mount_target.lstrip("/")
+    parts = rel.split("/")
+    dirs = [f"{base}/{'/'.join(parts[:i])}" for i in range(1, len(parts))]
+    return dirs, f"{base}/{rel}"
+
+
+def file_archive(
+    path: str, mount_target: str, data: bytes, *, mode: int, uid: int, gid: int, chunk: int = 1 << 20
+) -> Iterator[bytes]:
+    """A complete archive of one file and its parent directories, streamed from ``data`` without a copy of it."""
+    dirs, name = entry_names(path, mount_target)
+    for d in dirs:
+        yield _header(d, size=0, mode=DIR_MODE, uid=uid, gid=gid, directory=True)
+    yield _header(name, size=len(data), mode=mode, uid=uid, gid=gid, directory=False)
+    view = memoryview(data)
+    for start in range(0, len(data), chunk):
+        yield bytes(view[start : start + chunk])
+    yield _padding(len(data))
+    yield END_OF_ARCHIVE
+
+
+class Spool:
+    """The tar spool of one instance: entries without the end-of-archive marker until it is sealed."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.lock = threading.Lock()
+
+    def size(self) -> int:
+        try:
+            return self.path.stat().st_size
+        except FileNotFoundError:
+            return 0
+
+    def append(self, path: str, mount_target: str, data: bytes, *, mode: int, uid: int, gid: int) -> None:
+        """Append one file (and its parent directories) to the spool. Call with ``lock`` held."""
+        dirs, name = entry_names(path, mount_target)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.path.open("ab") as out:
+            for d in dirs:
+                out.write(_header(d, size=0, mode=DIR_MODE, uid=uid, gid=gid, directory=True))
+            out.write(_header(name, size=len(data), mode=mode, uid=uid, gid=gid, directory=False))
+            out.write(data)
+            out.write(_padding(len(data)))
+
+    def seal(self) -> Path | None:
+        """End the archive and hand back its path, or ``None`` when nothing is staged. Call with ``lock`` held."""
+        if self.size() == 0:
+            return None
+        with self.path.open("ab") as out:
+            out.write(END_OF_ARCHIVE)
+        return self.path
+
+    def discard(self) -> None:
+        self.path.unlink(missing_ok=True)
+
+
+class Spools:
+    """Every spool of one provider in ``root``, named ``<instance>~<runner tag>.tar``."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._lock = threading.Lock()
+        self._spools: dict[Path, Spool] = {}
+
+    def get(self, instance: str, runner_tag: str) -> Spool:
+        path = self.root / f"{instance}~{runner_tag}.tar"
+        with self._lock:
+            spool = self._spools.get(path)
+            if spool is None:
+                spool = Spool(path)
+                self._spools[path] = spool
+            return spool
+
+    def discard(self, instance: str, runner_tag: str | None) -> int:
+        """Remove the spools of ``instance`` (of ``runner_tag`` only, when given); how many files were there."""
+        pattern = f"{instance}~{runner_tag}.tar" if runner_tag is not None else f"{instance}~*.tar"
+        removed = 0
+        paths = {p for p in self.root.glob(pattern)} if self.root.exists() else set()
+        if runner_tag is not None:
+            paths.add(self.root / pattern)
+        for path in paths:
+            spool = self.get(*path.name.removesuffix(".tar").split("~", 1))
+            with spool.lock:
+                if spool.path.exists():
+                    removed += 1
+                spool.discard()
+            with self._lock:
+                self._spools.pop(path, None)
+        return removed

@@ -1,0 +1,119 @@
+"""openProcess (the exec attach stream as the contract's events), listAllocations, and the stream decoder."""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+
+import pytest
+from docker_kit import LEASE, Box, Kit
+
+from checkfu.contract.errors import SandboxStateConflict
+from checkfu.contract.members import ListAllocationsRequest, OpenProcessRequest
+from checkfu.contract.process import ProcessEvent, ProcessExit, ProcessOutput, ProcessStreamEnd
+from checkfu.providers.docker.process import Capture, FrameDecoder
+
+pytestmark = [pytest.mark.docker]
+
+
+def frame(stream: int, payload: bytes) -> bytes:
+    return struct.pack(">BxxxL", stream, len(payload)) + payload
+
+
+def test_decoder_splits_frames_across_any_chunking() -> None:
+    wire = frame(1, b"hello") + frame(2, b"") + frame(2, b"err") + frame(1, b"x" * 70000)
+    for size in (1, 7, 8, 9, 4096, len(wire)):
+        decoder = FrameDecoder()
+        frames = []
+        for i in range(0, len(wire), size):
+            frames += decoder.feed(wire[i : i + size])
+        assert frames == [(1, b"hello"), (2, b""), (2, b"err"), (1, b"x" * 70000)]
+        assert decoder.pending == 0
+
+
+def test_capture_keeps_the_cap_and_counts_the_rest() -> None:
+    c = Capture(5)
+    for chunk in (b"abc", b"def", b"ghi"):
+        c.add(chunk)
+    assert (bytes(c.data), c.dropped, c.truncated) == (b"abcde", 4, True)
+
+
+async def collect(events: object) -> list[ProcessEvent]:
+    return [e async for e in events]  # type: ignore[attr-defined]
+
+
+@pytest.mark.anyio
+async def test_open_process_streams_stdin_stdout_stderr_and_exit(kit: Kit) -> None:
+    box = await kit.up("proc")
+    try:
+        proc = await kit.provider.open_process(
+            OpenProcessRequest(
+                **box.call, argv=("sh", "-c", "while read l; do echo out:$l; echo err:$l >&2; done; exit 7")
+            )
+        )
+        assert proc.started.instance_id == box.instance_id and proc.started.allocation_key == box.key
+        await proc.send_stdin(b"one\n")
+        await proc.send_stdin(b"two\n")
+        await proc.close_stdin()
+        with pytest.raises(SandboxStateConflict):
+            await proc.send_stdin(b"late\n")
+        events = await collect(proc.events())
+        out = b"".join(e.data for e in events if isinstance(e, ProcessOutput) and e.stream == "out")
+        err = b"".join(e.data for e in events if isinstance(e, ProcessOutput) and e.stream == "err")
+        assert (out, err) == (b"out:one\nout:two\n", b"err:one\nerr:two\n")
+        ends = [e.stream for e in events if isinstance(e, ProcessStreamEnd)]
+        assert sorted(ends) == ["err", "out"] and events[-1] == ProcessExit(exit_code=7)
+        assert all(not isinstance(e, ProcessOutput) for e in events[events.index(ProcessStreamEnd(stream="out")) :])
+    finally:
+        await box.release()
+
+
+@pytest.mark.anyio
+async def test_open_process_kill_ends_the_group(kit: Kit) -> None:
+    box = await kit.up("killed")
+    try:
+        proc = await kit.provider.open_process(
+            OpenProcessRequest(**box.call, argv=("sh", "-c", "echo started; sleep 60 & sleep 61; echo never"))
+        )
+        events = proc.events()
+        first = await anext(events)  # type: ignore[call-overload]
+        assert first == ProcessOutput(stream="out", data=b"started\n")
+        await proc.kill()
+        rest = [e async for e in events]  # type: ignore[attr-defined]
+        assert rest[-1] == ProcessExit(exit_code=137)
+        await proc.kill()
+        assert (await box.sh("ps -o args | grep -c '[s]leep 6' || true")).stdout.strip() == b"0"
+    finally:
+        await box.release()
+
+
+@pytest.mark.anyio
+async def test_open_process_needs_an_active_instance(kit: Kit) -> None:
+    key, inst = await kit.provision("notyet")
+    box = Box(kit, key, inst.instance_id)
+    try:
+        with pytest.raises(SandboxStateConflict):
+            await kit.provider.open_process(OpenProcessRequest(**box.call, argv=("true",)))
+    finally:
+        await box.release()
+
+
+@pytest.mark.anyio
+async def test_list_allocations_enumerates_by_runner_tag(kit: Kit) -> None:
+    p = kit.provider
+    box = await kit.up("listed", files={"/workspace/f": b"x"})
+    half_key, half = await kit.provision("listed-half", mounts=())
+    try:
+        listing = await p.list_allocations(
+            ListAllocationsRequest(target=p.target, lease=LEASE, runner_tag=kit.runner_tag)
+        )
+        assert listing.runner_tag == kit.runner_tag
+        mine = {(a.allocation_key, a.kind) for a in listing.allocations}
+        assert (box.key, "instance") in mine and (half_key, "instance") in mine and (box.key, "volume") in mine
+        assert sum(1 for a in listing.allocations if a.allocation_key == box.key and a.kind == "volume") == 4
+        other = await p.list_allocations(ListAllocationsRequest(target=p.target, lease=LEASE, runner_tag="nobody-here"))
+        assert other.allocations == ()
+    finally:
+        await asyncio.gather(box.release(), Box(kit, half_key, half.instance_id).release())
+    listing = await p.list_allocations(ListAllocationsRequest(target=p.target, lease=LEASE, runner_tag=kit.runner_tag))
+    assert not {a for a in listing.allocations if a.allocation_key in (box.key, half_key)}
