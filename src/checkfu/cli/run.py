@@ -13,6 +13,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 from rich.markup import escape
+from rich.progress import DownloadColumn, Progress, TaskID
 from rich.table import Table
 
 from checkfu.cli.files import load
@@ -41,7 +42,8 @@ class ConsoleObserver:
     """Renders a Run for a person: phases as they finish, live output, staging progress."""
 
     def __init__(self) -> None:
-        self.last_stage = 0
+        self.staging: Progress | None = None
+        self.task: TaskID | None = None
 
     def phase(self, name: str, seconds: float) -> None:
         err.print(f"[dim]• {name:<11} {seconds * 1000:8.1f} ms[/]")
@@ -53,10 +55,20 @@ class ConsoleObserver:
         a = assess(attempt.adapter.envelope)
         err.print(f"[dim]• adapter     {escape(str(attempt.adapter.target))} — {a.label}[/]")
 
+    def build_line(self, line: str) -> None:
+        err.print(f"[dim]  build: {escape(line.rstrip())}[/]")
+
     def stage_progress(self, done: int, total: int) -> None:
-        if total and (done == total or done - self.last_stage > total // 10):
-            self.last_stage = done
-            err.print(f"[dim]  staged {done}/{total} bytes[/]")
+        if self.staging is None:
+            self.staging = Progress(*Progress.get_default_columns(), DownloadColumn(), console=err, transient=True)
+            self.task = self.staging.add_task("staging mounts", total=total)
+            self.staging.start()
+        assert self.task is not None
+        self.staging.update(self.task, completed=done)
+        if done >= total:
+            self.staging.stop()
+            self.staging = None
+            err.print(f"[dim]  staged {total} bytes[/]")
 
     def output(self, stream: str, data: bytes) -> None:
         target = sys.stdout if stream == "out" else sys.stderr
@@ -169,6 +181,9 @@ async def _run(
     target = _choose(registry, name, explicit)
     runner = Runner(registry, journal, runner_tag=runner_tag())
     observer = ConsoleObserver()
+    provider = registry.select(target).provider
+    if hasattr(provider, "progress"):
+        provider.progress = observer.build_line  # the Docker tier reports each line of an image build
     task = asyncio.current_task()
     loop = asyncio.get_running_loop()
     got: list[int] = []
