@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 import sys
 import tomllib
@@ -44,6 +45,13 @@ class ConsoleObserver:
     def __init__(self) -> None:
         self.staging: Progress | None = None
         self.task: TaskID | None = None
+        self.pause_before = os.environ.get("CHECKFU_PAUSE_BEFORE", "")
+
+    async def before(self, name: str) -> None:
+        # For interruption tests: hold the Run at the start of one phase until a signal ends it.
+        if name == self.pause_before:
+            err.print(f"[dim]• paused before {name}[/]")
+            await asyncio.sleep(3600)
 
     def phase(self, name: str, seconds: float) -> None:
         err.print(f"[dim]• {name:<11} {seconds * 1000:8.1f} ms[/]")
@@ -53,7 +61,7 @@ class ConsoleObserver:
 
     def selected(self, attempt: Attempt) -> None:
         a = assess(attempt.adapter.envelope)
-        err.print(f"[dim]• adapter     {escape(str(attempt.adapter.target))} — {a.label}[/]")
+        err.print(f"[dim]• adapter     {escape(str(attempt.adapter.target))} — grade: {a.label}[/]")
 
     def build_line(self, line: str) -> None:
         err.print(f"[dim]  build: {escape(line.rstrip())}[/]")
@@ -130,7 +138,7 @@ def _choose(registry: Registry, provider: str, explicit: bool) -> Any:
 def _summary(result: JobResult, attempt_label: str) -> None:
     err.print()
     err.print(f"[bold]run[/]        {result.run_id}")
-    err.print(f"[bold]adapter[/]    {escape(result.adapter)} — {attempt_label}")
+    err.print(f"[bold]adapter[/]    {escape(result.adapter)} — grade: {attempt_label}")
     err.print("[bold]phases[/]     " + ", ".join(f"{k} {v * 1000:.0f} ms" for k, v in result.phases.items()))
     colour = "green" if result.exit_code == 0 else "red"
     err.print(f"[bold]exit[/]       [{colour}]{result.exit_code}[/]")

@@ -33,6 +33,9 @@ class Observer(Protocol):
 
     def phase(self, name: str, seconds: float) -> None: ...
 
+    async def before(self, name: str) -> None:
+        """Called as phase ``name`` begins; may wait (a test pauses a Run here to interrupt it)."""
+
     def warning(self, text: str) -> None: ...
 
     def selected(self, attempt: Attempt) -> None: ...
@@ -51,6 +54,9 @@ class QuietObserver:
 
     def phase(self, name: str, seconds: float) -> None:
         self.phases[name] = seconds
+
+    async def before(self, name: str) -> None:
+        pass
 
     def warning(self, text: str) -> None:
         self.warnings.append(text)
@@ -96,10 +102,11 @@ class _Timer:
         self.phases = phases
         self.name = name
 
-    def __enter__(self) -> None:
+    async def __aenter__(self) -> None:
+        await self.phases.observer.before(self.name)
         self.t0 = time.perf_counter()
 
-    def __exit__(self, *exc: object) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         took = time.perf_counter() - self.t0
         self.phases.seconds[self.name] = took
         self.phases.observer.phase(self.name, took)
@@ -128,9 +135,9 @@ async def run_job(
     obs = observer or QuietObserver()
     phases = _Phases(obs)
     platform = host_platform_value()
-    with phases.run("resolve"):
+    async with phases.run("resolve"):
         resolved = [resolve_mount(spec) for spec in mounts]
-    with phases.run("select"):
+    async with phases.run("select"):
         attempt = runner.start(target, profile, platform=platform, mount_count=len(resolved), command=list(argv))
     session = attempt.session
     obs.selected(attempt)
@@ -153,8 +160,10 @@ async def run_job(
         status = f"refused:{exc.code}"
         raise
     finally:
-        with phases.run("release"):
-            await asyncio.shield(session.release_all())
+        t0 = time.perf_counter()
+        interrupted = await _finish_releasing(session)
+        phases.seconds["release"] = time.perf_counter() - t0
+        obs.phase("release", phases.seconds["release"])
         result.phases = phases.seconds
         runner.finish(
             attempt,
@@ -162,7 +171,25 @@ async def run_job(
             exit_code=result.exit_code if result.exit_code >= 0 else None,
             summary={"phases": phases.seconds, "captured": result.captured, "not_enforced": list(attempt.not_enforced)},
         )
+        if interrupted and status != "interrupted":
+            raise asyncio.CancelledError
     return result
+
+
+async def _finish_releasing(session: RunSession) -> bool:
+    """Release and compensate everything of the Run, to the end, even through repeated cancellation.
+
+    Returns whether a cancellation arrived meanwhile (the caller re-raises it afterwards).
+    """
+    task = asyncio.ensure_future(session.release_all())
+    interrupted = False
+    while not task.done():
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            interrupted = True
+    task.result()
+    return interrupted
 
 
 async def _drive(
@@ -179,19 +206,19 @@ async def _drive(
     cwd: str | None,
     timeout: float,
 ) -> tuple[int, list[str]]:
-    with phases.run("materialize"):
+    async with phases.run("materialize"):
         image = (await session.materialize(profile, platform)).image
-    with phases.run("provision"):
+    async with phases.run("provision"):
         inst = await session.provision(profile, platform, image, resolved)
-    with phases.run("stage"):
+    async with phases.run("stage"):
         await session.stage(inst, resolved, progress=obs.stage_progress)
-    with phases.run("activate"):
+    async with phases.run("activate"):
         await session.activate(inst)
-    with phases.run("process"):
+    async with phases.run("process"):
         code = await _process(session, inst, argv, obs, env, cwd, timeout)
     captured: list[str] = []
     if captures:
-        with phases.run("capture"):
+        async with phases.run("capture"):
             captured = await _capture(session, inst, captures, capture_dir or Path("captures") / session.run_id)
     return code, captured
 
