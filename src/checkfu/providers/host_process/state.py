@@ -1,0 +1,195 @@
+"""The state directory: where instances and snapshots live on the runner host, and their labels.
+
+Layout, all below one ``state_dir``::
+
+    instances/<allocation_key>/label.json     the instance's label, written first, removed last
+    instances/<allocation_key>/work/          its working directory (cwd and HOME of its processes)
+    instances/<allocation_key>/clone.tar      transient, while a clone copies its source
+    snapshots/<allocation_key>.json           a snapshot's label, written before its bytes
+    snapshots/<allocation_key>.tar            the snapshot: a tarball of a working directory
+
+Every label carries ``checkfu.allocation_key`` and ``checkfu.runner_tag``; an
+object exists only while its label does, so compensation and enumeration need
+nothing but the state directory. Labels are replaced atomically (write, then
+rename), so a reader sees the old label or the new one, never half of one.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import re
+import shutil
+from functools import cached_property
+from pathlib import Path
+from typing import Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+ALLOCATION_KEY = "checkfu.allocation_key"
+RUNNER_TAG = "checkfu.runner_tag"
+
+LabelState = Literal["provisioning", "active"]
+
+
+class _Label(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+    labels: dict[str, str]
+    revision: str
+
+    @property
+    def allocation_key(self) -> str:
+        return self.labels.get(ALLOCATION_KEY, "")
+
+    @property
+    def runner_tag(self) -> str:
+        return self.labels.get(RUNNER_TAG, "")
+
+
+class InstanceLabel(_Label):
+    """What survives a restart of the provider about one instance."""
+
+    kind: Literal["instance"] = "instance"
+    instance_id: str
+    state: LabelState
+    cgroups: dict[str, str] = Field(default_factory=dict)
+    """Controller to directory, when the instance has cgroups."""
+    groups: list[tuple[int, int]] = Field(default_factory=list)
+    """``(process group id, start time of its leader)`` of every spawn, when it has no cgroups."""
+
+
+class SnapshotLabel(_Label):
+    """What survives a restart about one snapshot."""
+
+    kind: Literal["snapshot"] = "snapshot"
+    snapshot_id: str
+    source_allocation_key: str
+    source_instance_id: str
+
+
+L = TypeVar("L", bound=_Label)
+
+
+def labels(allocation_key: str, runner_tag: str) -> dict[str, str]:
+    return {ALLOCATION_KEY: allocation_key, RUNNER_TAG: runner_tag}
+
+
+def default_state_dir() -> Path:
+    """``$XDG_STATE_HOME/checkfu/host-process``, else ``~/.local/state/checkfu/host-process``."""
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "checkfu" / "host-process"
+
+
+class Layout:
+    """Paths below one state directory. Keys are contract identifiers: no ``/``, never ``.`` or ``..``."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.instances = root / "instances"
+        self.snapshots = root / "snapshots"
+
+    def create(self) -> None:
+        for directory in (self.root, self.instances, self.snapshots):
+            directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+
+    @cached_property
+    def state_hash(self) -> str:
+        """Twelve hex digits naming this state directory in shared namespaces (cgroup names)."""
+        return hashlib.sha256(str(self.root.resolve()).encode()).hexdigest()[:12]
+
+    def instance_dir(self, key: str) -> Path:
+        return self.instances / key
+
+    def instance_label(self, key: str) -> Path:
+        return self.instances / key / "label.json"
+
+    def workdir(self, key: str) -> Path:
+        return self.instances / key / "work"
+
+    def clone_tar(self, key: str) -> Path:
+        return self.instances / key / "clone.tar"
+
+    def snapshot_label(self, key: str) -> Path:
+        return self.snapshots / f"{key}.json"
+
+    def snapshot_tar(self, key: str) -> Path:
+        return self.snapshots / f"{key}.tar"
+
+    def snapshot_partial(self, key: str) -> Path:
+        return self.snapshots / f"{key}.tar.partial"
+
+
+def write_label(path: Path, label: _Label) -> None:
+    """Replace the label at ``path`` atomically.
+
+    Raises:
+        OSError: the directory is missing or not writable.
+    """
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(label.model_dump_json())
+    os.replace(tmp, path)
+
+
+def read_instance_label(path: Path) -> InstanceLabel | None:
+    """The instance label at ``path``; ``None`` when there is none or it does not decode."""
+    return _read(path, InstanceLabel)
+
+
+def read_snapshot_label(path: Path) -> SnapshotLabel | None:
+    """The snapshot label at ``path``; ``None`` when there is none or it does not decode."""
+    return _read(path, SnapshotLabel)
+
+
+def _read(path: Path, model: type[L]) -> L | None:
+    try:
+        return model.model_validate_json(path.read_bytes())
+    except (OSError, ValueError, ValidationError):
+        return None
+
+
+def mount_points_below(path: Path) -> list[str]:
+    """Mount points at or below ``path`` in this mount namespace (``/proc/self/mountinfo``)."""
+    root = str(path.resolve())
+    found: list[str] = []
+    try:
+        text = Path("/proc/self/mountinfo").read_text()
+    except OSError:
+        return found
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) > 4:
+            point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[4])
+            if point == root or point.startswith(root + "/"):
+                found.append(point)
+    return found
+
+
+def remove_tree(path: Path) -> None:
+    """Remove ``path`` and everything below it, refusing to touch anything mounted inside it.
+
+    A host process may bind-mount part of the host into its working directory;
+    deleting through that mount would delete the host's files, so a mount point
+    inside ``path`` stops the removal instead.
+
+    Raises:
+        OSError: ``EBUSY`` for a mount point inside ``path``, or a file that cannot be removed.
+    """
+    if not os.path.lexists(path):
+        return
+    mounts = mount_points_below(path)
+    if mounts:
+        raise OSError(errno.EBUSY, "a mount point lies inside the directory", mounts[0])
+
+    def writable_parent(_func: object, failed: str, _exc: object) -> None:
+        os.chmod(os.path.dirname(failed), 0o700)
+        if os.path.isdir(failed) and not os.path.islink(failed):
+            shutil.rmtree(failed)
+        else:
+            os.unlink(failed)
+
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path, onerror=writable_parent)
+    else:
+        os.unlink(path)
