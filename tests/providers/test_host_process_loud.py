@@ -1,0 +1,94 @@
+"""The host-process tier is loud at selection: the warning names every axis it does not
+enforce, the Run's events record it, and a profile asking for a network it cannot serve
+is refused before the provider does any work."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from checkfu.contract import SandboxCapabilityUnavailable, SandboxProfile
+from checkfu.contract.codec import decode_value
+from checkfu.contract.tiers import assess
+from checkfu.providers.host_process import WHY_NOT_ENFORCED, HostProcessProvider
+from checkfu.runner.clock import ManualClock
+from checkfu.runner.job import host_platform_value
+from checkfu.runner.journal import Journal, sqlite_url
+from checkfu.runner.registry import Registry, adapter_from_factory
+from checkfu.runner.runner import Runner
+
+
+class Counting:
+    """Counts every provider call made after selection."""
+
+    def __init__(self, inner: HostProcessProvider) -> None:
+        self.inner = inner
+        self.calls: list[str] = []
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.inner, name)
+        if not callable(attr):
+            return attr
+
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            self.calls.append(name)
+            return await attr(*args, **kwargs)
+
+        return call
+
+
+def profile(mode: str) -> SandboxProfile:
+    return decode_value(
+        SandboxProfile,
+        {
+            "tier": "container",
+            "base_image": "host",
+            "retention_mode": "durable",
+            "network_policy": {"mode": mode, **({"allowlist": ["example.org:443"]} if mode == "allowlist" else {})},
+            "resource_limits": {"cpu_millis": 500, "memory_mib": 256, "disk_mib": 256, "pids": 64},
+        },
+    )
+
+
+@pytest.fixture
+async def setup(tmp_path: Path) -> Any:
+    inner = HostProcessProvider(state_dir=tmp_path / "state")
+    adapter = await adapter_from_factory(lambda: inner, "host-process", {})
+    counting = Counting(inner)
+    registry = Registry()
+    registry.add(type(adapter)(envelope=adapter.envelope, provider=counting, source="test", in_tree=True))
+    journal = Journal(sqlite_url(tmp_path / "journal.sqlite"))
+    yield Runner(registry, journal, runner_tag="runner-loud", clock=ManualClock()), adapter.envelope, counting
+    journal.close()
+
+
+@pytest.mark.anyio
+async def test_selection_warns_and_records_every_axis_not_enforced(setup: Any) -> None:
+    runner, envelope, counting = setup
+    attempt = runner.start(envelope.target, profile("unrestricted"), platform=host_platform_value())
+    warning = attempt.warning()
+    assert warning is not None
+    not_counting = envelope.enforcement.not_counting()
+    assert not_counting, "the host-process tier must not claim to enforce everything"
+    for axis in not_counting:
+        assert axis in warning
+        assert axis in WHY_NOT_ENFORCED
+    events = runner.journal.events_for_run(attempt.session.run_id)
+    assert [(e.member, e.outcome) for e in events] == [("select", "warning")]
+    assert events[0].detail == warning
+    assert assess(envelope).tier == "below_day_one"
+    assert counting.calls == []
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("mode", ["none", "allowlist"])
+async def test_a_network_it_cannot_serve_is_refused_before_any_provider_work(setup: Any, mode: str) -> None:
+    runner, envelope, counting = setup
+    with pytest.raises(SandboxCapabilityUnavailable) as caught:
+        runner.start(envelope.target, profile(mode), platform=host_platform_value())
+    assert caught.value.field == "profile.network_policy.mode"
+    assert repr(mode) in caught.value.message
+    assert counting.calls == []
+    assert runner.journal.list_runs() == []
