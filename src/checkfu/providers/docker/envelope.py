@@ -17,6 +17,7 @@ from checkfu.contract.errors import SandboxCapabilityUnavailable, SandboxIdentit
 from checkfu.contract.members import Call
 from checkfu.contract.mounts import MountPlan
 from checkfu.contract.profile import HOST_IMAGE, SandboxProfile
+from checkfu.contract.requirements import unmet_requirements
 from checkfu.contract.target import ExecutionTarget
 from checkfu.contract.vocabulary import PackageManager, Platform, Resources
 
@@ -114,30 +115,11 @@ def unmet_needs(
     platform: Platform,
     mounts: tuple[MountPlan, ...] = (),
 ) -> list[Unmet]:
-    """Every requirement of ``profile`` (and the attempt's platform and mounts) ``envelope`` does not meet."""
-    unmet: list[Unmet] = []
-    if profile.tier not in envelope.tiers:
-        unmet.append(Unmet("profile.tier", f"{profile.tier!r} is not among {list(envelope.tiers)}"))
+    """Every requirement of ``profile`` (and the attempt's platform and mounts) ``envelope`` does not meet:
+    the contract's own rule, plus the one image this tier can never run."""
+    unmet = unmet_requirements(envelope, profile, platform=platform, mount_count=len(mounts))
     if profile.base_image == HOST_IMAGE:
         unmet.append(Unmet("profile.base_image", "'host' is the host-process tier's image, not a container image"))
-    for manager in profile.package_managers:
-        if manager not in envelope.package_managers:
-            unmet.append(Unmet(f"profile.packages.{manager}", f"{manager!r} packages are not materialized here"))
-    if profile.network_policy.mode not in envelope.network_modes:
-        unmet.append(
-            Unmet(
-                "profile.network_policy.mode", f"{profile.network_policy.mode!r} is not among {envelope.network_modes}"
-            )
-        )
-    if profile.retention_mode not in envelope.retention_modes:
-        unmet.append(Unmet("profile.retention_mode", f"{profile.retention_mode!r} is not offered"))
-    for problem in profile.resource_limits.within(envelope.minimum_resources, envelope.maximum_resources):
-        dim, reason = problem.split(": ", 1)
-        unmet.append(Unmet(f"profile.resource_limits.{dim}", reason))
-    if platform not in envelope.platforms:
-        unmet.append(Unmet("platform", f"{platform.os}/{platform.architecture} is not this host's platform"))
-    if len(mounts) > envelope.effective_max_mounts:
-        unmet.append(Unmet("mounts", f"{len(mounts)} mounts, at most {envelope.effective_max_mounts}"))
     return unmet
 
 
