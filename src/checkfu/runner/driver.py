@@ -213,9 +213,7 @@ class RunSession:
         fault = False
         try:
             if not self.envelope.declares(member):
-                raise SandboxOperationUnsupported(
-                    f"{member} is not declared by {self.target}; the runner does not call it", field=member
-                )
+                raise self._undeclared(member)
             deadline = self.limits.deadline(member) + extra_seconds
             self.leases.renew(self.lease, ttl=max(self.leases.ttl, deadline + 60))
             try:
@@ -243,6 +241,18 @@ class RunSession:
             raise
         finally:
             self._event(member, allocation_key, started, (time.perf_counter() - t0) * 1000, error)
+
+    def _undeclared(self, member: Member) -> SandboxOperationUnsupported:
+        return SandboxOperationUnsupported(
+            f"{member} is not declared by {self.target}; the runner does not call it", field=member
+        )
+
+    def _refuse_undeclared(self, member: Member) -> None:
+        """Refuse (and record) an undeclared allocating member before anything is journaled or compensated."""
+        if not self.envelope.declares(member):
+            error = self._undeclared(member)
+            self._event(member, None, self.clock.now(), 0.0, error)
+            raise error
 
     def _event(self, member: str, key: str | None, started: float, ms: float, error: SandboxError | None) -> None:
         self.journal.record_event(
@@ -325,6 +335,7 @@ class RunSession:
         roots: tuple[str, ...],
         parent: str | None = None,
     ) -> Instance:
+        self._refuse_undeclared(member)
         self._journal(key, kind, parent)
         held = self._held_ids()
 
@@ -640,6 +651,12 @@ class RunSession:
         return await self._guarded(inst, "listDir", lambda: self.provider.list_dir(req), ListDirResult, check)
 
     async def inspect(self, inst: Instance) -> InstanceResult:
+        """The instance as the provider now holds it.
+
+        Raises:
+            SandboxStateConflict: the provider reports a state the instance cannot be in: anything
+                but the runner's own record, or ``released`` (an instance may be lost, never moved back).
+        """
         self._step(inst, "inspect")
         req = build(InspectRequest, **self._inst_fields(inst))
 
@@ -651,6 +668,8 @@ class RunSession:
                 allocation_key=inst.allocation_key,
                 instance_id=inst.instance_id,
             )
+            if res.state != "released":
+                check_state(res.state, inst.state, member="inspect")
 
         return await self._guarded(inst, "inspect", lambda: self.provider.inspect(req), InstanceResult, check)
 
@@ -673,6 +692,7 @@ class RunSession:
             check_equal("snapshot_allocation_key", res.snapshot_allocation_key, key)
             check_new_identity("snapshot_id", res.snapshot_id, held)
 
+        self._refuse_undeclared("snapshot")
         self._journal(key, "snapshot", inst.allocation_key)
         try:
             res = await self._invoke(

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Protocol
 
-from checkfu.contract.errors import SandboxError
+from checkfu.contract.errors import SandboxError, SandboxNotFound, SandboxPathRejected
 from checkfu.contract.process import ProcessExit, ProcessOutput
 from checkfu.contract.profile import SandboxProfile
 from checkfu.contract.target import ExecutionTarget
@@ -255,7 +255,13 @@ async def _capture(session: RunSession, inst: Instance, paths: Sequence[str], in
     files: list[str] = []
     for path in paths:
         if session.envelope.declares("listDir"):
-            listing = await session.list_dir(inst, path, recursive=True)
+            try:
+                listing = await session.list_dir(inst, path, recursive=True)
+            except (SandboxNotFound, SandboxPathRejected):
+                if inst.state != "active":
+                    raise  # the provider was at fault and the instance is reclaimed: nothing to read
+                files.append(path)  # a file, or nothing: readFiles returns it or reports it missing
+                continue
             found = [e.path for e in listing.entries if e.kind == "file"]
             files.extend(found if found else [path])
         else:

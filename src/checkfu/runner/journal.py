@@ -95,6 +95,18 @@ events = sa.Table(
 )
 
 
+# Statements built once: executing a prebuilt statement with parameters skips the per-call
+# construction and cache-key work of ``.values(...)``, the larger part of a small write's cost.
+_INSERT_ALLOCATION = allocations.insert()
+_UPDATE_ALLOCATION = (
+    allocations.update()
+    .where(allocations.c.allocation_key == sa.bindparam("key"))
+    .values(state=sa.bindparam("state"), updated_at=sa.bindparam("now"))
+)
+_UPDATE_ALLOCATION_OBJECT = _UPDATE_ALLOCATION.values(object_id=sa.bindparam("object_id"))
+_INSERT_EVENT = events.insert()
+
+
 @dataclass(frozen=True)
 class AllocationRow:
     allocation_key: str
@@ -253,26 +265,28 @@ class Journal:
         """Record an allocation as ``pending`` before the provider is asked for it."""
         with self.tx() as c:
             c.execute(
-                allocations.insert().values(
-                    allocation_key=key,
-                    run_id=run_id,
-                    kind=kind,
-                    target=target.model_dump_json(),
-                    runner_tag=runner_tag,
-                    lease_id=lease_id,
-                    state="pending",
-                    parent_key=parent_key,
-                    created_at=now,
-                    updated_at=now,
-                )
+                _INSERT_ALLOCATION,
+                {
+                    "allocation_key": key,
+                    "run_id": run_id,
+                    "kind": kind,
+                    "target": target.model_dump_json(),
+                    "runner_tag": runner_tag,
+                    "lease_id": lease_id,
+                    "state": "pending",
+                    "object_id": None,
+                    "parent_key": parent_key,
+                    "created_at": now,
+                    "updated_at": now,
+                },
             )
 
     def set_allocation(self, key: str, state: AllocationState, *, now: float, object_id: str | None = None) -> None:
-        values: dict[str, Any] = {"state": state, "updated_at": now}
+        params: dict[str, Any] = {"key": key, "state": state, "now": now}
         if object_id is not None:
-            values["object_id"] = object_id
+            params["object_id"] = object_id
         with self.tx() as c:
-            c.execute(allocations.update().where(allocations.c.allocation_key == key).values(**values))
+            c.execute(_UPDATE_ALLOCATION if object_id is None else _UPDATE_ALLOCATION_OBJECT, params)
 
     def allocation(self, key: str) -> AllocationRow | None:
         with self.tx() as c:
@@ -314,16 +328,17 @@ class Journal:
     ) -> None:
         with self.tx() as c:
             c.execute(
-                events.insert().values(
-                    run_id=run_id,
-                    member=member,
-                    allocation_key=allocation_key,
-                    started_at=started_at,
-                    duration_ms=duration_ms,
-                    outcome=outcome,
-                    error_code=error_code,
-                    detail=detail,
-                )
+                _INSERT_EVENT,
+                {
+                    "run_id": run_id,
+                    "member": member,
+                    "allocation_key": allocation_key,
+                    "started_at": started_at,
+                    "duration_ms": duration_ms,
+                    "outcome": outcome,
+                    "error_code": error_code,
+                    "detail": detail,
+                },
             )
 
     def events_for_run(self, run_id: str) -> list[EventRow]:

@@ -50,6 +50,18 @@ def owner_alive(owner: str) -> bool | None:
     return _proc_start(pid_n) == start
 
 
+_RENEW = (
+    leases.update()
+    .where(
+        leases.c.lease_id == sa.bindparam("held_id"),
+        leases.c.epoch == sa.bindparam("held_epoch"),
+        leases.c.ended.is_(False),
+    )
+    .values(expires_at=sa.bindparam("until"))
+)
+"""Built once: renewal runs before every provider call."""
+
+
 @dataclass(frozen=True)
 class LeaseRecord:
     lease_id: str
@@ -87,14 +99,13 @@ class LeaseStore:
         Raises:
             SandboxLeaseFenced: the lease was taken over (another epoch) or ended.
         """
+        params = {
+            "held_id": lease.lease_id,
+            "held_epoch": lease.lease_epoch,
+            "until": self.clock.now() + (ttl or self.ttl),
+        }
         with self.journal.tx() as c:
-            done = c.execute(
-                leases.update()
-                .where(
-                    leases.c.lease_id == lease.lease_id, leases.c.epoch == lease.lease_epoch, leases.c.ended.is_(False)
-                )
-                .values(expires_at=self.clock.now() + (ttl or self.ttl))
-            ).rowcount
+            done = c.execute(_RENEW, params).rowcount
         if done != 1:
             raise self._fenced(lease)
 

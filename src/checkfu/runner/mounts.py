@@ -116,6 +116,10 @@ def _read_directory(src: DirectorySource, where: str, budget: _Budget) -> tuple[
     contents: list[bytes] = []
     for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
         dirnames.sort()
+        for name in dirnames:  # os.walk lists a symlink to a directory here, never among the files
+            if (Path(dirpath) / name).is_symlink():
+                rel = (Path(dirpath) / name).relative_to(root).as_posix()
+                raise SandboxPathRejected(f"mount {where}: {rel} is a symlink; symlinks are not staged", field="mounts")
         for name in sorted(filenames):
             full = Path(dirpath) / name
             rel = full.relative_to(root).as_posix()
@@ -189,8 +193,12 @@ def _read_git(src: GitSource, where: str, budget: _Budget) -> tuple[list[MountFi
     batch = _git(src.repo, "cat-file", "--batch", stdin=b"".join(oid.encode() + b"\n" for _, _, oid in entries))
     pos = 0
     for mode, path, oid in entries:
-        header_end = batch.index(b"\n", pos)
-        got_oid, kind, size_s = batch[pos:header_end].decode().split()
+        header_end = batch.find(b"\n", pos)
+        header = batch[pos:header_end].decode("utf-8", "replace").split() if header_end >= 0 else []
+        if len(header) != 3 or not header[2].isdigit():
+            # git answers "<oid> missing" (exit status 0) for an object it cannot read
+            raise SandboxProfileInvalid(f"mount {where}: {path}: git cannot read blob {oid}", field="mounts")
+        got_oid, kind, size_s = header
         size = int(size_s)
         budget.take(size)
         data = batch[header_end + 1 : header_end + 1 + size]

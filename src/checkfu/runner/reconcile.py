@@ -59,7 +59,7 @@ async def reconcile(journal: Journal, registry: Registry, clock: Clock, *, runne
         if row.kind == "snapshot" and row.state == "live":
             live_keys.add(row.allocation_key)  # a settled snapshot belongs to the Session, not the Run
             continue
-        if not leases.reclaimable(row.lease_id):
+        if row.lease_id not in taken and not leases.reclaimable(row.lease_id):  # taken: reclaimed by this pass
             live_keys.add(row.allocation_key)
             continue
         adapter = adapters.get(target_key(row.target))

@@ -231,6 +231,8 @@ class MemoryProvider:
         self.clock: Clock = clock if clock is not None else SystemClock()
         self.calls: list[str] = []
         self._store: dict[str, _Instance | _Snapshot] = {}  # the labelled objects: what a restart keeps
+        self._labelled: dict[tuple[str, str], set[str]] = {}  # (allocation key, runner tag) -> ids in the store
+        self._snapshots_of: dict[str, set[str]] = {}  # instance id -> ids of its snapshots in the store
         self._images: dict[str, str] = {}  # profile digest -> image; images survive a restart too
         self._instances: dict[str, _Instance] = {}  # handles, released ones included: what a restart loses
         self._snapshots: dict[str, _Snapshot] = {}
@@ -349,13 +351,35 @@ class MemoryProvider:
             mounts=request.mount_roots,
             state=transition("absent", member),
         )
-        self._store[inst.id] = inst
+        self._keep(inst)
         self._instances[inst.id] = inst
         return inst
 
+    def _keep(self, obj: _Instance | _Snapshot) -> None:
+        """Put ``obj`` in the labelled store, indexed by its labels (and by its source, for a snapshot)."""
+        self._store[obj.id] = obj
+        self._labelled.setdefault((obj.allocation_key, obj.runner_tag), set()).add(obj.id)
+        if isinstance(obj, _Snapshot):
+            self._snapshots_of.setdefault(obj.source_id, set()).add(obj.id)
+
+    def _drop(self, obj: _Instance | _Snapshot) -> bool:
+        """Take ``obj`` out of the labelled store; false when it was not there."""
+        if self._store.pop(obj.id, None) is None:
+            return False
+        label = (obj.allocation_key, obj.runner_tag)
+        self._labelled[label].discard(obj.id)
+        if not self._labelled[label]:
+            del self._labelled[label]
+        if isinstance(obj, _Snapshot):
+            siblings = self._snapshots_of[obj.source_id]
+            siblings.discard(obj.id)
+            if not siblings:
+                del self._snapshots_of[obj.source_id]
+        return True
+
     async def _destroy(self, obj: _Instance | _Snapshot) -> None:
         """End ``obj``'s processes, drop its bytes and its labels; for ``ephemeral_zdr``, its snapshots too."""
-        if self._store.pop(obj.id, None) is None:
+        if not self._drop(obj):
             return
         obj.vfs = Vfs()
         if isinstance(obj, _Snapshot):
@@ -367,8 +391,8 @@ class MemoryProvider:
                 task.cancel()
             await asyncio.wait(set(obj.processes))
         if obj.retention == "ephemeral_zdr":
-            for snap in [o for o in self._store.values() if isinstance(o, _Snapshot) and o.source_id == obj.id]:
-                await self._destroy(snap)
+            for snap_id in sorted(self._snapshots_of.get(obj.id, ())):
+                await self._destroy(self._store[snap_id])
 
     def _context(
         self,
@@ -494,7 +518,8 @@ class MemoryProvider:
     async def compensate(self, request: CompensateRequest) -> CompensateResult:
         """Reclaim every object labelled with the key and runner tag, by label alone; idempotent."""
         self._enter("compensate", request)
-        doomed = [o for o in self._store.values() if o.labels == _labels(request.allocation_key, request.runner_tag)]
+        ids = self._labelled.get((request.allocation_key, request.runner_tag), set())
+        doomed = [self._store[i] for i in sorted(ids)]
         for obj in doomed:
             await self._destroy(obj)
         return CompensateResult(**self._echo(request), allocation_key=request.allocation_key, reclaimed=len(doomed))
@@ -554,7 +579,7 @@ class MemoryProvider:
             retention=inst.retention,
             state=snapshot_transition("absent", "snapshot"),
         )
-        self._store[snap.id] = snap
+        self._keep(snap)
         self._snapshots[snap.id] = snap
         return SnapshotResult(
             **self._on(request, inst), snapshot_allocation_key=request.snapshot_allocation_key, snapshot_id=snap.id

@@ -1,0 +1,267 @@
+"""Fixtures for the runner's tests: journals on both engines, a memory-provider rig, mount sources.
+
+The PostgreSQL cluster is a throwaway one: ``initdb`` into a fresh directory, started
+on a free loopback port (and a socket directory of its own), one database per test,
+stopped with ``pg_ctl stop -m immediate`` at the end of the session. PostgreSQL
+refuses to run as root, so as root the cluster runs as the ``postgres`` user.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import socket
+import subprocess
+import tempfile
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from checkfu.contract.envelope import SandboxProviderCapabilities
+from checkfu.contract.profile import SandboxProfile
+from checkfu.contract.provider import Provider
+from checkfu.contract.vocabulary import Platform
+from checkfu.runner.clock import ManualClock
+from checkfu.runner.driver import Limits, RunSession
+from checkfu.runner.journal import Journal, sqlite_url
+from checkfu.runner.registry import Adapter, Registry
+from checkfu.runner.runner import Attempt, Runner
+from checkfu.testing import MemoryProvider, memory_profile
+
+PG_BIN = Path("/usr/lib/postgresql/15/bin")
+AMD64 = Platform(os="linux", architecture="amd64")
+RUNNER_TAG = "runner-tests"
+
+
+# PostgreSQL ---------------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _as_cluster_user(argv: list[str]) -> list[str]:
+    if os.geteuid() != 0:
+        return argv
+    return ["runuser", "-u", "postgres", "--", *argv]
+
+
+@dataclass(frozen=True)
+class PgCluster:
+    host: str
+    port: int
+    user: str
+
+    def url(self, database: str) -> str:
+        return f"postgresql+psycopg://{self.user}@{self.host}:{self.port}/{database}"
+
+    def create_database(self) -> str:
+        name = f"j_{uuid.uuid4().hex[:16]}"
+        with psycopg.connect(host=self.host, port=self.port, user=self.user, dbname="postgres", autocommit=True) as c:
+            c.execute(f'CREATE DATABASE "{name}"')
+        return name
+
+
+@pytest.fixture(scope="session")
+def pg_cluster() -> Iterator[PgCluster]:
+    if not (PG_BIN / "initdb").exists():
+        pytest.skip(f"PostgreSQL 15 is not installed ({PG_BIN})")
+    root = Path(tempfile.mkdtemp(prefix="checkfu-pg-"))  # not under pytest's 0700 base: postgres must reach it
+    user = pwd.getpwuid(os.geteuid()).pw_name
+    if os.geteuid() == 0:
+        user = "postgres"
+        pw = pwd.getpwnam("postgres")
+        os.chown(root, pw.pw_uid, pw.pw_gid)
+    data, sockets, log = root / "data", root / "sock", root / "log"
+    port = _free_port()
+    run = lambda *argv: subprocess.run(_as_cluster_user([*argv]), check=True, capture_output=True, timeout=120)  # noqa: E731
+    run(str(PG_BIN / "initdb"), "-D", str(data), "-U", user, "--auth=trust", "-E", "UTF8", "--no-sync")
+    run("mkdir", str(sockets))
+    opts = f"-p {port} -k {sockets} -c listen_addresses=127.0.0.1 -c fsync=off -c full_page_writes=off"
+    try:
+        run(str(PG_BIN / "pg_ctl"), "-D", str(data), "-l", str(log), "-o", opts, "-w", "-t", "60", "start")
+    except subprocess.CalledProcessError as exc:
+        text = log.read_text(errors="replace") if log.exists() else ""
+        shutil.rmtree(root, ignore_errors=True)
+        raise RuntimeError(f"pg_ctl start failed: {exc.stderr!r} {text}") from None
+    try:
+        yield PgCluster(host="127.0.0.1", port=port, user=user)
+    finally:
+        subprocess.run(
+            _as_cluster_user([str(PG_BIN / "pg_ctl"), "-D", str(data), "stop", "-m", "immediate"]),
+            capture_output=True,
+            check=False,
+            timeout=60,
+        )
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def journal_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A fresh, empty journal on each engine: an SQLite file, or a new database in the throwaway cluster."""
+    if request.param == "sqlite":
+        return sqlite_url(tmp_path / "journal.sqlite")
+    cluster: PgCluster = request.getfixturevalue("pg_cluster")
+    return cluster.url(cluster.create_database())
+
+
+@pytest.fixture
+def journal(journal_url: str) -> Iterator[Journal]:
+    j = Journal(journal_url)
+    try:
+        yield j
+    finally:
+        j.close()
+
+
+# The rig: a memory provider behind a registry, a runner and a journal -----------------------
+
+
+@dataclass
+class Rig:
+    """One runner over one memory provider (possibly wrapped), with a journal and a hand-moved clock.
+
+    ``memory.calls`` is cleared after the registry is built, so it holds exactly the
+    members the runner asked for.
+    """
+
+    memory: MemoryProvider
+    provider: Provider
+    journal: Journal
+    clock: ManualClock
+    registry: Registry
+    runner: Runner
+    profile: SandboxProfile = field(default_factory=memory_profile)
+    attempts: list[Attempt] = field(default_factory=list)
+
+    @property
+    def envelope(self) -> SandboxProviderCapabilities:
+        return self.memory.envelope
+
+    def start(self, profile: SandboxProfile | None = None, *, mount_count: int = 0, **kw: Any) -> RunSession:
+        attempt = self.runner.start(
+            self.memory.target, profile or self.profile, platform=AMD64, mount_count=mount_count, **kw
+        )
+        self.attempts.append(attempt)
+        return attempt.session
+
+    def held_keys(self) -> set[str]:
+        return {h.allocation_key for h in self.memory.live_objects()}
+
+
+RigFactory = Callable[..., Rig]
+
+
+@pytest.fixture
+def make_rig(tmp_path: Path) -> Iterator[RigFactory]:
+    journals: list[Journal] = []
+
+    def make(
+        *,
+        envelope: SandboxProviderCapabilities | None = None,
+        wrap: Callable[[MemoryProvider], Provider] | None = None,
+        limits: Limits | None = None,
+        url: str | None = None,
+        runner_tag: str = RUNNER_TAG,
+        lease_ttl: float = 600.0,
+    ) -> Rig:
+        memory = MemoryProvider(envelope)
+        provider: Provider = wrap(memory) if wrap is not None else memory
+        journal = Journal(url or sqlite_url(tmp_path / f"journal-{len(journals)}.sqlite"))
+        journals.append(journal)
+        clock = ManualClock()
+        registry = Registry()
+        registry.add(Adapter(envelope=memory.envelope, provider=provider, source="test rig", in_tree=True))
+        runner = Runner(registry, journal, runner_tag=runner_tag, clock=clock, limits=limits, lease_ttl=lease_ttl)
+        memory.calls.clear()
+        return Rig(memory, provider, journal, clock, registry, runner)
+
+    yield make
+    for j in journals:
+        j.close()
+
+
+@pytest.fixture
+def rig(make_rig: RigFactory) -> Rig:
+    return make_rig()
+
+
+# Mount sources --------------------------------------------------------------------------------
+
+README = b"hello from the workspace\n"
+RUN_SH = b"#!/bin/sh\necho run\n"
+
+
+@pytest.fixture
+def workspace(tmp_path: Path) -> Path:
+    """A local directory: ``README`` and an executable ``src/run.sh``."""
+    root = tmp_path / "workspace"
+    (root / "src").mkdir(parents=True)
+    (root / "README").write_bytes(README)
+    (root / "src" / "run.sh").write_bytes(RUN_SH)
+    (root / "src" / "run.sh").chmod(0o755)
+    return root
+
+
+def git(repo: Path, *args: str, stdin: bytes | None = None) -> str:
+    done = subprocess.run(
+        ["git", "-C", str(repo), *args],
+        input=stdin,
+        capture_output=True,
+        check=True,
+        env={
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "HOME": str(repo),
+            "GIT_CONFIG_NOSYSTEM": "1",
+            "GIT_AUTHOR_NAME": "t",
+            "GIT_AUTHOR_EMAIL": "t@example.invalid",
+            "GIT_COMMITTER_NAME": "t",
+            "GIT_COMMITTER_EMAIL": "t@example.invalid",
+        },
+    )
+    return done.stdout.decode()
+
+
+@dataclass(frozen=True)
+class GitRepo:
+    path: Path
+    files: dict[str, bytes]
+    commit: str
+
+    def run(self, *args: str, stdin: bytes | None = None) -> str:
+        return git(self.path, *args, stdin=stdin)
+
+    def blob_id(self, name: str) -> str:
+        return self.run("rev-parse", f"{self.commit}:{name}").strip()
+
+
+GIT_FILES = {"docs/guide.md": b"# guide\n", "tool.py": b"print('tool')\n", "data.bin": bytes(range(256))}
+
+
+@pytest.fixture
+def git_repo(tmp_path: Path) -> GitRepo:
+    """A real Git repository with one commit on ``main``, tagged ``v1``; loose objects only."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "main")
+    for name, data in GIT_FILES.items():
+        (repo / name).parent.mkdir(parents=True, exist_ok=True)
+        (repo / name).write_bytes(data)
+    (repo / "tool.py").chmod(0o755)
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "one")
+    git(repo, "tag", "v1")
+    return GitRepo(repo, dict(GIT_FILES), git(repo, "rev-parse", "HEAD").strip())
+
+
+@pytest.fixture
+def git_helper() -> Callable[..., str]:
+    return git

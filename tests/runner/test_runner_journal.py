@@ -1,0 +1,246 @@
+"""The journal: one schema on SQLite and PostgreSQL; allocations written before the provider is asked.
+
+Every test taking ``journal`` or ``journal_url`` runs twice: against an SQLite file
+and against a database in a throwaway PostgreSQL cluster.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from checkfu.contract.errors import SandboxIdentityMismatch
+from checkfu.contract.members import CloneRequest, ProvisionRequest, ResumeRequest, SnapshotRequest
+from checkfu.contract.target import ExecutionTarget
+from checkfu.contract.vocabulary import Platform
+from checkfu.runner.driver import RunSession
+from checkfu.runner.journal import Journal, metadata, sqlite_url
+from checkfu.runner.mounts import DirectorySource, MountSpec, resolve_mount
+from checkfu.testing import MemoryProvider, Misbehaving, clone_returns_source, memory_envelope, memory_profile
+
+pytestmark = pytest.mark.anyio
+
+TARGET = memory_envelope().target
+OTHER = ExecutionTarget(provider="other", provider_revision="r", materialization_revision="m", placement="local")
+
+
+def platform() -> Platform:
+    return Platform(os="linux", architecture="amd64")
+
+
+def test_sqlite_is_a_file_by_default(tmp_path: Path) -> None:
+    path = tmp_path / "state" / "journal.sqlite"
+    path.parent.mkdir()
+    j = Journal(sqlite_url(path))
+    try:
+        j.start_run("run-1", runner_tag="t", target=TARGET, now=1.0)
+    finally:
+        j.close()
+    assert path.is_file()
+    with sqlite3.connect(path) as c:
+        assert c.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert {r[0] for r in c.execute("SELECT name FROM sqlite_master WHERE type='table'")} >= {
+            "runs",
+            "leases",
+            "allocations",
+            "events",
+        }
+    reopened = Journal(sqlite_url(path))
+    try:
+        row = reopened.run("run-1")
+        assert row is not None and row.target == TARGET
+    finally:
+        reopened.close()
+
+
+def test_same_schema_on_both_engines(journal: Journal) -> None:
+    inspector = sa.inspect(journal.engine)
+    assert set(inspector.get_table_names()) == set(metadata.tables)
+    for name, table in metadata.tables.items():
+        columns = {c["name"] for c in inspector.get_columns(name)}
+        assert columns == {c.name for c in table.columns}, name
+        pk = inspector.get_pk_constraint(name)["constrained_columns"]
+        assert pk == [c.name for c in table.primary_key.columns], name
+    dialect = journal.engine.dialect.name
+    assert dialect == ("sqlite" if journal.url.startswith("sqlite") else "postgresql")
+
+
+def test_runs_round_trip(journal: Journal) -> None:
+    journal.start_run(
+        "run-a1", runner_tag="tag", target=TARGET, now=10.0, profile_digest="sha256:" + "0" * 64, command=["cat", "x"]
+    )
+    journal.start_run("run-a2", runner_tag="tag", target=OTHER, now=11.0)
+    journal.start_run("run-b1_%", runner_tag="tag", target=OTHER, now=12.0)
+    journal.finish_run("run-a1", status="succeeded", now=20.0, exit_code=0, summary={"phases": {"x": 1.5}})
+    row = journal.run("run-a1")
+    assert row is not None
+    assert (row.status, row.exit_code, row.finished_at, row.command) == ("succeeded", 0, 20.0, ["cat", "x"])
+    assert row.summary == {"phases": {"x": 1.5}}
+    assert row.profile_digest == "sha256:" + "0" * 64
+    assert row.target == TARGET
+    assert journal.run("run-missing") is None
+    assert [r.run_id for r in journal.list_runs()] == ["run-b1_%", "run-a2", "run-a1"]
+    assert sorted(r.run_id for r in journal.find_runs("run-a")) == ["run-a1", "run-a2"]
+    # The prefix is matched literally: '%' and '_' are not wildcards.
+    assert [r.run_id for r in journal.find_runs("run-b1_%")] == ["run-b1_%"]
+    assert journal.find_runs("run-_") == []
+
+
+def test_allocations_round_trip(journal: Journal) -> None:
+    common: dict[str, Any] = {"run_id": "run-1", "target": TARGET, "runner_tag": "tag", "lease_id": "lease-1"}
+    journal.journal_allocation("ak-1", kind="instance", now=1.0, **common)
+    journal.journal_allocation("ak-2", kind="snapshot", now=2.0, parent_key="ak-1", **common)
+    journal.journal_allocation("ak-3", kind="instance", now=3.0, **{**common, "runner_tag": "other"})
+    first = journal.allocation("ak-1")
+    assert first is not None
+    assert (first.state, first.object_id, first.kind, first.target) == ("pending", None, "instance", TARGET)
+    journal.set_allocation("ak-1", "live", now=4.0, object_id="mem-1")
+    journal.set_allocation("ak-2", "live", now=5.0, object_id="snap-1")
+    journal.set_allocation("ak-2", "released", now=6.0)
+    got = journal.allocation("ak-1")
+    assert got is not None and (got.state, got.object_id) == ("live", "mem-1")
+    snap = journal.allocation("ak-2")
+    assert snap is not None and (snap.state, snap.object_id, snap.parent_key) == ("released", "snap-1", "ak-1")
+    assert [r.allocation_key for r in journal.open_allocations(runner_tag="tag")] == ["ak-1"]
+    assert [r.allocation_key for r in journal.open_allocations()] == ["ak-1", "ak-3"]
+    assert [r.allocation_key for r in journal.allocations_for_run("run-1")] == ["ak-1", "ak-2", "ak-3"]
+    assert journal.allocation("ak-none") is None
+    with pytest.raises(sa.exc.IntegrityError):
+        journal.journal_allocation("ak-1", kind="instance", now=7.0, **common)
+
+
+def test_events_round_trip(journal: Journal) -> None:
+    journal.record_event("run-1", "exec", started_at=1.0, duration_ms=2.5, outcome="ok", allocation_key="ak-1")
+    journal.record_event(
+        "run-1", "release", started_at=2.0, duration_ms=0.5, outcome="error", error_code="SandboxNotFound", detail="x"
+    )
+    journal.record_event("run-2", "exec", started_at=3.0, duration_ms=1.0, outcome="ok")
+    got = journal.events_for_run("run-1")
+    assert [(e.member, e.outcome, e.error_code, e.allocation_key) for e in got] == [
+        ("exec", "ok", None, "ak-1"),
+        ("release", "error", "SandboxNotFound", None),
+    ]
+    assert got[0].duration_ms == 2.5 and got[1].detail == "x"
+
+
+# Through the driver, on both engines --------------------------------------------------------
+
+
+class JournalFirst:
+    """A provider wrapper that, before every allocating call, reads the journal for the request's key."""
+
+    def __init__(self, inner: MemoryProvider, journal_url: str) -> None:
+        self.inner = inner
+        self.probe = Journal(journal_url)  # its own connection, as another process would see it
+        self.seen: dict[str, str | None] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def _look(self, key: str) -> None:
+        row = self.probe.allocation(key)
+        self.seen[key] = None if row is None else row.state
+
+    async def provision(self, request: ProvisionRequest) -> Any:
+        self._look(request.allocation_key)
+        return await self.inner.provision(request)
+
+    async def clone(self, request: CloneRequest) -> Any:
+        self._look(request.allocation_key)
+        return await self.inner.clone(request)
+
+    async def resume(self, request: ResumeRequest) -> Any:
+        self._look(request.allocation_key)
+        return await self.inner.resume(request)
+
+    async def snapshot(self, request: SnapshotRequest) -> Any:
+        self._look(request.snapshot_allocation_key)
+        return await self.inner.snapshot(request)
+
+
+async def _drive_everything(session: RunSession, workspace: Path) -> None:
+    profile, plat = memory_profile(), platform()
+    mount = resolve_mount(MountSpec(DirectorySource(workspace), "/workspace"))
+    image = (await session.materialize(profile, plat)).image
+    inst = await session.provision(profile, plat, image, [mount])
+    await session.stage(inst, [mount])
+    await session.activate(inst)
+    await session.exec(inst, ["cat", "/workspace/README"], timeout=5)
+    snap = await session.snapshot(inst)
+    resumed = await session.resume(snap, profile, plat, image)
+    clone = await session.clone(inst, profile, plat, image)
+    await session.delete_snapshot(snap)
+    for i in (clone, resumed, inst):
+        await session.release(i)
+
+
+async def test_every_allocation_is_journaled_pending_before_the_provider_is_asked(
+    make_rig: Any, journal_url: str, workspace: Path
+) -> None:
+    probe: list[JournalFirst] = []
+
+    def wrap(memory: MemoryProvider) -> Any:
+        probe.append(JournalFirst(memory, journal_url))
+        return probe[0]
+
+    rig = make_rig(wrap=wrap, url=journal_url)
+    try:
+        session = rig.start()
+        await _drive_everything(session, workspace)
+        seen = probe[0].seen
+        rows = {r.allocation_key: r for r in rig.journal.allocations_for_run(session.run_id)}
+        assert len(seen) == 4  # the instance, its snapshot, the resumed instance and the clone
+        assert set(seen) == set(rows)
+        assert all(state == "pending" for state in seen.values()), seen
+        # Settled only once checked: live with the provider's id, then released.
+        assert sorted(r.kind for r in rows.values()) == ["clone", "instance", "resume", "snapshot"]
+        assert all(r.state == "released" and r.object_id for r in rows.values())
+        assert rig.memory.live_objects() == ()
+    finally:
+        probe[0].probe.close()
+
+
+async def test_every_member_call_is_an_event(make_rig: Any, journal_url: str, workspace: Path) -> None:
+    rig = make_rig(url=journal_url)
+    session = rig.start()
+    await _drive_everything(session, workspace)
+    events = rig.journal.events_for_run(session.run_id)
+    assert events[0].member == "select"
+    members = [e.member for e in events[1:]]
+    assert members == rig.memory.calls
+    assert events[0].outcome == "warning"  # the memory tier enforces nothing, and says so
+    assert all(e.outcome == "ok" and e.error_code is None and e.duration_ms >= 0 for e in events[1:])
+    by_member = {e.member: e for e in events}
+    assert by_member["exec"].allocation_key is not None
+    assert by_member["materialize"].allocation_key is None
+
+
+async def test_a_misbehaving_result_is_never_settled_live(make_rig: Any, journal_url: str) -> None:
+    rig = make_rig(wrap=Misbehaving, url=journal_url)
+    transitions: list[tuple[str, str]] = []
+    real = rig.journal.set_allocation
+
+    def spy(key: str, state: Any, **kw: Any) -> None:
+        transitions.append((key, state))
+        real(key, state, **kw)
+
+    rig.journal.set_allocation = spy  # type: ignore[method-assign]
+    session = rig.start()
+    profile, plat = memory_profile(), platform()
+    image = (await session.materialize(profile, plat)).image
+    inst = await session.provision(profile, plat, image)
+    await session.activate(inst)
+    rig.provider.set("clone", clone_returns_source)  # the clone answers with its source's id
+    with pytest.raises(SandboxIdentityMismatch):
+        await session.clone(inst, profile, plat, image)
+    rows = rig.journal.allocations_for_run(session.run_id)
+    clone_row = next(r for r in rows if r.kind == "clone")
+    assert clone_row.state == "compensated"
+    assert [s for k, s in transitions if k == clone_row.allocation_key] == ["compensated"]
+    assert clone_row.allocation_key not in rig.held_keys()
+    await session.release_all()
+    assert rig.memory.live_objects() == ()

@@ -1,0 +1,261 @@
+"""Orphan reconciliation: every unsettled allocation nobody is coming back for is compensated, once.
+
+Also ``checkfu runner reconcile``, through the installed console script and in-process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from checkfu.cli import app
+from checkfu.contract.codec import decode_value
+from checkfu.contract.envelope import SandboxProviderCapabilities
+from checkfu.contract.errors import SandboxLeaseFenced
+from checkfu.contract.vocabulary import Platform
+from checkfu.runner.clock import ManualClock
+from checkfu.runner.journal import Journal, leases, sqlite_url
+from checkfu.runner.leases import LeaseStore, _proc_start, current_owner
+from checkfu.runner.reconcile import reconcile
+from checkfu.runner.registry import Registry
+from checkfu.testing import Misbehaving, Requests, crash, memory_envelope, memory_profile
+
+pytestmark = pytest.mark.anyio
+
+AMD64 = Platform(os="linux", architecture="amd64")
+PROFILE = memory_profile()
+CHECKFU = Path(sys.executable).parent / "checkfu"
+
+
+async def crashed_run(rig: Any, *, instances: int = 1, owner: str | None = None) -> tuple[Any, list[Any]]:
+    """A Run that allocated and then vanished without releasing anything."""
+    session = rig.start()
+    if owner is not None:
+        with rig.journal.tx() as c:
+            c.execute(leases.update().where(leases.c.lease_id == session.lease.lease_id).values(owner=owner))
+    image = (await session.materialize(PROFILE, AMD64)).image
+    made = []
+    for _ in range(instances):
+        inst = await session.provision(PROFILE, AMD64, image)
+        await session.activate(inst)
+        made.append(inst)
+    return session, made
+
+
+def dead_owner() -> str:
+    proc = subprocess.Popen(["sleep", "30"])
+    start = _proc_start(proc.pid)
+    proc.kill()
+    proc.wait()
+    return f"{socket.gethostname()}/{proc.pid}/{start}"
+
+
+async def test_an_expired_lease_is_reclaimed_and_a_second_pass_finds_nothing(rig: Any) -> None:
+    session, made = await crashed_run(rig, instances=2)
+    # Not yet: the lease is current and its owner (this process) is alive.
+    report = await reconcile(rig.journal, rig.registry, rig.clock, runner_tag=rig.runner.runner_tag)
+    assert report.nothing_to_do
+    assert len(rig.memory.live_objects()) == 2
+
+    rig.clock.advance(100_000)
+    report = await reconcile(rig.journal, rig.registry, rig.clock, runner_tag=rig.runner.runner_tag)
+    assert sorted(report.compensated) == sorted(i.allocation_key for i in made)
+    assert (report.failed, report.skipped, report.enumerated) == ({}, {}, [])
+    assert rig.memory.live_objects() == ()
+    assert {r.state for r in rig.journal.allocations_for_run(session.run_id)} == {"compensated"}
+    # The lease was taken over (the straggler is fenced) and then ended.
+    rec = LeaseStore(rig.journal, rig.clock).record(session.lease.lease_id)
+    assert rec.epoch == session.lease.lease_epoch + 1 and rec.ended
+
+    again = await reconcile(rig.journal, rig.registry, rig.clock, runner_tag=rig.runner.runner_tag)
+    assert again.nothing_to_do and again.skipped == {}
+
+
+async def test_a_straggler_is_fenced_after_reconciliation(rig: Any) -> None:
+    session, (inst,) = await crashed_run(rig)
+    rig.clock.advance(100_000)
+    await reconcile(rig.journal, rig.registry, rig.clock, runner_tag=rig.runner.runner_tag)
+    before = list(rig.memory.calls)
+    with pytest.raises(SandboxLeaseFenced):
+        await session.exec(inst, ["true"], timeout=5)
+    assert rig.memory.calls == before
+
+
+@pytest.mark.parametrize("owner", ["dead pid", "bogus start time"])
+async def test_a_gone_owner_is_reclaimed_before_expiry(rig: Any, owner: str) -> None:
+    host, pid, _ = current_owner().rsplit("/", 2)
+    name = dead_owner() if owner == "dead pid" else f"{host}/{pid}/0"
+    _, (inst,) = await crashed_run(rig, owner=name)
+    report = await reconcile(rig.journal, rig.registry, rig.clock, runner_tag=rig.runner.runner_tag)
+    assert report.compensated == [inst.allocation_key]
+    assert rig.memory.live_objects() == ()
+    assert (await reconcile(rig.journal, rig.registry, rig.clock, runner_tag=rig.runner.runner_tag)).nothing_to_do
+
+
+async def test_an_owner_on_another_host_waits_for_expiry(rig: Any) -> None:
+    _, (inst,) = await crashed_run(rig, owner="elsewhere.invalid/1/1")
+    assert (await reconcile(rig.journal, rig.registry, rig.clock, runner_tag=rig.runner.runner_tag)).nothing_to_do
+    assert inst.allocation_key in rig.held_keys()
+    rig.clock.advance(100_000)
+    report = await reconcile(rig.journal, rig.registry, rig.clock, runner_tag=rig.runner.runner_tag)
+    assert report.compensated == [inst.allocation_key]
+
+
+async def test_strays_the_journal_does_not_hold_are_compensated_by_enumeration(rig: Any) -> None:
+    tag = rig.runner.runner_tag
+    requests = Requests(rig.memory.target, runner_tag=tag)
+    image = (await rig.memory.materialize(requests.materialize())).image
+    for key in ("ak-stray-1", "ak-stray-2"):
+        await rig.memory.provision(requests.provision(key, image))  # behind the journal's back
+    foreign = Requests(rig.memory.target, runner_tag="another-runner")
+    await rig.memory.provision(foreign.provision("ak-theirs", image))
+    _, (mine,) = await crashed_run(rig)  # a live Run of this runner: its lease is current
+
+    report = await reconcile(rig.journal, rig.registry, rig.clock, runner_tag=tag)
+    assert sorted(report.enumerated) == ["ak-stray-1", "ak-stray-2"]
+    assert report.compensated == [] and report.failed == {}
+    assert rig.held_keys() == {"ak-theirs", mine.allocation_key}  # another runner's and the live Run's remain
+    assert (await reconcile(rig.journal, rig.registry, rig.clock, runner_tag=tag)).nothing_to_do
+
+
+async def test_a_settled_snapshot_outlives_the_run(rig: Any) -> None:
+    rig.profile = memory_profile("durable")
+    session = rig.start()
+    image = (await session.materialize(rig.profile, AMD64)).image
+    inst = await session.provision(rig.profile, AMD64, image)
+    await session.activate(inst)
+    snap = await session.snapshot(inst)
+    await session.release(inst)  # durable: the snapshot stays
+    rig.clock.advance(100_000)
+    report = await reconcile(rig.journal, rig.registry, rig.clock, runner_tag=rig.runner.runner_tag)
+    assert report.nothing_to_do
+    assert [h.allocation_key for h in rig.memory.live_objects()] == [snap.allocation_key]
+    row = rig.journal.allocation(snap.allocation_key)
+    assert row is not None and row.state == "live"
+
+
+async def test_a_pending_allocation_whose_provider_never_answered(rig: Any) -> None:
+    # Journaled, then the runner died before the provider was asked: compensate finds nothing, and settles it.
+    session = rig.start()
+    rig.journal.journal_allocation(
+        "ak-never-asked",
+        run_id=session.run_id,
+        kind="instance",
+        target=rig.memory.target,
+        runner_tag=rig.runner.runner_tag,
+        lease_id=session.lease.lease_id,
+        now=rig.clock.now(),
+    )
+    rig.clock.advance(100_000)
+    report = await reconcile(rig.journal, rig.registry, rig.clock, runner_tag=rig.runner.runner_tag)
+    assert report.compensated == ["ak-never-asked"]
+    row = rig.journal.allocation("ak-never-asked")
+    assert row is not None and row.state == "compensated"
+
+
+async def test_without_its_adapter_a_row_is_skipped_not_settled(rig: Any) -> None:
+    _, (inst,) = await crashed_run(rig)
+    rig.clock.advance(100_000)
+    report = await reconcile(rig.journal, Registry(), rig.clock, runner_tag=rig.runner.runner_tag)
+    assert list(report.skipped) == [inst.allocation_key] and not report.compensated
+    row = rig.journal.allocation(inst.allocation_key)
+    assert row is not None and row.state == "live"
+
+
+async def test_a_failing_compensation_is_reported_and_left_open(make_rig: Any) -> None:
+    rig = make_rig(wrap=Misbehaving)
+    _, (inst,) = await crashed_run(rig)
+    rig.clock.advance(100_000)
+    rig.provider.set("compensate", crash)
+    report = await reconcile(rig.journal, rig.registry, rig.clock, runner_tag=rig.runner.runner_tag)
+    assert list(report.failed) == [inst.allocation_key]
+    row = rig.journal.allocation(inst.allocation_key)
+    assert row is not None and row.state == "live"
+    rig.provider.set("compensate", None)
+    report = await reconcile(rig.journal, rig.registry, rig.clock, runner_tag=rig.runner.runner_tag)
+    assert report.compensated == [inst.allocation_key]
+    assert rig.memory.live_objects() == ()
+
+
+async def test_another_runner_tag_is_left_alone(make_rig: Any) -> None:
+    rig = make_rig(runner_tag="runner-a")
+    _, (inst,) = await crashed_run(rig)
+    rig.clock.advance(100_000)
+    report = await reconcile(rig.journal, rig.registry, rig.clock, runner_tag="runner-b")
+    assert report.nothing_to_do
+    assert inst.allocation_key in rig.held_keys()
+
+
+# The command line ---------------------------------------------------------------------------------
+
+
+def cli_env(tmp_path: Path, tag: str) -> dict[str, str]:
+    return {**os.environ, "XDG_STATE_HOME": str(tmp_path / "state"), "CHECKFU_RUNNER_TAG": tag}
+
+
+def test_the_cli_on_a_fresh_journal(tmp_path: Path) -> None:
+    url = sqlite_url(tmp_path / "fresh.sqlite")
+    done = subprocess.run(
+        [str(CHECKFU), "runner", "reconcile", "--db", url, "--provider", "memory", "--json"],
+        capture_output=True,
+        env=cli_env(tmp_path, "runner-cli"),
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {"compensated": [], "enumerated": [], "failed": {}, "skipped": {}}
+    assert b"Traceback" not in done.stderr
+
+
+def test_the_cli_settles_an_unsettled_row(tmp_path: Path) -> None:
+    url = sqlite_url(tmp_path / "journal.sqlite")
+    journal = Journal(url)
+    try:
+        target = memory_envelope().target
+        lease = LeaseStore(journal, ManualClock(start=1_000.0), ttl=1.0).acquire("run-old")  # long expired
+        journal.start_run("run-old", runner_tag="runner-cli", target=target, now=1_000.0)
+        for key, tag in (("ak-orphan", "runner-cli"), ("ak-someone-else", "runner-other")):
+            journal.journal_allocation(
+                key, run_id="run-old", kind="instance", target=target, runner_tag=tag, lease_id=lease.lease_id, now=1.0
+            )
+        journal.journal_allocation(
+            "ak-no-adapter",
+            run_id="run-old",
+            kind="instance",
+            target=decode_value(
+                SandboxProviderCapabilities,
+                {**json.loads(memory_envelope().model_dump_json()), "provider": "not-loaded"},
+            ).target,
+            runner_tag="runner-cli",
+            lease_id=lease.lease_id,
+            now=1.0,
+        )
+    finally:
+        journal.close()
+    result = CliRunner().invoke(
+        app, ["runner", "reconcile", "--db", url, "--provider", "memory", "--json"], env=cli_env(tmp_path, "runner-cli")
+    )
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["compensated"] == ["ak-orphan"]
+    assert list(report["skipped"]) == ["ak-no-adapter"]
+    assert report["failed"] == {} and report["enumerated"] == []
+    journal = Journal(url)
+    try:
+        states = {r.allocation_key: r.state for r in journal.allocations_for_run("run-old")}
+    finally:
+        journal.close()
+    assert states == {"ak-orphan": "compensated", "ak-someone-else": "pending", "ak-no-adapter": "pending"}
+    second = CliRunner().invoke(
+        app, ["runner", "reconcile", "--db", url, "--provider", "memory", "--json"], env=cli_env(tmp_path, "runner-cli")
+    )
+    assert second.exit_code == 0
+    assert json.loads(second.stdout)["compensated"] == []
