@@ -33,7 +33,7 @@ EXIT_INTERRUPTED = 130
 
 def main() -> None:
     """Entry point: no traceback reaches a user unless ``CHECKFU_DEBUG=1``."""
-    err = Console(stderr=True)
+    err = Console(stderr=True, soft_wrap=True)
     try:
         app()
     except SandboxError as exc:

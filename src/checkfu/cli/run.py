@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 import tomllib
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -27,10 +28,10 @@ from checkfu.runner.clock import SystemClock
 from checkfu.runner.job import JobResult, run_job
 from checkfu.runner.mounts import MountSpec, parse_mount
 from checkfu.runner.reconcile import reconcile
-from checkfu.runner.registry import Registry, load_registry
+from checkfu.runner.registry import ENTRY_POINT_GROUP, Registry, load_registry
 from checkfu.runner.runner import Attempt, Runner
 
-err = Console(stderr=True, highlight=False)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 runs_app = typer.Typer(help="The history of Runs, from the journal.", no_args_is_help=True)
 runner_app = typer.Typer(help="Runner maintenance.", no_args_is_help=True)
@@ -84,18 +85,35 @@ class ConsoleObserver:
         target.flush()
 
 
+ENGINE_DOWN = (
+    "Either start a Docker Engine (scripts/engine-up does it as root), or run on the host with "
+    "--provider host-process --profile examples/profiles/host.toml, which enforces no isolation and says so."
+)
+
+
 def _pin_image(profile: dict[str, Any], provider: str) -> None:
-    """Pin an unpinned ``base_image`` tag to the engine's image id (admission owns the digest)."""
+    """Pin an unpinned ``base_image`` tag to the engine's image id (admission owns the digest).
+
+    Raises:
+        SandboxAdapterUnavailable: no Docker Engine answers (the profile may well be fine).
+        SandboxProfileInvalid: the engine has no image of that tag.
+    """
     ref = profile.get("base_image")
     if not isinstance(ref, str) or ref == "host" or "sha256:" in ref or provider != "docker":
         return
-    try:
-        import docker  # noqa: PLC0415 - only needed for this one admission step
+    import docker  # noqa: PLC0415 - only needed for this one admission step
 
-        image_id = docker.from_env().images.get(ref).id
-    except Exception as exc:
+    try:
+        image_id = docker.from_env().images.get(ref).id  # from_env reaches the engine: it asks its API version
+    except docker.errors.ImageNotFound:
         raise SandboxProfileInvalid(
-            f"base_image: cannot pin {ref!r} on the Docker engine: {exc}", field="base_image"
+            f"base_image: the Docker engine has no image {ref!r} (scripts/base-images builds "
+            "checkfu/busybox:1 and checkfu/debian:12)",
+            field="base_image",
+        ) from None
+    except docker.errors.DockerException as exc:
+        raise SandboxAdapterUnavailable(
+            f"the Docker tier is not available ({type(exc).__name__}: {exc}). {ENGINE_DOWN}", field="provider"
         ) from None
     err.print(f"[dim]• pinned      {escape(ref)} → {image_id}[/]")
     profile["base_image"] = image_id
@@ -122,9 +140,7 @@ def _choose(registry: Registry, provider: str, explicit: bool) -> Any:
         why = "; ".join(f"{k}: {v}" for k, v in registry.unavailable.items())
         if not explicit and provider == "docker":
             raise SandboxAdapterUnavailable(
-                "the Docker tier is not available" + (f" ({why})" if why else "") + ". Either start a Docker "
-                "Engine (scripts/engine-up does it as root), or run on the host with --provider host-process, "
-                "which enforces no isolation and says so.",
+                "the Docker tier is not available" + (f" ({why})" if why else "") + f". {ENGINE_DOWN}",
                 field="provider",
             )
         raise SandboxAdapterUnavailable(
@@ -162,6 +178,11 @@ def run_command(
 ) -> None:
     """Run one command in a fresh sandbox built from a profile, with mounts staged by the runner."""
     name = provider or "docker"
+    installed = sorted(ep.name for ep in entry_points(group=ENTRY_POINT_GROUP))
+    if name not in installed:
+        raise SandboxAdapterUnavailable(
+            f"no provider named {name!r} (installed: {', '.join(installed) or 'none'})", field="provider"
+        )
     specs: list[MountSpec] = [parse_mount(m) for m in (mount or [])]
     prof = _read_profile(profile, name)
     journal = open_journal(db)
@@ -225,7 +246,10 @@ async def _run(
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
-    label = assess(registry.select(target).envelope).label
+    grade = assess(registry.select(target).envelope)
+    label = grade.label
+    if grade.short_of_next:
+        label += f" (short of the next tier: {'; '.join(grade.short_of_next)})"
     _summary(result, label)
     return result.exit_code
 

@@ -25,6 +25,9 @@ from checkfu.runner.driver import Instance, RunSession
 from checkfu.runner.mounts import MountSpec, ResolvedMount, resolve_mount
 from checkfu.runner.runner import Attempt, Runner
 
+TIMEOUT_EXIT = 124
+"""The exit status of a command stopped by ``timeout`` (as coreutils ``timeout`` reports it)."""
+
 PHASES = ("resolve", "select", "materialize", "provision", "stage", "activate", "process", "capture", "release")
 
 
@@ -219,7 +222,7 @@ async def _drive(
     captured: list[str] = []
     if captures:
         async with phases.run("capture"):
-            captured = await _capture(session, inst, captures, capture_dir or Path("captures") / session.run_id)
+            captured = await _capture(session, inst, captures, capture_dir or Path("captures") / session.run_id, obs)
     return code, captured
 
 
@@ -242,16 +245,23 @@ async def _process(
                         obs.output(event.stream, event.data)
                     elif isinstance(event, ProcessExit):
                         return event.exit_code
+        except TimeoutError:
+            obs.warning(f"the command ran longer than {timeout:g} s and was killed")
+            return TIMEOUT_EXIT
         finally:
             await proc.kill()
         return -1  # unreachable: events() ends with an exit or raises
     res = await session.exec(inst, argv, env=env, cwd=cwd, timeout=timeout)
     obs.output("out", res.stdout)
     obs.output("err", res.stderr)
-    return 124 if res.timed_out else res.exit_code
+    return TIMEOUT_EXIT if res.timed_out else res.exit_code
 
 
-async def _capture(session: RunSession, inst: Instance, paths: Sequence[str], into: Path) -> list[str]:
+async def _capture(session: RunSession, inst: Instance, paths: Sequence[str], into: Path, obs: Observer) -> list[str]:
+    """Read each path back (a directory: every file below it) into ``into``, mirroring sandbox paths.
+
+    A path that does not exist is not an error of the Run: ``obs`` is warned, naming it.
+    """
     files: list[str] = []
     for path in paths:
         if session.envelope.declares("listDir"):
@@ -262,13 +272,14 @@ async def _capture(session: RunSession, inst: Instance, paths: Sequence[str], in
                     raise  # the provider was at fault and the instance is reclaimed: nothing to read
                 files.append(path)  # a file, or nothing: readFiles returns it or reports it missing
                 continue
-            found = [e.path for e in listing.entries if e.kind == "file"]
-            files.extend(found if found else [path])
+            files.extend(e.path for e in listing.entries if e.kind == "file")
         else:
             files.append(path)
     if not files:
         return []
     result = await session.read_files(inst, files)
+    if result.missing:
+        obs.warning(f"not captured, no such file in the sandbox: {', '.join(result.missing)}")
     saved: list[str] = []
     for f in result.files:
         local = into / PurePosixPath(f.path).relative_to("/")

@@ -168,7 +168,14 @@ def _git(repo: Path, *args: str, stdin: bytes | None = None) -> bytes:
 def _read_git(src: GitSource, where: str, budget: _Budget) -> tuple[list[MountFile], list[bytes]]:
     if not src.repo.exists():
         raise SandboxProfileInvalid(f"mount {where}: {src.repo} does not exist", field="mounts")
-    commit = _git(src.repo, "rev-parse", "--verify", "--end-of-options", f"{src.ref}^{{commit}}").decode().strip()
+    _git(src.repo, "rev-parse", "--git-dir")  # not a repository: git says so, naming it
+    try:
+        commit = _git(src.repo, "rev-parse", "--verify", "--end-of-options", f"{src.ref}^{{commit}}").decode().strip()
+    except SandboxProfileInvalid:
+        raise SandboxProfileInvalid(
+            f"mount {where}: {src.ref!r} names no commit in {src.repo} (a branch, tag or commit id is expected)",
+            field="mounts",
+        ) from None
     fmt = _git(src.repo, "rev-parse", "--show-object-format").decode().strip() or "sha1"
     listing = _git(src.repo, "ls-tree", "-r", "-z", "--full-tree", commit)
     entries: list[tuple[int, str, str]] = []
