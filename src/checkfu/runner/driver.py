@@ -79,6 +79,7 @@ from checkfu.contract.members import (
     ReadFilesResult,
     ReleaseRequest,
     ReleaseResult,
+    Result,
     ResumeRequest,
     ResumeResult,
     SnapshotRequest,
@@ -288,6 +289,12 @@ class RunSession:
     def _settle(self, key: str, object_id: str) -> None:
         self.journal.set_allocation(key, "live", now=self.clock.now(), object_id=object_id)
 
+    def _echoes(self, res: Result, inst: Instance) -> None:
+        """Every echo of a result about ``inst`` equals the runner's own record."""
+        check_echo(
+            res, target=self.target, lease=self.lease, allocation_key=inst.allocation_key, instance_id=inst.instance_id
+        )
+
     def _call_fields(self) -> dict[str, Any]:
         return {"target": self.target, "lease": self.lease}
 
@@ -452,13 +459,7 @@ class RunSession:
         )
 
         def check(res: WriteFileResult) -> None:
-            check_echo(
-                res,
-                target=self.target,
-                lease=self.lease,
-                allocation_key=inst.allocation_key,
-                instance_id=inst.instance_id,
-            )
+            self._echoes(res, inst)
             check_write(res, req)
 
         res = await self._guarded(
@@ -496,13 +497,7 @@ class RunSession:
 
     def _instance_check(self, inst: Instance, state: str, member: str) -> Callable[[InstanceResult], None]:
         def check(res: InstanceResult) -> None:
-            check_echo(
-                res,
-                target=self.target,
-                lease=self.lease,
-                allocation_key=inst.allocation_key,
-                instance_id=inst.instance_id,
-            )
+            self._echoes(res, inst)
             check_state(res.state, state, member=member)
 
         return check
@@ -563,13 +558,7 @@ class RunSession:
         )
 
         def check(res: ExecResult) -> None:
-            check_echo(
-                res,
-                target=self.target,
-                lease=self.lease,
-                allocation_key=inst.allocation_key,
-                instance_id=inst.instance_id,
-            )
+            self._echoes(res, inst)
             check_bound("stdout", len(res.stdout), limit)
             check_bound("stderr", len(res.stderr), limit)
 
@@ -590,13 +579,7 @@ class RunSession:
             return stream.started
 
         def check(res: ProcessStarted) -> None:
-            check_echo(
-                res,
-                target=self.target,
-                lease=self.lease,
-                allocation_key=inst.allocation_key,
-                instance_id=inst.instance_id,
-            )
+            self._echoes(res, inst)
 
         try:
             started = await self._guarded(inst, "openProcess", call, ProcessStarted, check)
@@ -616,13 +599,7 @@ class RunSession:
         req = build(ReadFilesRequest, **self._inst_fields(inst), paths=list(paths), max_bytes=limit)
 
         def check(res: ReadFilesResult) -> None:
-            check_echo(
-                res,
-                target=self.target,
-                lease=self.lease,
-                allocation_key=inst.allocation_key,
-                instance_id=inst.instance_id,
-            )
+            self._echoes(res, inst)
             check_read_files(res, req.paths, limit)
 
         return await self._guarded(inst, "readFiles", lambda: self.provider.read_files(req), ReadFilesResult, check)
@@ -636,13 +613,7 @@ class RunSession:
         req = build(ListDirRequest, **self._inst_fields(inst), path=path, recursive=recursive, max_entries=limit)
 
         def check(res: ListDirResult) -> None:
-            check_echo(
-                res,
-                target=self.target,
-                lease=self.lease,
-                allocation_key=inst.allocation_key,
-                instance_id=inst.instance_id,
-            )
+            self._echoes(res, inst)
             check_equal("path", res.path, path)
             if len(res.entries) > limit:
                 raise SandboxBoundExceeded(f"entries: {len(res.entries)} is over the limit of {limit}", field="entries")
@@ -661,13 +632,7 @@ class RunSession:
         req = build(InspectRequest, **self._inst_fields(inst))
 
         def check(res: InstanceResult) -> None:
-            check_echo(
-                res,
-                target=self.target,
-                lease=self.lease,
-                allocation_key=inst.allocation_key,
-                instance_id=inst.instance_id,
-            )
+            self._echoes(res, inst)
             if res.state != "released":
                 check_state(res.state, inst.state, member="inspect")
 
@@ -682,13 +647,7 @@ class RunSession:
         held = self._held_ids()
 
         def check(res: SnapshotResult) -> None:
-            check_echo(
-                res,
-                target=self.target,
-                lease=self.lease,
-                allocation_key=inst.allocation_key,
-                instance_id=inst.instance_id,
-            )
+            self._echoes(res, inst)
             check_equal("snapshot_allocation_key", res.snapshot_allocation_key, key)
             check_new_identity("snapshot_id", res.snapshot_id, held)
 
@@ -743,13 +702,7 @@ class RunSession:
         req = build(ReleaseRequest, **self._inst_fields(inst))
 
         def check(res: ReleaseResult) -> None:
-            check_echo(
-                res,
-                target=self.target,
-                lease=self.lease,
-                allocation_key=inst.allocation_key,
-                instance_id=inst.instance_id,
-            )
+            self._echoes(res, inst)
 
         res = await self._guarded(inst, "release", lambda: self.provider.release(req), ReleaseResult, check)
         inst.state = after
