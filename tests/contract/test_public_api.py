@@ -138,10 +138,12 @@ PUBLIC_NAMES = [
     "error_for_code",
     "is_within",
     "path_problem",
+    "require_capabilities",
     "revalidate",
     "sha256_digest",
     "snapshot_transition",
     "transition",
+    "unmet_requirements",
 ]
 """A copy of ``checkfu.contract.__all__``, sorted. Changing the public API means changing this list."""
 

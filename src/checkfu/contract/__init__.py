@@ -114,6 +114,7 @@ from checkfu.contract.paths import MAX_PATH_BYTES, admit_path, is_within, path_p
 from checkfu.contract.process import ProcessEvent, ProcessExit, ProcessOutput, ProcessStreamEnd
 from checkfu.contract.profile import HOST_IMAGE, NetworkPolicy, SandboxProfile
 from checkfu.contract.provider import ProcessStream, Provider
+from checkfu.contract.requirements import require_capabilities, unmet_requirements
 from checkfu.contract.target import ExecutionTarget, Lease
 from checkfu.contract.tiers import Assessment, assess
 from checkfu.contract.vocabulary import Platform, Resources
@@ -238,8 +239,10 @@ __all__ = [
     "error_for_code",
     "is_within",
     "path_problem",
+    "require_capabilities",
     "revalidate",
     "sha256_digest",
     "snapshot_transition",
     "transition",
+    "unmet_requirements",
 ]
