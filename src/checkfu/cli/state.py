@@ -6,6 +6,9 @@ import os
 import secrets
 from pathlib import Path
 
+import typer
+from sqlalchemy.exc import SQLAlchemyError
+
 from checkfu.runner.journal import Journal, sqlite_url
 
 
@@ -34,5 +37,13 @@ def runner_tag() -> str:
 
 
 def open_journal(url: str | None) -> Journal:
-    """The journal at ``url``, or the embedded SQLite file in the state directory."""
-    return Journal(url or sqlite_url(state_dir() / "journal.sqlite"))
+    """The journal at ``url``, or the embedded SQLite file in the state directory.
+
+    Raises:
+        typer.BadParameter: the journal cannot be opened (a usage error naming ``--db``, exit 2).
+    """
+    try:
+        return Journal(url or sqlite_url(state_dir() / "journal.sqlite"))
+    except (SQLAlchemyError, OSError) as exc:
+        reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
+        raise typer.BadParameter(f"cannot open the journal: {reason}", param_hint="--db") from None
