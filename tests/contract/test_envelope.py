@@ -249,7 +249,14 @@ REQUIRED_FIELDS = [
     "maximum_resources",
     "max_mounts",
 ]
-OPTIONAL_FIELDS = ["snapshot_custody", "egress_certification", "list_dir", "operations", "lifecycle_assurances"]
+OPTIONAL_FIELDS = [
+    "snapshot_custody",
+    "egress_certification",
+    "list_dir",
+    "operations",
+    "lifecycle_assurances",
+    "user_namespace",
+]
 
 
 def test_every_field_is_either_required_or_optional() -> None:
@@ -476,6 +483,7 @@ def test_omitted_optional_fields_decode_to_the_weakest_value() -> None:
     ("name", "weakest"),
     [
         ("list_dir", False),
+        ("user_namespace", False),
         ("snapshot_custody", "runner"),
         ("egress_certification", "unsupported"),
         ("operations", []),
@@ -741,6 +749,7 @@ def test_cannot_serve_lists_every_undeclared_capability() -> None:
         "readFiles (no writeback or capture)",
         "listAllocations",
         "certified egress",
+        "a user namespace per sandbox (uid 0 inside would be uid 0 on the host)",
         "lifecycle assurances release_idempotent, reaps_process_tree, enumerates_allocations",
     )
     full = assess(ok(ex.parity_envelope()))

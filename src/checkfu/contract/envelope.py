@@ -116,6 +116,10 @@ class SandboxProviderCapabilities(Model):
         default=(), description="optional members served, besides those governed by list_dir and snapshots"
     )
     lifecycle_assurances: LifecycleAssurances = LifecycleAssurances()
+    user_namespace: Bool = Field(
+        default=False,
+        description="each sandbox runs in a user namespace of its own, so root inside is not root on the host",
+    )
 
     @model_validator(mode="after")
     def _cross_field_rules(self) -> SandboxProviderCapabilities:

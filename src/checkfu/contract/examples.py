@@ -92,6 +92,7 @@ def parity_envelope() -> dict[str, Any]:
         },
         enforcement={axis: "runner_enforced" for axis in AXES},
         max_mounts=64,
+        user_namespace=True,
     )
     return env
 

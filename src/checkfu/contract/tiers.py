@@ -119,6 +119,8 @@ def cannot_serve(env: SandboxProviderCapabilities) -> list[str]:
             out.append(what)
     if env.egress_certification == "unsupported":
         out.append("certified egress")
+    if not env.user_namespace:
+        out.append("a user namespace per sandbox (uid 0 inside would be uid 0 on the host)")
     not_made = [name for name, value in env.lifecycle_assurances if not value]
     if not_made:
         out.append("lifecycle assurances " + ", ".join(not_made))
