@@ -1,14 +1,16 @@
 """``DockerProvider``: the seventeen members on the real Docker Engine.
 
 What an instance is on the engine (all labelled ``checkfu.allocation_key`` and
-``checkfu.runner_tag``, all named after the allocation key):
+``checkfu.runner_tag``, all but the areas named after the allocation key):
 
 - the sandbox container, created at ``provision`` and started at ``activate``;
   its id on the seam is its name, ``checkfu-<sha256(allocation_key)[:32]>``;
-- one tmpfs volume per writable area (home, ``/tmp``, ``/dev/shm``; ``spec.py``);
+- one tmpfs volume per writable area (home, ``/tmp``, ``/dev/shm``; ``spec.py``),
+  anonymous, created by the sandbox's own create and removed with it (``v=True``);
 - one disk volume per mount plan, mounted read-only in the sandbox, and a
   stager container (never started) through which ``writeFile`` fills them
-  before activation; the stager is removed at ``activate``;
+  before activation; the stager is removed at ``activate``; the stager's create
+  creates the mount volumes;
 - for a clone, a carrier image with the source's areas, consumed at ``activate``.
 
 Snapshots are images labelled with their own allocation key (``snapshots.py``).
@@ -30,11 +32,11 @@ import functools
 import hashlib
 import os
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 from checkfu.contract.envelope import Member
 from checkfu.contract.errors import (
@@ -89,7 +91,9 @@ from checkfu.providers.docker.engine import DEFAULT_WORKERS, Engine
 from checkfu.providers.docker.envelope import HostFacts, build_envelope, check_target, host_facts, require_served
 from checkfu.providers.docker.materialize import BuildProgress, Materializer, ProgressCallback
 from checkfu.providers.docker.process import DockerProcess, ExecOutcome, hijack, run_exec
-from checkfu.providers.docker.staging import DIRECT_BYTES, SPOOL_LIMIT, Spool, Spools, file_archive
+from checkfu.providers.docker.staging import DIRECT_BYTES, INLINE_BYTES, SPOOL_LIMIT, Spool, Spools, file_archive
+
+T = TypeVar("T")
 
 
 def default_state_dir() -> Path:
@@ -108,7 +112,8 @@ class Instance:
     running: bool
     labels: Mapping[str, str]
     volumes: tuple[str, ...]
-    """The named volumes the container mounts (its writable areas and mount volumes)."""
+    """The volumes to remove by name after the container: its mount volumes (and, read back from the engine,
+    also its anonymous areas, which the container's removal takes with it, so their removal finds nothing)."""
 
     @property
     def runner_tag(self) -> str:
@@ -173,7 +178,7 @@ class DockerProvider:
         self.cache_tag = cache_tag
         self.progress = progress
         self._materializer = Materializer(self.engine.api, lambda: self.engine.build_client().api, self.user, cache_tag)
-        self._fanout = ThreadPoolExecutor(max_workers=16, thread_name_prefix="checkfu-docker-fanout")
+        self._fanout = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="checkfu-docker-fanout")
         self._guard = threading.Lock()
         self._ids: dict[str, str] = {}
         self._staging: dict[str, Instance] = {}
@@ -344,10 +349,8 @@ class DockerProvider:
         api = self.engine.api
         key, tag = request.allocation_key, request.runner_tag
         name = L.instance_name(key)
-        volumes = [spec.area_volume_spec(name, i, area, self.user, key, tag) for i, area in enumerate(areas)]
-        volumes += [spec.mount_volume_spec(name, i, plan.target, key, tag) for i, plan in enumerate(request.mounts)]
-        for future in [self._fanout.submit(functools.partial(api.create_volume, **v)) for v in volumes]:
-            future.result()
+        # The volumes are created by the container creates themselves (``spec.area_mounts``, ``spec.mount_mounts``),
+        # labelled like every other object: the stager creates the mount volumes, the sandbox its (anonymous) areas.
         if request.mounts:
             try:
                 api.create_container(**spec.stager_spec(api, name, request.root_image, request.mounts, key, tag))
@@ -385,7 +388,7 @@ class DockerProvider:
             existing = self._inspect_blocking(name, key)
             transition(existing.state if existing is not None else "released", "provision")
             raise
-        return str(created["Id"]), dict(config["labels"]), tuple(str(v["name"]) for v in volumes)
+        return str(created["Id"]), dict(config["labels"]), spec.named_volumes(name, request.mounts)
 
     async def _allocate(self, request: _Allocating, member: Member, restore: str | None) -> None:
         check_target(request, self.target)
@@ -509,7 +512,14 @@ class DockerProvider:
         self.engine.api.put_archive(stager, "/", body())
         spool.discard()
 
-    def _stage_blocking(self, instance: Instance, request: WriteFileRequest, target: str, data: bytes) -> None:
+    @staticmethod
+    def _verify(instance: Instance, request: WriteFileRequest, data: bytes) -> str:
+        """The stager of ``instance``, once ``data`` has the stated length and SHA-256.
+
+        Raises:
+            SandboxDigestMismatch: the length or the digest differs.
+            SandboxProviderFailed: the instance has no stager.
+        """
         if len(data) != request.size:
             raise SandboxDigestMismatch(
                 f"size: {len(data)} bytes arrived, the request states {request.size}", field="size"
@@ -519,9 +529,12 @@ class DockerProvider:
             raise SandboxDigestMismatch(
                 f"digest: the bytes are {actual}, the request states {request.digest}", field="digest"
             )
-        stager = instance.stager
-        if stager is None:
+        if instance.stager is None:
             raise SandboxProviderFailed(f"instance {instance.name!r} has mounts but no stager")
+        return instance.stager
+
+    def _stage_blocking(self, instance: Instance, request: WriteFileRequest, target: str, data: bytes) -> None:
+        stager = self._verify(instance, request, data)
         spool = self.spools.get(instance.name, instance.runner_tag)
         uid, gid = self.user.uid, self.user.gid
         with spool.lock:
@@ -534,6 +547,28 @@ class DockerProvider:
             spool.append(request.path, target, data, mode=request.mode, uid=uid, gid=gid)
             if spool.size() >= SPOOL_LIMIT:
                 self._flush(spool, stager)
+
+    def _stage_inline(self, instance: Instance, request: WriteFileRequest, target: str, data: bytes) -> bool:
+        """Stage a small file on the calling thread when that takes no engine call and no wait: verified, then
+        appended to the spool while its lock is free and the spool stays below its limit. Whether it did; when
+        not, ``_stage_blocking`` (in the pool) does it all, the checks included.
+
+        Raises:
+            SandboxDigestMismatch: the length or the digest differs.
+        """
+        if len(data) >= INLINE_BYTES:
+            return False
+        self._verify(instance, request, data)
+        spool = self.spools.get(instance.name, instance.runner_tag)
+        if not spool.lock.acquire(blocking=False):
+            return False
+        try:
+            if spool.size() + len(data) + INLINE_BYTES >= SPOOL_LIMIT:
+                return False
+            spool.append(request.path, target, data, mode=request.mode, uid=self.user.uid, gid=self.user.gid)
+            return True
+        finally:
+            spool.lock.release()
 
     async def write_file(self, request: WriteFileRequest, data: bytes) -> WriteFileResult:
         """Stage ``data`` at ``request.path`` for the mount that contains it, after checking its length and digest.
@@ -558,7 +593,8 @@ class DockerProvider:
                 f"({', '.join(instance.mounts) or 'it has none'})",
                 field="path",
             )
-        await self.engine.run("writeFile", self._stage_blocking, instance, request, target, data)
+        if not self._stage_inline(instance, request, target, data):
+            await self.engine.run("writeFile", self._stage_blocking, instance, request, target, data)
         return WriteFileResult(
             target=request.target,
             lease=request.lease,
@@ -879,27 +915,59 @@ class DockerProvider:
             raise
         return 1
 
+    def _all(self, *calls: Callable[[], T]) -> list[T]:
+        """Run independent blocking calls at once (the first in this thread) and wait for every one of them.
+
+        Raises:
+            the first call's error, in the order given, after all have finished.
+        """
+        futures = [self._fanout.submit(c) for c in calls[1:]]
+        results: list[T] = []
+        error: BaseException | None = None
+        try:
+            results.append(calls[0]())
+        except BaseException as exc:
+            error = exc
+        for future in futures:
+            try:
+                results.append(future.result())
+            except BaseException as exc:
+                error = error or exc
+        if error is not None:
+            raise error
+        return results
+
     def _release_blocking(self, instance: Instance, zdr: bool) -> None:
-        """Remove what ``instance`` is made of, found from the container itself; with ``zdr``, its snapshots too."""
+        """Remove what ``instance`` is made of, found from the container itself; with ``zdr``, its snapshots too.
+
+        Two rounds of engine calls, each issued at once: the containers (and the look-ups of the images to
+        remove), then the volumes they mounted and those images.
+        """
         api = self.engine.api
         key = instance.labels.get(L.ALLOCATION_KEY, "")
-        self._gone(lambda: api.remove_container(instance.container_id, force=True))
-        if instance.stager is not None:
-            self._gone(lambda: api.remove_container(instance.stager, force=True))
-        removals = [
-            self._fanout.submit(self._gone, functools.partial(api.remove_volume, v, force=True))
-            for v in instance.volumes
+        stager, restore = instance.stager, instance.restore
+        first: list[Callable[[], Any]] = [
+            lambda: self._gone(lambda: api.remove_container(instance.container_id, force=True, v=True))
         ]
-        for future in removals:
-            future.result()
-        if instance.restore is not None:
-            labels = self._snapshot_labels(instance.restore) or {}
-            if L.kind_of(labels) == "carrier" and labels.get(L.ALLOCATION_KEY) == key:
-                self._gone(lambda: api.remove_image(instance.restore))
+        if stager is not None:
+            first.append(lambda: self._gone(lambda: api.remove_container(stager, force=True)))
+        if restore is not None:
+            first.append(lambda: self._snapshot_labels(restore) or {})
         if zdr:
             selector = L.label_filter(runner_tag=instance.runner_tag, kind="snapshot", **{L.SOURCE_KEY: key})
-            for image in api.images(filters=selector):
-                self._gone(lambda i=image: api.remove_image(i["Id"]))
+            first.append(lambda: api.images(filters=selector))
+        found = self._all(*first)
+        second: list[Callable[[], int]] = [
+            functools.partial(self._gone, functools.partial(api.remove_volume, v, force=True)) for v in instance.volumes
+        ]
+        if restore is not None:
+            labels = found[1 + (stager is not None)]
+            if L.kind_of(labels) == "carrier" and labels.get(L.ALLOCATION_KEY) == key:
+                second.append(functools.partial(self._gone, functools.partial(api.remove_image, restore)))
+        if zdr:
+            second += [functools.partial(self._gone, functools.partial(api.remove_image, i["Id"])) for i in found[-1]]
+        if second:
+            self._all(*second)
         self.spools.discard(instance.name, instance.runner_tag)
 
     async def release(self, request: ReleaseRequest) -> ReleaseResult:

@@ -12,7 +12,8 @@ flag a test checks with ``docker inspect`` is set in exactly one place:
 - ``capabilities_dropped``: ``CapDrop: ALL``;
 - ``mounts_sealed``: every mount plan's volume is mounted read-only in the sandbox
   (it is written only through the stager, before activation);
-- ``disk_limit``: every writable path is a size-limited tmpfs volume, and
+- ``disk_limit``: every writable path is a size-limited tmpfs volume (created
+  with the container, labelled, and removed with it), and
   together they are exactly ``disk_mib`` (``split_disk``); POSIX message queues
   get no bytes (``RLIMIT_MSGQUEUE`` 0); the container's output goes to no log file;
 - ``network_policy``: ``NetworkMode: none`` (only ``lo``);
@@ -120,25 +121,68 @@ def check_mount_targets(mounts: tuple[MountPlan, ...], areas: tuple[Area, ...]) 
                 raise SandboxPathRejected(f"{field}: {plan.target!r} is inside {root}", field=field)
 
 
-def area_volume_spec(instance: str, index: int, area: Area, user: SandboxUser, key: str, tag: str) -> dict[str, Any]:
-    return {
-        "name": L.area_volume(instance, index),
-        "driver": "local",
-        "driver_opts": area.driver_opts(user),
-        "labels": L.owner_labels(key, tag, "area", **{L.TARGET: area.path}),
-    }
+def area_volume_labels(area: Area, key: str, tag: str) -> dict[str, str]:
+    return L.owner_labels(key, tag, "area", **{L.TARGET: area.path})
 
 
-def mount_volume_spec(instance: str, index: int, target: str, key: str, tag: str) -> dict[str, Any]:
-    return {
-        "name": L.mount_volume(instance, index),
-        "driver": "local",
-        "labels": L.owner_labels(key, tag, "mount", **{L.TARGET: target}),
-    }
+def mount_volume_labels(target: str, key: str, tag: str) -> dict[str, str]:
+    return L.owner_labels(key, tag, "mount", **{L.TARGET: target})
 
 
-def _volume_mount(target: str, source: str, *, read_only: bool) -> Any:
-    return docker.types.Mount(target=target, source=source, type="volume", read_only=read_only, no_copy=True)
+def _volume_mount(
+    target: str,
+    source: str | None,
+    *,
+    read_only: bool,
+    labels: dict[str, str],
+    driver_opts: dict[str, str] | None = None,
+) -> Any:
+    """A volume mount; the engine creates the volume at ``create``, with ``labels`` and ``driver_opts``, when it
+    does not exist yet (so the container and all its volumes cost one API round trip). ``source`` ``None`` is an
+    anonymous volume, which the engine removes with the container (``v=True``); a named volume outlives it. A named
+    volume that already exists keeps its own labels and options, as with ``POST /volumes/create``."""
+    return docker.types.Mount(
+        target=target,
+        source=source,
+        type="volume",
+        read_only=read_only,
+        no_copy=True,
+        labels=labels,
+        driver_config=docker.types.DriverConfig("local", driver_opts) if driver_opts is not None else None,
+    )
+
+
+def area_mounts(areas: tuple[Area, ...], user: SandboxUser, key: str, tag: str) -> list[Any]:
+    """Every writable area as a size-limited tmpfs volume, labelled ``kind=area`` with its path.
+
+    The areas belong to the sandbox container alone, so they are anonymous: removing the container
+    with ``v=True`` removes them in the same engine call.
+    """
+    return [
+        _volume_mount(
+            a.path, None, read_only=False, labels=area_volume_labels(a, key, tag), driver_opts=a.driver_opts(user)
+        )
+        for a in areas
+    ]
+
+
+def mount_mounts(instance: str, mounts: tuple[MountPlan, ...], key: str, tag: str, *, read_only: bool) -> list[Any]:
+    """Every mount plan as a disk volume, labelled ``kind=mount`` with its target, named after the instance
+    (the stager and the sandbox share it)."""
+    return [
+        _volume_mount(
+            p.target,
+            L.mount_volume(instance, i),
+            read_only=read_only,
+            labels=mount_volume_labels(p.target, key, tag),
+        )
+        for i, p in enumerate(mounts)
+    ]
+
+
+def named_volumes(instance: str, mounts: tuple[MountPlan, ...]) -> tuple[str, ...]:
+    """The volumes of an instance that outlive its container and are removed by name: its mount volumes."""
+    return tuple(L.mount_volume(instance, i) for i in range(len(mounts)))
 
 
 def stager_spec(
@@ -146,7 +190,7 @@ def stager_spec(
 ) -> dict[str, Any]:
     """A container that is never started: the handle through which staged files reach the mount volumes."""
     host_config = api.create_host_config(
-        mounts=[_volume_mount(p.target, L.mount_volume(instance, i), read_only=False) for i, p in enumerate(mounts)],
+        mounts=mount_mounts(instance, mounts, key, tag, read_only=False),
         network_mode="none",
         log_config=docker.types.LogConfig(type="none"),
     )
@@ -174,10 +218,7 @@ def sandbox_spec(
 ) -> dict[str, Any]:
     """The sandbox container, created (not started) with every enforcement flag set."""
     limits = profile.resource_limits
-    volume_mounts = [_volume_mount(a.path, L.area_volume(instance, i), read_only=False) for i, a in enumerate(areas)]
-    volume_mounts += [
-        _volume_mount(p.target, L.mount_volume(instance, i), read_only=True) for i, p in enumerate(mounts)
-    ]
+    volume_mounts = area_mounts(areas, user, key, tag) + mount_mounts(instance, mounts, key, tag, read_only=True)
     memory = limits.memory_mib * 1024 * 1024
     host_config = api.create_host_config(
         mounts=volume_mounts,

@@ -21,6 +21,9 @@ DIRECT_BYTES = 4 << 20
 """A file at least this large skips the spool and is uploaded on its own."""
 SPOOL_LIMIT = 32 << 20
 """A spool this large is flushed before it grows further."""
+INLINE_BYTES = 64 << 10
+"""A file smaller than this is checked and appended to the spool on the caller's thread (no thread hand-off),
+when that needs neither a flush nor a wait for the spool's lock: a local append, never an engine call."""
 DIR_MODE = 0o755
 
 
