@@ -56,6 +56,8 @@ async def test_isolation_inside(box: Box, kit: Kit) -> None:
         own = link != os.readlink(f"/proc/self/ns/{ns}")
         assert own == (ns in namespaces), ns
     assert set(namespaces) >= {"mnt", "pid", "net", "ipc", "uts"}
+    envelope = (await kit.provider.describe()).envelope
+    assert envelope.user_namespace == ("user" in namespaces), "the envelope says whether root inside is host root"
     assert lines[6].split() == ["Seccomp:", "2"]
     ps = await box.sh("ps -o pid,args")
     assert b"docker-init" in ps.stdout and len(ps.stdout.splitlines()) < 8, "only the sandbox's own processes"

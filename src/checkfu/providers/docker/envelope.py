@@ -57,8 +57,9 @@ def host_facts() -> HostFacts:
     return HostFacts(architecture=arch, cpus=os.cpu_count() or 1, memory_mib=memory)
 
 
-def build_envelope(facts: HostFacts) -> SandboxProviderCapabilities:
-    """The Docker provider's envelope on a host with ``facts``.
+def build_envelope(facts: HostFacts, *, user_namespace: bool = False) -> SandboxProviderCapabilities:
+    """The Docker provider's envelope on a host with ``facts``; ``user_namespace`` when the engine
+    runs with userns-remap, so each sandbox's root is not the host's root.
 
     The writable areas are memory-backed (tmpfs), so ``maximum_resources.disk_mib``
     is bounded by the host's memory like ``memory_mib``.
@@ -98,6 +99,7 @@ def build_envelope(facts: HostFacts) -> SandboxProviderCapabilities:
             cold_compensation=True,
             enumerates_allocations=True,
         ),
+        user_namespace=user_namespace,
     )
 
 

@@ -171,7 +171,9 @@ class DockerProvider:
     ) -> None:
         self.engine = engine if engine is not None else Engine(workers=workers)
         self.user = spec.SandboxUser.parse(sandbox_user, home)
-        self.envelope = build_envelope(facts if facts is not None else host_facts())
+        self._facts = facts if facts is not None else host_facts()
+        self.envelope = build_envelope(self._facts)
+        self._engine_read = False
         self.target = self.envelope.target
         self.state_dir = Path(state_dir) if state_dir is not None else default_state_dir()
         self.spools = Spools(self.state_dir / "staging")
@@ -295,7 +297,8 @@ class DockerProvider:
     async def namespaces(self) -> tuple[str, ...]:
         """The namespaces every sandbox gets of its own on this engine: a user namespace only under userns-remap.
 
-        The envelope has no field for this; ``sandbox_isolation`` holds with or without it.
+        ``describe`` carries the answer as the envelope's ``user_namespace``; ``sandbox_isolation``
+        holds with or without it.
         """
         info = await self.engine.run("info", self.engine.api.info)
         options = info.get("SecurityOptions") or []
@@ -305,6 +308,15 @@ class DockerProvider:
     # describe, materialize ------------------------------------------------------------------
 
     async def describe(self) -> DescribeResult:
+        """The envelope, once the engine has said whether sandboxes get a user namespace of their own.
+
+        Raises:
+            SandboxProviderFailed: the engine does not answer.
+        """
+        if not self._engine_read:
+            user_namespace = "user" in await self.namespaces()
+            self.envelope = build_envelope(self._facts, user_namespace=user_namespace)
+            self._engine_read = True
         return DescribeResult(envelope=self.envelope)
 
     async def materialize(self, request: MaterializeRequest) -> MaterializeResult:
