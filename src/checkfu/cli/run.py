@@ -69,7 +69,13 @@ class ConsoleObserver:
 
     def stage_progress(self, done: int, total: int) -> None:
         if self.staging is None:
-            self.staging = Progress(*Progress.get_default_columns(), DownloadColumn(), console=err, transient=True)
+            self.staging = Progress(
+                *Progress.get_default_columns(),
+                DownloadColumn(),
+                console=err,
+                transient=True,
+                disable=not err.is_terminal,
+            )
             self.task = self.staging.add_task("staging mounts", total=total)
             self.staging.start()
         assert self.task is not None
