@@ -1,10 +1,31 @@
-"""Shared pytest set-up: async tests run on asyncio through anyio's plugin."""
+"""Shared pytest set-up: async tests run on asyncio through anyio's plugin, the slow-run
+gate, and a throwaway PostgreSQL cluster for the journal's PostgreSQL tests.
+
+The cluster: ``initdb`` into a fresh directory, started on a free loopback port (and a
+socket directory of its own), one database per test, stopped with ``pg_ctl stop -m
+immediate`` at the end of the session. PostgreSQL refuses to run as root, so as root
+the cluster runs as the ``postgres`` user. Where PostgreSQL 15 is not installed the
+tests that need it skip, unless ``CHECKFU_REQUIRE_POSTGRES=1`` (as in CI) makes that a
+failure.
+"""
 
 from __future__ import annotations
 
 import os
+import pwd
+import shutil
+import socket
+import subprocess
+import tempfile
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
 
+import psycopg
 import pytest
+
+PG_BIN = Path("/usr/lib/postgresql/15/bin")
 
 
 @pytest.fixture
@@ -19,3 +40,70 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip)
+
+
+# PostgreSQL ---------------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _as_cluster_user(argv: list[str]) -> list[str]:
+    if os.geteuid() != 0:
+        return argv
+    return ["runuser", "-u", "postgres", "--", *argv]
+
+
+@dataclass(frozen=True)
+class PgCluster:
+    host: str
+    port: int
+    user: str
+
+    def url(self, database: str) -> str:
+        return f"postgresql+psycopg://{self.user}@{self.host}:{self.port}/{database}"
+
+    def create_database(self) -> str:
+        name = f"j_{uuid.uuid4().hex[:16]}"
+        with psycopg.connect(host=self.host, port=self.port, user=self.user, dbname="postgres", autocommit=True) as c:
+            c.execute(f'CREATE DATABASE "{name}"')
+        return name
+
+
+@pytest.fixture(scope="session")
+def pg_cluster() -> Iterator[PgCluster]:
+    if not (PG_BIN / "initdb").exists():
+        if os.environ.get("CHECKFU_REQUIRE_POSTGRES") == "1":
+            pytest.fail(f"PostgreSQL 15 is not installed ({PG_BIN}) and CHECKFU_REQUIRE_POSTGRES=1")
+        pytest.skip(f"PostgreSQL 15 is not installed ({PG_BIN})")
+    root = Path(tempfile.mkdtemp(prefix="checkfu-pg-"))  # not under pytest's 0700 base: postgres must reach it
+    user = pwd.getpwuid(os.geteuid()).pw_name
+    if os.geteuid() == 0:
+        user = "postgres"
+        pw = pwd.getpwnam("postgres")
+        os.chown(root, pw.pw_uid, pw.pw_gid)
+    data, sockets, log = root / "data", root / "sock", root / "log"
+    port = _free_port()
+    run = lambda *argv: subprocess.run(_as_cluster_user([*argv]), check=True, capture_output=True, timeout=120)  # noqa: E731
+    run(str(PG_BIN / "initdb"), "-D", str(data), "-U", user, "--auth=trust", "-E", "UTF8", "--no-sync")
+    run("mkdir", str(sockets))
+    opts = f"-p {port} -k {sockets} -c listen_addresses=127.0.0.1 -c fsync=off -c full_page_writes=off"
+    try:
+        run(str(PG_BIN / "pg_ctl"), "-D", str(data), "-l", str(log), "-o", opts, "-w", "-t", "60", "start")
+    except subprocess.CalledProcessError as exc:
+        text = log.read_text(errors="replace") if log.exists() else ""
+        shutil.rmtree(root, ignore_errors=True)
+        raise RuntimeError(f"pg_ctl start failed: {exc.stderr!r} {text}") from None
+    try:
+        yield PgCluster(host="127.0.0.1", port=port, user=user)
+    finally:
+        subprocess.run(
+            _as_cluster_user([str(PG_BIN / "pg_ctl"), "-D", str(data), "stop", "-m", "immediate"]),
+            capture_output=True,
+            check=False,
+            timeout=60,
+        )
+        shutil.rmtree(root, ignore_errors=True)

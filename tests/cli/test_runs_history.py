@@ -8,13 +8,6 @@ loopback port, ``pg_ctl stop -m immediate`` at the end).
 
 from __future__ import annotations
 
-import os
-import pwd
-import shutil
-import socket
-import subprocess
-import tempfile
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -150,46 +143,10 @@ def test_an_empty_history(cli: Cli) -> None:
 # PostgreSQL ----------------------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _as_cluster_user(argv: list[str]) -> list[str]:
-    return ["runuser", "-u", "postgres", "--", *argv] if os.geteuid() == 0 else argv
-
-
-@pytest.fixture(scope="module")
-def pg_url() -> Iterator[str]:
-    """A database in a throwaway PostgreSQL cluster on loopback (as root, the cluster runs as ``postgres``)."""
-    if not (PG_BIN / "initdb").exists():
-        pytest.skip(f"PostgreSQL 15 is not installed ({PG_BIN})")
-    root = Path(tempfile.mkdtemp(prefix="checkfu-cli-pg-"))  # outside pytest's 0700 base: postgres must reach it
-    user = "postgres" if os.geteuid() == 0 else pwd.getpwuid(os.geteuid()).pw_name
-    if os.geteuid() == 0:
-        pw = pwd.getpwnam("postgres")
-        os.chown(root, pw.pw_uid, pw.pw_gid)
-    data, log, port = root / "data", root / "log", _free_port()
-
-    def run(*argv: str) -> None:
-        subprocess.run(_as_cluster_user(list(argv)), check=True, capture_output=True, timeout=120)
-
-    run(str(PG_BIN / "initdb"), "-D", str(data), "-U", user, "--auth=trust", "-E", "UTF8", "--no-sync")
-    opts = f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c fsync=off"
-    try:
-        run(str(PG_BIN / "pg_ctl"), "-D", str(data), "-l", str(log), "-o", opts, "-w", "-t", "60", "start")
-        name = f"cli_{uuid.uuid4().hex[:12]}"
-        run(str(PG_BIN / "createdb"), "-h", "127.0.0.1", "-p", str(port), "-U", user, name)
-        yield f"postgresql+psycopg://{user}@127.0.0.1:{port}/{name}"
-    finally:
-        subprocess.run(
-            _as_cluster_user([str(PG_BIN / "pg_ctl"), "-D", str(data), "stop", "-m", "immediate"]),
-            capture_output=True,
-            check=False,
-            timeout=60,
-        )
-        shutil.rmtree(root, ignore_errors=True)
+@pytest.fixture
+def pg_url(pg_cluster: Any) -> str:
+    """A fresh database in the session's throwaway PostgreSQL cluster (tests/conftest.py)."""
+    return str(pg_cluster.url(pg_cluster.create_database()))
 
 
 @pytest.mark.docker

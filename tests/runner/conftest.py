@@ -1,26 +1,18 @@
 """Fixtures for the runner's tests: journals on both engines, a memory-provider rig, mount sources.
 
-The PostgreSQL cluster is a throwaway one: ``initdb`` into a fresh directory, started
-on a free loopback port (and a socket directory of its own), one database per test,
-stopped with ``pg_ctl stop -m immediate`` at the end of the session. PostgreSQL
-refuses to run as root, so as root the cluster runs as the ``postgres`` user.
+The PostgreSQL cluster (``pg_cluster``) lives in ``tests/conftest.py``; each journal test
+gets a database of its own in it.
 """
 
 from __future__ import annotations
 
 import os
-import pwd
-import shutil
-import socket
 import subprocess
-import tempfile
-import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import pytest
 
 from checkfu.contract.envelope import SandboxProviderCapabilities
@@ -34,74 +26,8 @@ from checkfu.runner.registry import Adapter, Registry
 from checkfu.runner.runner import Attempt, Runner
 from checkfu.testing import MemoryProvider, memory_profile
 
-PG_BIN = Path("/usr/lib/postgresql/15/bin")
 AMD64 = Platform(os="linux", architecture="amd64")
 RUNNER_TAG = "runner-tests"
-
-
-# PostgreSQL ---------------------------------------------------------------------------------
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _as_cluster_user(argv: list[str]) -> list[str]:
-    if os.geteuid() != 0:
-        return argv
-    return ["runuser", "-u", "postgres", "--", *argv]
-
-
-@dataclass(frozen=True)
-class PgCluster:
-    host: str
-    port: int
-    user: str
-
-    def url(self, database: str) -> str:
-        return f"postgresql+psycopg://{self.user}@{self.host}:{self.port}/{database}"
-
-    def create_database(self) -> str:
-        name = f"j_{uuid.uuid4().hex[:16]}"
-        with psycopg.connect(host=self.host, port=self.port, user=self.user, dbname="postgres", autocommit=True) as c:
-            c.execute(f'CREATE DATABASE "{name}"')
-        return name
-
-
-@pytest.fixture(scope="session")
-def pg_cluster() -> Iterator[PgCluster]:
-    if not (PG_BIN / "initdb").exists():
-        pytest.skip(f"PostgreSQL 15 is not installed ({PG_BIN})")
-    root = Path(tempfile.mkdtemp(prefix="checkfu-pg-"))  # not under pytest's 0700 base: postgres must reach it
-    user = pwd.getpwuid(os.geteuid()).pw_name
-    if os.geteuid() == 0:
-        user = "postgres"
-        pw = pwd.getpwnam("postgres")
-        os.chown(root, pw.pw_uid, pw.pw_gid)
-    data, sockets, log = root / "data", root / "sock", root / "log"
-    port = _free_port()
-    run = lambda *argv: subprocess.run(_as_cluster_user([*argv]), check=True, capture_output=True, timeout=120)  # noqa: E731
-    run(str(PG_BIN / "initdb"), "-D", str(data), "-U", user, "--auth=trust", "-E", "UTF8", "--no-sync")
-    run("mkdir", str(sockets))
-    opts = f"-p {port} -k {sockets} -c listen_addresses=127.0.0.1 -c fsync=off -c full_page_writes=off"
-    try:
-        run(str(PG_BIN / "pg_ctl"), "-D", str(data), "-l", str(log), "-o", opts, "-w", "-t", "60", "start")
-    except subprocess.CalledProcessError as exc:
-        text = log.read_text(errors="replace") if log.exists() else ""
-        shutil.rmtree(root, ignore_errors=True)
-        raise RuntimeError(f"pg_ctl start failed: {exc.stderr!r} {text}") from None
-    try:
-        yield PgCluster(host="127.0.0.1", port=port, user=user)
-    finally:
-        subprocess.run(
-            _as_cluster_user([str(PG_BIN / "pg_ctl"), "-D", str(data), "stop", "-m", "immediate"]),
-            capture_output=True,
-            check=False,
-            timeout=60,
-        )
-        shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -109,7 +35,7 @@ def journal_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """A fresh, empty journal on each engine: an SQLite file, or a new database in the throwaway cluster."""
     if request.param == "sqlite":
         return sqlite_url(tmp_path / "journal.sqlite")
-    cluster: PgCluster = request.getfixturevalue("pg_cluster")
+    cluster = request.getfixturevalue("pg_cluster")
     return cluster.url(cluster.create_database())
 
 
