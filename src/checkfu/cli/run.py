@@ -190,6 +190,10 @@ def run_command(
             f"no provider named {name!r} (installed: {', '.join(installed) or 'none'})", field="provider"
         )
     specs: list[MountSpec] = [parse_mount(m) for m in (mount or [])]
+    if not timeout > 0:  # also refuses nan
+        raise typer.BadParameter(f"must be a positive number of seconds, not {timeout}", param_hint="--timeout")
+    if capture and capture_dir is not None and capture_dir.exists() and not capture_dir.is_dir():
+        raise typer.BadParameter(f"{capture_dir} exists and is not a directory", param_hint="--capture-dir")
     prof = _read_profile(profile, name)
     journal = open_journal(db)
     try:

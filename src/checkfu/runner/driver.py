@@ -25,7 +25,7 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -212,6 +212,7 @@ class RunSession:
         t0 = time.perf_counter()
         error: SandboxError | None = None
         fault = False
+        cancelled = False
         try:
             if not self.envelope.declares(member):
                 raise self._undeclared(member)
@@ -225,7 +226,11 @@ class RunSession:
             except SandboxError as exc:
                 raise _own(exc) from None
             except asyncio.CancelledError:
-                raise
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    raise  # the runner is being cancelled
+                fault = True  # the provider raised CancelledError of its own: a fault, not an interruption
+                raise SandboxProviderFailed(f"{member}: provider raised CancelledError") from None
             except Exception as exc:
                 fault = True
                 raise SandboxProviderFailed(f"{member}: provider raised {type(exc).__name__}: {exc}"[:500]) from None
@@ -240,8 +245,11 @@ class RunSession:
             if fault and on_fault is not None:
                 await on_fault()
             raise
+        except asyncio.CancelledError:
+            cancelled = True
+            raise
         finally:
-            self._event(member, allocation_key, started, (time.perf_counter() - t0) * 1000, error)
+            self._event(member, allocation_key, started, (time.perf_counter() - t0) * 1000, error, cancelled)
 
     def _undeclared(self, member: Member) -> SandboxOperationUnsupported:
         return SandboxOperationUnsupported(
@@ -255,14 +263,22 @@ class RunSession:
             self._event(member, None, self.clock.now(), 0.0, error)
             raise error
 
-    def _event(self, member: str, key: str | None, started: float, ms: float, error: SandboxError | None) -> None:
+    def _event(
+        self,
+        member: str,
+        key: str | None,
+        started: float,
+        ms: float,
+        error: SandboxError | None,
+        cancelled: bool = False,
+    ) -> None:
         self.journal.record_event(
             self.run_id,
             member,
             allocation_key=key,
             started_at=started,
             duration_ms=ms,
-            outcome="ok" if error is None else "error",
+            outcome="cancelled" if cancelled else "ok" if error is None else "error",
             error_code=error.code if error else None,
             detail=error.message[:1000] if error else None,
         )
@@ -777,16 +793,26 @@ class CheckedProcess:
         self.max_chunk = max_chunk
 
     async def send_stdin(self, data: bytes) -> None:
-        await self.stream.send_stdin(data)
+        with _translated("send_stdin"):
+            await self.stream.send_stdin(data)
 
     async def close_stdin(self) -> None:
-        await self.stream.close_stdin()
+        with _translated("close_stdin"):
+            await self.stream.close_stdin()
 
     async def kill(self) -> None:
         await _kill_quietly(self.stream)
 
     async def events(self) -> AsyncIterator[ProcessEvent]:
         ended: set[str] = set()
+        with _translated("events"):
+            async for event in self._events(ended):
+                yield event
+                if isinstance(event, ProcessExit):
+                    return
+        raise SandboxProtocolViolation("the process stream ended without an exit", field="exit")
+
+    async def _events(self, ended: set[str]) -> AsyncIterator[ProcessEvent]:
         async for event in self.stream.events():
             if isinstance(event, ProcessOutput):
                 if event.stream in ended:
@@ -795,16 +821,29 @@ class CheckedProcess:
                     raise SandboxBoundExceeded(f"{event.stream}: a chunk of {len(event.data)} bytes", field="data")
             elif isinstance(event, ProcessStreamEnd):
                 ended.add(event.stream)
-            elif isinstance(event, ProcessExit):
-                yield event
-                return
             yield event
-        raise SandboxProtocolViolation("the process stream ended without an exit", field="exit")
+            if isinstance(event, ProcessExit):
+                return
+
+
+KILL_SECONDS = 30.0
+
+
+@contextlib.contextmanager
+def _translated(what: str) -> Iterator[None]:
+    """A process stream's foreign exception as ``SandboxProviderFailed`` (vocabulary errors pass through)."""
+    try:
+        yield
+    except SandboxError as exc:
+        raise _own(exc) from None
+    except Exception as exc:
+        raise SandboxProviderFailed(f"openProcess {what}: provider raised {type(exc).__name__}: {exc}"[:500]) from None
 
 
 async def _kill_quietly(stream: ProcessStream) -> None:
-    with contextlib.suppress(Exception):  # the stream is being abandoned; release reaps it
-        await stream.kill()
+    # The stream is being abandoned; release reaps it. A kill that never answers must not hold the Run.
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(stream.kill(), timeout=KILL_SECONDS)
 
 
 def _own(exc: SandboxError) -> SandboxError:

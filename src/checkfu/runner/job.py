@@ -143,15 +143,15 @@ async def run_job(
     async with phases.run("select"):
         attempt = runner.start(target, profile, platform=platform, mount_count=len(resolved), command=list(argv))
     session = attempt.session
-    obs.selected(attempt)
-    warning = attempt.warning()
-    if warning:
-        obs.warning(warning)
     result = JobResult(
         run_id=session.run_id, exit_code=-1, not_enforced=attempt.not_enforced, adapter=str(attempt.adapter.target)
     )
     status = "failed"
     try:
+        obs.selected(attempt)
+        warning = attempt.warning()
+        if warning:
+            obs.warning(warning)
         result.exit_code, result.captured = await _drive(
             session, profile, platform, resolved, argv, captures, capture_dir, phases, obs, env, cwd, timeout
         )
@@ -237,8 +237,11 @@ async def _process(
 ) -> int:
     if session.envelope.declares("openProcess"):
         proc = await session.open_process(inst, argv, env=env, cwd=cwd)
-        await proc.close_stdin()
         try:
+            # No member call renews the lease while the command streams: hold it for the whole timeout,
+            # or reconciliation takes an expired lease (and the running sandbox) from a live Run.
+            session.leases.renew(session.lease, ttl=max(session.leases.ttl, timeout + 120))
+            await proc.close_stdin()
             async with asyncio.timeout(timeout):
                 async for event in proc.events():
                     if isinstance(event, ProcessOutput):
@@ -275,6 +278,7 @@ async def _capture(session: RunSession, inst: Instance, paths: Sequence[str], in
             files.extend(e.path for e in listing.entries if e.kind == "file")
         else:
             files.append(path)
+    files = list(dict.fromkeys(files))  # overlapping captures name a file once
     if not files:
         return []
     result = await session.read_files(inst, files)

@@ -109,27 +109,39 @@ class LeaseStore:
         if done != 1:
             raise self._fenced(lease)
 
-    def takeover(self, lease_id: str, *, owner: str | None = None, ttl: float | None = None) -> Lease:
+    def takeover(
+        self, lease_id: str, *, owner: str | None = None, ttl: float | None = None, only_if_reclaimable: bool = False
+    ) -> Lease:
         """Become the holder of ``lease_id`` by bumping its epoch; the old holder is fenced.
+
+        With ``only_if_reclaimable`` (reconciliation), the compare-and-set also requires the
+        lease to be ended, expired or its owner gone *at the moment of the update*, so an
+        owner that renewed after the caller looked is never taken over.
 
         Raises:
             SandboxNotFound: no such lease.
-            SandboxLeaseFenced: another takeover won the race.
+            SandboxLeaseFenced: another takeover won the race, or the lease is no longer reclaimable.
         """
         rec = self.record(lease_id)
+        now = self.clock.now()
+        condition = [leases.c.lease_id == lease_id, leases.c.epoch == rec.epoch]
+        if only_if_reclaimable and owner_alive(rec.owner) is not False:
+            condition.append(sa.or_(leases.c.ended.is_(True), leases.c.expires_at < now))
         with self.journal.tx() as c:
             done = c.execute(
                 leases.update()
-                .where(leases.c.lease_id == lease_id, leases.c.epoch == rec.epoch)
+                .where(*condition)
                 .values(
                     epoch=rec.epoch + 1,
                     owner=owner or current_owner(),
                     ended=False,
-                    expires_at=self.clock.now() + (ttl or self.ttl),
+                    expires_at=now + (ttl or self.ttl),
                 )
             ).rowcount
         if done != 1:
-            raise SandboxLeaseFenced(f"lease {lease_id}: another takeover won", field="lease.lease_epoch")
+            raise SandboxLeaseFenced(
+                f"lease {lease_id}: taken over or renewed by its owner meanwhile", field="lease.lease_epoch"
+            )
         return Lease(lease_id=lease_id, lease_epoch=rec.epoch + 1)
 
     def end(self, lease: Lease) -> None:

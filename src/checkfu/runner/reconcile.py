@@ -67,7 +67,7 @@ async def reconcile(journal: Journal, registry: Registry, clock: Clock, *, runne
             report.skipped[row.allocation_key] = f"no adapter for {row.target} is loaded"
             continue
         try:
-            lease = taken.get(row.lease_id) or leases.takeover(row.lease_id)
+            lease = taken.get(row.lease_id) or leases.takeover(row.lease_id, only_if_reclaimable=True)
             taken[row.lease_id] = lease
             await _compensate(adapter, lease, row.allocation_key, runner_tag)
         except SandboxLeaseFenced as exc:
@@ -106,16 +106,29 @@ async def _sweep_enumerated(
             check_echo(listing, target=adapter.target, lease=lease)
             strays = sorted({a.allocation_key for a in listing.allocations} - live_keys)
             for key in strays:
+                row = journal.allocation(key)
+                # Journaled after this pass read the journal (a Run started meanwhile), or a settled
+                # snapshot: only an open row whose lease is reclaimable may be taken from its holder.
+                if (
+                    row is not None
+                    and row.state in ("pending", "live")
+                    and ((row.kind == "snapshot" and row.state == "live") or not leases.reclaimable(row.lease_id))
+                ):
+                    continue
                 try:
                     await _compensate(adapter, lease, key, runner_tag)
                 except SandboxError as exc:
                     report.failed[key] = f"{exc.code}: {exc.message}"
                     continue
-                row = journal.allocation(key)
+                except Exception as exc:
+                    report.failed[key] = f"SandboxProviderFailed: {type(exc).__name__}: {exc}"
+                    continue
                 if row is not None and row.state in ("pending", "live"):
                     journal.set_allocation(key, "compensated", now=leases.clock.now())
                 report.enumerated.append(key)
         except SandboxError as exc:
             report.failed[f"listAllocations {adapter.target}"] = f"{exc.code}: {exc.message}"
+        except Exception as exc:
+            report.failed[f"listAllocations {adapter.target}"] = f"SandboxProviderFailed: {type(exc).__name__}: {exc}"
         finally:
             leases.end(lease)

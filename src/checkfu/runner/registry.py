@@ -13,7 +13,7 @@ import importlib
 import tomllib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from importlib.metadata import entry_points
+from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
 from typing import Any
 
@@ -139,8 +139,19 @@ def entry_point_factories(names: Iterable[str] | None = None) -> dict[str, Facto
     out: dict[str, Factory] = {}
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         if wanted is None or ep.name in wanted:
-            out[ep.name] = ep.load()
+            out[ep.name] = _lazy(ep)
     return out
+
+
+def _lazy(ep: EntryPoint) -> Factory:
+    """A factory that imports its entry point when called, so a broken plugin fails only its own adapter."""
+
+    def create(**options: Any) -> Provider:
+        factory: Factory = ep.load()
+        return factory(**options)
+
+    create.__module__ = ep.module
+    return create
 
 
 def _resolve_factory(spec: str) -> Factory:
