@@ -12,13 +12,14 @@ import pytest
 from checkfu.contract.errors import SandboxLeaseFenced
 from checkfu.contract.vocabulary import Platform
 from checkfu.runner.clock import ManualClock
+from checkfu.runner.deadlines import DEFAULT_DEADLINES
 from checkfu.runner.job import run_job
 from checkfu.runner.journal import Journal, sqlite_url
 from checkfu.runner.leases import LeaseStore
 from checkfu.runner.reconcile import reconcile
 from checkfu.runner.registry import Adapter, Registry, load_registry
 from checkfu.runner.runner import Runner
-from checkfu.testing import MemoryProvider, Misbehaving, crash, memory_profile
+from checkfu.testing import MemoryProvider, Misbehaving, crash, hang, memory_profile
 
 pytestmark = pytest.mark.anyio
 
@@ -121,3 +122,23 @@ def test_an_owner_that_renews_after_the_check_is_not_taken_over(tmp_path: Path) 
         store.takeover(lease.lease_id, only_if_reclaimable=True)
     store.renew(lease)  # the owner still holds its lease
     assert store.takeover(lease.lease_id).lease_epoch == lease.lease_epoch + 1  # a deliberate takeover still works
+
+
+@pytest.mark.parametrize("member", ["listAllocations", "compensate"])
+async def test_a_hanging_provider_cannot_hang_reconciliation(
+    tmp_path: Path, member: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(DEFAULT_DEADLINES, member, 0.2)
+    memory = MemoryProvider()
+    clock = ManualClock()
+    other = Journal(sqlite_url(tmp_path / "other.sqlite"))
+    session = (
+        Runner(registry_of(memory, memory.envelope), other, runner_tag="rt", clock=clock)
+        .start(memory.target, PROFILE, platform=AMD64)
+        .session
+    )
+    await session.provision(PROFILE, AMD64, (await session.materialize(PROFILE, AMD64)).image)  # a stray
+    journal = Journal(sqlite_url(tmp_path / "journal.sqlite"))
+    registry = registry_of(Misbehaving(memory, {member: hang}), memory.envelope)
+    report = await asyncio.wait_for(reconcile(journal, registry, clock, runner_tag="rt"), timeout=10)
+    assert any("SandboxProviderTimeout" in why for why in report.failed.values())

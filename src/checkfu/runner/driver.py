@@ -95,32 +95,12 @@ from checkfu.contract.provider import ProcessStream, Provider
 from checkfu.contract.target import ExecutionTarget, Lease
 from checkfu.contract.vocabulary import Platform
 from checkfu.runner.clock import Clock
+from checkfu.runner.deadlines import DEFAULT_DEADLINES
 from checkfu.runner.journal import AllocationKind, Journal
 from checkfu.runner.leases import LeaseStore
 from checkfu.runner.mounts import ResolvedMount
 
 R = TypeVar("R", bound=Model)
-
-DEFAULT_DEADLINES: dict[Member, float] = {
-    "describe": 30,
-    "materialize": 1800,
-    "provision": 300,
-    "writeFile": 120,
-    "activate": 120,
-    "exec": 30,
-    "inspect": 30,
-    "release": 120,
-    "compensate": 120,
-    "openProcess": 60,
-    "readFiles": 120,
-    "listAllocations": 60,
-    "listDir": 60,
-    "snapshot": 900,
-    "deleteSnapshot": 120,
-    "clone": 900,
-    "resume": 900,
-}
-"""Seconds per member; ``exec`` adds the request's own timeout to its figure."""
 
 
 @dataclass(frozen=True)

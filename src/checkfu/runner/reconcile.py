@@ -12,11 +12,15 @@ finds nothing to do.
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from checkfu.contract.checks import check_echo
 from checkfu.contract.codec import build, revalidate
-from checkfu.contract.errors import SandboxError, SandboxLeaseFenced
+from checkfu.contract.envelope import Member
+from checkfu.contract.errors import SandboxError, SandboxLeaseFenced, SandboxProviderTimeout
 from checkfu.contract.members import (
     CompensateRequest,
     CompensateResult,
@@ -25,9 +29,12 @@ from checkfu.contract.members import (
 )
 from checkfu.contract.target import Lease
 from checkfu.runner.clock import Clock
+from checkfu.runner.deadlines import DEFAULT_DEADLINES
 from checkfu.runner.journal import Journal
 from checkfu.runner.leases import LeaseStore
 from checkfu.runner.registry import Adapter, Registry, target_key
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -42,9 +49,18 @@ class ReconcileReport:
         return not (self.compensated or self.enumerated or self.failed)
 
 
+async def _bounded(member: Member, call: Awaitable[T]) -> T:
+    """``call`` under the member's deadline; a hung provider cannot hang reconciliation."""
+    deadline = DEFAULT_DEADLINES[member]
+    try:
+        return await asyncio.wait_for(call, timeout=deadline)
+    except TimeoutError:
+        raise SandboxProviderTimeout(f"{member}: no answer within {deadline:g} s", field=member) from None
+
+
 async def _compensate(adapter: Adapter, lease: Lease, key: str, runner_tag: str) -> None:
     req = build(CompensateRequest, target=adapter.target, lease=lease, allocation_key=key, runner_tag=runner_tag)
-    res = revalidate(CompensateResult, await adapter.provider.compensate(req))
+    res = revalidate(CompensateResult, await _bounded("compensate", adapter.provider.compensate(req)))
     check_echo(res, target=adapter.target, lease=lease, allocation_key=key)
 
 
@@ -102,7 +118,9 @@ async def _sweep_enumerated(
         lease = leases.acquire(f"reconcile-{runner_tag}", ttl=300)
         try:
             req = build(ListAllocationsRequest, target=adapter.target, lease=lease, runner_tag=runner_tag)
-            listing = revalidate(ListAllocationsResult, await adapter.provider.list_allocations(req))
+            listing = revalidate(
+                ListAllocationsResult, await _bounded("listAllocations", adapter.provider.list_allocations(req))
+            )
             check_echo(listing, target=adapter.target, lease=lease)
             strays = sorted({a.allocation_key for a in listing.allocations} - live_keys)
             for key in strays:

@@ -9,6 +9,7 @@ two are ``SandboxAdapterAmbiguous``; neither falls back.
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import tomllib
 from collections.abc import Callable, Iterable, Mapping
@@ -26,10 +27,12 @@ from checkfu.contract.errors import (
     SandboxEnvelopeInvalid,
     SandboxError,
     SandboxProviderFailed,
+    SandboxProviderTimeout,
 )
 from checkfu.contract.members import DescribeResult
 from checkfu.contract.provider import Provider
 from checkfu.contract.target import ExecutionTarget
+from checkfu.runner.deadlines import DEFAULT_DEADLINES
 
 ENTRY_POINT_GROUP = "checkfu.providers"
 IN_TREE_PREFIXES = ("checkfu.providers.", "checkfu.testing.")
@@ -107,10 +110,14 @@ async def describe(provider: Provider, source: str) -> SandboxProviderCapabiliti
 
     Raises:
         SandboxEnvelopeInvalid: the envelope does not decode or breaks a rule.
+        SandboxProviderTimeout: ``describe`` did not answer within its deadline.
         SandboxProviderFailed: ``describe`` itself failed.
     """
+    deadline = DEFAULT_DEADLINES["describe"]
     try:
-        result = await provider.describe()
+        result = await asyncio.wait_for(provider.describe(), timeout=deadline)
+    except TimeoutError:
+        raise SandboxProviderTimeout(f"{source}: describe did not answer within {deadline:g} s") from None
     except SandboxError:
         raise
     except Exception as exc:
