@@ -28,3 +28,18 @@ def test_an_unopenable_journal_is_a_usage_error(args: list[str], reason: str, tm
     assert "cannot open the journal" in done.stderr
     assert reason in done.stderr
     assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("limit", ["0", "-1"])
+def test_runs_list_needs_a_positive_limit(limit: str, tmp_path: Path) -> None:
+    done = subprocess.run(
+        [CHECKFU, "runs", "list", "--limit", limit],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"XDG_STATE_HOME": str(tmp_path)},
+    )
+    assert done.returncode == 2
+    assert "--limit" in done.stderr
+    assert "Traceback" not in done.stderr

@@ -265,7 +265,11 @@ async def _run(
 
 
 @runs_app.command("list")
-def runs_list(db: DbOpt = None, as_json: JsonOpt = False, limit: int = 20) -> None:
+def runs_list(
+    db: DbOpt = None,
+    as_json: JsonOpt = False,
+    limit: Annotated[int, typer.Option("--limit", min=1, help="how many Runs, newest first")] = 20,
+) -> None:
     """The most recent Runs."""
     journal = open_journal(db)
     rows = journal.list_runs(limit)
