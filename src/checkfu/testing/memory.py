@@ -37,13 +37,11 @@ from checkfu.contract.enforcement import EnforcementStatement
 from checkfu.contract.envelope import LifecycleAssurances, Member, SandboxProviderCapabilities
 from checkfu.contract.errors import (
     SandboxBoundExceeded,
-    SandboxCapabilityUnavailable,
     SandboxDigestMismatch,
     SandboxIdentityMismatch,
     SandboxNotFound,
     SandboxOperationUnsupported,
     SandboxPathRejected,
-    Unmet,
 )
 from checkfu.contract.lifecycle import SnapshotState, State, snapshot_transition, transition
 from checkfu.contract.members import (
@@ -88,6 +86,7 @@ from checkfu.contract.mounts import MountPlan
 from checkfu.contract.paths import is_within
 from checkfu.contract.process import Stream
 from checkfu.contract.profile import NetworkPolicy, SandboxProfile
+from checkfu.contract.requirements import require_capabilities
 from checkfu.contract.target import ExecutionTarget, Lease
 from checkfu.contract.vocabulary import OPTIONAL_OPERATIONS, PACKAGE_MANAGERS, Platform, Resources, RetentionMode
 from checkfu.testing.commands import (
@@ -307,30 +306,7 @@ class MemoryProvider:
 
     def _admit(self, profile: SandboxProfile, platform: Platform, mounts: Sequence[MountPlan] = ()) -> None:
         """Raises SandboxCapabilityUnavailable: listing everything the envelope cannot serve."""
-        env = self.envelope
-        unmet = []
-        if profile.tier not in env.tiers:
-            unmet.append(Unmet("profile.tier", f"{profile.tier!r} is not offered"))
-        if platform not in env.platforms:
-            unmet.append(Unmet("platform", f"{platform.architecture!r} is not offered"))
-        if profile.network_policy.mode not in env.network_modes:
-            unmet.append(Unmet("profile.network_policy.mode", f"{profile.network_policy.mode!r} is not offered"))
-        if profile.retention_mode not in env.retention_modes:
-            unmet.append(Unmet("profile.retention_mode", f"{profile.retention_mode!r} is not offered"))
-        unmet += [
-            Unmet(f"profile.packages.{m}", "package manager not offered")
-            for m in profile.package_managers
-            if m not in env.package_managers
-        ]
-        if env.image_mode == "fixed" and profile.base_image not in env.fixed_base_images:
-            unmet.append(Unmet("profile.base_image", "not one of the fixed base images"))
-        for problem in profile.resource_limits.within(env.minimum_resources, env.maximum_resources):
-            dim, why = problem.split(": ", 1)
-            unmet.append(Unmet(f"profile.resource_limits.{dim}", why))
-        if len(mounts) > env.effective_max_mounts:
-            unmet.append(Unmet("mounts", f"{len(mounts)} mounts, at most {env.effective_max_mounts} offered"))
-        if unmet:
-            raise SandboxCapabilityUnavailable(unmet, provider=env.provider)
+        require_capabilities(self.envelope, profile, platform=platform, mount_count=len(mounts))
 
     def _allocate(self, member: Literal["provision", "clone", "resume"], request: Allocating, vfs: Vfs) -> _Instance:
         """A new labelled instance in ``provisioning``, holding ``vfs`` with each mount target emptied."""
