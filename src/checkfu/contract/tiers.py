@@ -17,7 +17,6 @@ from checkfu.contract.envelope import SandboxProviderCapabilities
 from checkfu.contract.vocabulary import NETWORK_MODES, PACKAGE_MANAGERS, RETENTION_MODES
 
 TierName = Literal["below_day_one", "day_one", "durable", "docker_parity"]
-TIER_NAMES: tuple[TierName, ...] = ("below_day_one", "day_one", "durable", "docker_parity")
 TIER_LABELS: dict[TierName, str] = {
     "below_day_one": "below the day-one tier",
     "day_one": "day one",

@@ -417,7 +417,7 @@ class RunSession:
         mounts: Sequence[ResolvedMount] = (),
     ) -> Instance:
         if snapshot.deleted:
-            raise _state_conflict("resume", "the snapshot was deleted")
+            raise SandboxStateConflict("resume: the snapshot was deleted", field="snapshot_id")
         key = new_key()
         req = build(
             ResumeRequest,
@@ -831,7 +831,3 @@ def _own(exc: SandboxError) -> SandboxError:
     if type(exc) in ERROR_CLASSES.values():
         return exc
     return error_for_code(exc.code, exc.message, field=exc.field, retryable=exc.retryable)
-
-
-def _state_conflict(member: str, why: str) -> SandboxError:
-    return SandboxStateConflict(f"{member}: {why}", field="snapshot_id")
