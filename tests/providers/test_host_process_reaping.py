@@ -14,13 +14,14 @@ from pathlib import Path
 import pytest
 from test_host_process import OTHER_TAG, TAG, Kit, kit, leftover_cgroups, make_kit, needs_cgroups, pg_kit, pids_of
 
+from checkfu.contract.labels import owner_labels
 from checkfu.contract.members import InspectRequest
 from checkfu.contract.vocabulary import Resources
 from checkfu.providers.host_process import HostProcessProvider, procfs, spawning
 from checkfu.providers.host_process import cgroups as cg
 from checkfu.providers.host_process.provider import PROVIDER_REVISION
 from checkfu.providers.host_process.spawner import Spawner, SpawnerRetired, stranded
-from checkfu.providers.host_process.state import InstanceLabel, Layout, labels, write_label
+from checkfu.providers.host_process.state import InstanceLabel, Layout, write_label
 
 __all__ = ["kit", "pg_kit"]  # the fixtures, shared
 
@@ -141,7 +142,10 @@ async def test_compensate_reclaims_a_label_whose_directory_was_never_filled(kit:
     write_label(
         layout.instance_label("ak-label"),
         InstanceLabel(
-            labels=labels("ak-label", TAG), revision=PROVIDER_REVISION, instance_id="hp-lost", state="provisioning"
+            labels=owner_labels("ak-label", TAG),
+            revision=PROVIDER_REVISION,
+            instance_id="hp-lost",
+            state="provisioning",
         ),
     )
     assert await kit.allocations() == [("ak-label", "instance", "hp-lost")]
@@ -195,7 +199,7 @@ async def test_compensation_never_signals_a_recycled_pid(pg_kit: Kit, tmp_path: 
         write_label(
             layout.instance_label("ak-recycled"),
             InstanceLabel(
-                labels=labels("ak-recycled", TAG),
+                labels=owner_labels("ak-recycled", TAG),
                 revision=PROVIDER_REVISION,
                 instance_id="hp-old",
                 state="active",

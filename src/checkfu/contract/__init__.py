@@ -2,8 +2,9 @@
 
 Everything a provider and the runner agree on lives here: the execution target,
 the capability envelope and its rules, the enforcement statement, the profile
-and mounts, the seventeen members' requests and results, path admission, the
-lifecycle table, the cross-checks and the closed error vocabulary.
+and mounts, the seventeen members' requests and results and their echoes, the
+owner labels of every allocated object, path admission, the lifecycle table,
+the cross-checks and the closed error vocabulary.
 """
 
 from checkfu.contract.checks import (
@@ -68,6 +69,7 @@ from checkfu.contract.errors import (
     Unmet,
     error_for_code,
 )
+from checkfu.contract.labels import LABEL_ALLOCATION_KEY, LABEL_RUNNER_TAG, owner_labels
 from checkfu.contract.lifecycle import SNAPSHOT_TRANSITIONS, TRANSITIONS, State, snapshot_transition, transition
 from checkfu.contract.members import (
     MESSAGES,
@@ -124,6 +126,8 @@ __all__ = [
     "AXES",
     "ERROR_CLASSES",
     "HOST_IMAGE",
+    "LABEL_ALLOCATION_KEY",
+    "LABEL_RUNNER_TAG",
     "MAX_PATH_BYTES",
     "MEMBERS",
     "MESSAGES",
@@ -238,6 +242,7 @@ __all__ = [
     "encode",
     "error_for_code",
     "is_within",
+    "owner_labels",
     "path_problem",
     "require_capabilities",
     "revalidate",

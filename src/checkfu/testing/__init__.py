@@ -6,10 +6,9 @@ one named fault (``PRESETS``) per check the runner must make. Both are usable by
 anyone's tests; neither needs an engine.
 """
 
+from checkfu.contract.labels import LABEL_ALLOCATION_KEY, LABEL_RUNNER_TAG
 from checkfu.testing.commands import COMMANDS, KILLED_EXIT, TIMEOUT_EXIT, Clock, MemoryProcess, SystemClock
 from checkfu.testing.memory import (
-    LABEL_ALLOCATION_KEY,
-    LABEL_RUNNER_TAG,
     Held,
     MemoryProvider,
     Requests,
@@ -19,6 +18,7 @@ from checkfu.testing.memory import (
 )
 from checkfu.testing.misbehave import (
     PRESETS,
+    RAISING,
     Invocation,
     Misbehaving,
     Misbehaviour,
@@ -33,6 +33,7 @@ from checkfu.testing.misbehave import (
     hang,
     nul_path,
     overlong_path,
+    raising,
     release_echoes_other_instance,
     returns_held_id,
     snapshot_echoes_other_instance,
@@ -50,6 +51,7 @@ __all__ = [
     "LABEL_ALLOCATION_KEY",
     "LABEL_RUNNER_TAG",
     "PRESETS",
+    "RAISING",
     "TIMEOUT_EXIT",
     "Clock",
     "Held",
@@ -74,6 +76,7 @@ __all__ = [
     "memory_profile",
     "nul_path",
     "overlong_path",
+    "raising",
     "release_echoes_other_instance",
     "returns_held_id",
     "snapshot_echoes_other_instance",

@@ -12,9 +12,9 @@ It is the contract in code, for provider authors to read:
   snapshot (or one under another allocation key) is ``SandboxNotFound``; a call in
   the wrong state is ``SandboxStateConflict``, straight from the lifecycle table;
   a member the envelope does not declare is ``SandboxOperationUnsupported``;
-- every object carries the labels ``checkfu.allocation_key`` and
-  ``checkfu.runner_tag`` in a store that survives ``forget()`` (a simulated restart
-  that drops every id-to-object handle); ``compensate`` and ``listAllocations``
+- every object carries the owner labels of ``checkfu.contract.labels`` in a
+  store that survives ``forget()`` (a simulated restart that drops every
+  id-to-object handle); ``compensate`` and ``listAllocations``
   read those labels and nothing else.
 
 Tests may inspect ``calls`` (every member asked for, refused ones included, in
@@ -43,6 +43,7 @@ from checkfu.contract.errors import (
     SandboxOperationUnsupported,
     SandboxPathRejected,
 )
+from checkfu.contract.labels import LABEL_ALLOCATION_KEY, LABEL_RUNNER_TAG, owner_labels
 from checkfu.contract.lifecycle import SnapshotState, State, snapshot_transition, transition
 from checkfu.contract.members import (
     ActivateRequest,
@@ -101,9 +102,6 @@ from checkfu.testing.commands import (
     run,
 )
 from checkfu.testing.vfs import Vfs, fs_reason
-
-LABEL_ALLOCATION_KEY = "checkfu.allocation_key"
-LABEL_RUNNER_TAG = "checkfu.runner_tag"
 
 BASE_IMAGE = "memory@sha256:" + hashlib.sha256(b"checkfu memory base image").hexdigest()
 AMD64 = Platform(os="linux", architecture="amd64")
@@ -199,10 +197,6 @@ class _Snapshot(_Object):
     source_id: str
     retention: RetentionMode
     state: SnapshotState
-
-
-def _labels(allocation_key: str, runner_tag: str) -> dict[str, str]:
-    return {LABEL_ALLOCATION_KEY: allocation_key, LABEL_RUNNER_TAG: runner_tag}
 
 
 def _new_id(prefix: str) -> str:
@@ -321,7 +315,7 @@ class MemoryProvider:
                 raise SandboxPathRejected(f"{where}: {root!r}: {fs_reason(exc)}", field=where) from None
         inst = _Instance(
             id=_new_id("mem"),
-            labels=_labels(request.allocation_key, request.runner_tag),
+            labels=owner_labels(request.allocation_key, request.runner_tag),
             vfs=vfs,
             retention=request.profile.retention_mode,
             mounts=request.mount_roots,
@@ -549,7 +543,7 @@ class MemoryProvider:
         inst = self._instance("snapshot", request)
         snap = _Snapshot(
             id=_new_id("snap"),
-            labels=_labels(request.snapshot_allocation_key, inst.runner_tag),
+            labels=owner_labels(request.snapshot_allocation_key, inst.runner_tag),
             vfs=inst.vfs.copy(),
             source_id=inst.id,
             retention=inst.retention,

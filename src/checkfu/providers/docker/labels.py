@@ -1,7 +1,8 @@
 """Labels and names: how every object the Docker provider creates is found again.
 
-Every container, volume and image carries ``checkfu.runner_tag`` and
-``checkfu.allocation_key``. Compensation, release and enumeration find objects
+Every container, volume and image carries the contract's owner labels
+(``checkfu.contract.labels``: ``checkfu.allocation_key`` and ``checkfu.runner_tag``)
+and the Docker-specific ones below. Compensation, release and enumeration find objects
 by these labels only, never by an id a caller handed back. Names are derived
 from the allocation key, so a retried or foreign call lands on the same name
 and is recognised by its labels.
@@ -14,8 +15,10 @@ import json
 from collections.abc import Mapping
 from typing import Literal
 
-RUNNER_TAG = "checkfu.runner_tag"
-ALLOCATION_KEY = "checkfu.allocation_key"
+from checkfu.contract.labels import LABEL_ALLOCATION_KEY, LABEL_RUNNER_TAG, owner_labels
+
+RUNNER_TAG = LABEL_RUNNER_TAG
+ALLOCATION_KEY = LABEL_ALLOCATION_KEY
 KIND = "checkfu.kind"
 TARGET = "checkfu.target"
 """On a volume: the sandbox path it is mounted on."""
@@ -36,11 +39,9 @@ Kind = Literal["instance", "stager", "area", "mount", "snapshot", "carrier", "im
 KINDS: tuple[Kind, ...] = ("instance", "stager", "area", "mount", "snapshot", "carrier", "image")
 
 
-def owner_labels(allocation_key: str, runner_tag: str, kind: Kind, **extra: str) -> dict[str, str]:
-    """The labels of one object: its allocation key, runner tag and kind, plus ``extra``."""
-    out = {ALLOCATION_KEY: allocation_key, RUNNER_TAG: runner_tag, KIND: kind}
-    out.update(extra)
-    return out
+def object_labels(allocation_key: str, runner_tag: str, kind: Kind, **extra: str) -> dict[str, str]:
+    """The labels of one object: its owner's (allocation key, runner tag), its kind, plus ``extra``."""
+    return {**owner_labels(allocation_key, runner_tag), KIND: kind, **extra}
 
 
 def label_filter(

@@ -158,7 +158,7 @@ class Materializer:
     def _build(self, profile: SandboxProfile, digest: str, emit: Callable[[BuildProgress], None] | None) -> str:
         ca = HOST_CA_BUNDLE.read_bytes() if "pip" in profile.package_managers and HOST_CA_BUNDLE.exists() else None
         text = dockerfile(profile, self._user, with_ca=ca is not None)
-        labels = L.owner_labels(cache_key(digest), self._cache_tag, "image", **{L.MATERIALIZATION: digest})
+        labels = L.object_labels(cache_key(digest), self._cache_tag, "image", **{L.MATERIALIZATION: digest})
         client = self._build_api()
         try:
             events: Iterable[dict[str, Any]] = client.build(

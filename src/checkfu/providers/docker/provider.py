@@ -461,7 +461,7 @@ class DockerProvider:
         require_served(self.envelope, request.profile, request.platform, request.mounts)
         source = await self._resolve(source_call, "clone")
         self._require_running(source)
-        labels = L.owner_labels(
+        labels = L.object_labels(
             request.allocation_key,
             request.runner_tag,
             "carrier",
@@ -827,7 +827,7 @@ class DockerProvider:
         """
         instance = await self._resolve(request, "snapshot")
         self._require_running(instance)
-        labels = L.owner_labels(
+        labels = L.object_labels(
             request.snapshot_allocation_key,
             instance.runner_tag,
             "snapshot",

@@ -122,11 +122,11 @@ def check_mount_targets(mounts: tuple[MountPlan, ...], areas: tuple[Area, ...]) 
 
 
 def area_volume_labels(area: Area, key: str, tag: str) -> dict[str, str]:
-    return L.owner_labels(key, tag, "area", **{L.TARGET: area.path})
+    return L.object_labels(key, tag, "area", **{L.TARGET: area.path})
 
 
 def mount_volume_labels(target: str, key: str, tag: str) -> dict[str, str]:
-    return L.owner_labels(key, tag, "mount", **{L.TARGET: target})
+    return L.object_labels(key, tag, "mount", **{L.TARGET: target})
 
 
 def _volume_mount(
@@ -198,7 +198,7 @@ def stager_spec(
         "image": image,
         "command": ["true"],
         "name": L.stager_name(instance),
-        "labels": L.owner_labels(key, tag, "stager"),
+        "labels": L.object_labels(key, tag, "stager"),
         "host_config": host_config,
     }
 
@@ -253,6 +253,6 @@ def sandbox_spec(
         "working_dir": user.home,
         "hostname": "sandbox",
         "environment": {"HOME": user.home},
-        "labels": L.owner_labels(key, tag, "instance", **extra),
+        "labels": L.object_labels(key, tag, "instance", **extra),
         "host_config": host_config,
     }

@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from checkfu.contract.labels import owner_labels
 from checkfu.contract.members import InstanceState
 from checkfu.providers.host_process import cgroups as cg
-from checkfu.providers.host_process import state
 from checkfu.providers.host_process.envelope import PROVIDER_REVISION
 from checkfu.providers.host_process.state import InstanceLabel
 from checkfu.providers.host_process.streams import Linger
@@ -39,7 +39,7 @@ class Instance:
     def label(self) -> InstanceLabel:
         assert self.state != "released"
         return InstanceLabel(
-            labels=state.labels(self.key, self.runner_tag),
+            labels=owner_labels(self.key, self.runner_tag),
             revision=PROVIDER_REVISION,
             instance_id=self.instance_id,
             state=self.state,

@@ -42,6 +42,7 @@ from checkfu.contract.errors import (
     SandboxProviderFailed,
     SandboxStateConflict,
 )
+from checkfu.contract.labels import owner_labels
 from checkfu.contract.lifecycle import transition
 from checkfu.contract.members import (
     ActivateRequest,
@@ -469,7 +470,7 @@ class HostProcessProvider:
             transition(instance.state, "snapshot")
             snapshot_id = f"hs-{uuid.uuid4().hex}"
             label = SnapshotLabel(
-                labels=state.labels(key, instance.runner_tag),
+                labels=owner_labels(key, instance.runner_tag),
                 revision=PROVIDER_REVISION,
                 snapshot_id=snapshot_id,
                 source_allocation_key=instance.key,

@@ -8,7 +8,7 @@ Layout, all below one ``state_dir``::
     snapshots/<allocation_key>.json           a snapshot's label, written before its bytes
     snapshots/<allocation_key>.tar            the snapshot: a tarball of a working directory
 
-Every label carries ``checkfu.allocation_key`` and ``checkfu.runner_tag``; an
+Every label carries the contract's owner labels (``checkfu.contract.labels``); an
 object exists only while its label does, so compensation and enumeration need
 nothing but the state directory. Labels are replaced atomically (write, then
 rename), so a reader sees the old label or the new one, never half of one.
@@ -27,8 +27,7 @@ from typing import Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-ALLOCATION_KEY = "checkfu.allocation_key"
-RUNNER_TAG = "checkfu.runner_tag"
+from checkfu.contract.labels import LABEL_ALLOCATION_KEY, LABEL_RUNNER_TAG
 
 LabelState = Literal["provisioning", "active"]
 
@@ -41,11 +40,11 @@ class _Label(BaseModel):
 
     @property
     def allocation_key(self) -> str:
-        return self.labels.get(ALLOCATION_KEY, "")
+        return self.labels.get(LABEL_ALLOCATION_KEY, "")
 
     @property
     def runner_tag(self) -> str:
-        return self.labels.get(RUNNER_TAG, "")
+        return self.labels.get(LABEL_RUNNER_TAG, "")
 
 
 class InstanceLabel(_Label):
@@ -70,10 +69,6 @@ class SnapshotLabel(_Label):
 
 
 L = TypeVar("L", bound=_Label)
-
-
-def labels(allocation_key: str, runner_tag: str) -> dict[str, str]:
-    return {ALLOCATION_KEY: allocation_key, RUNNER_TAG: runner_tag}
 
 
 def default_state_dir() -> Path:
