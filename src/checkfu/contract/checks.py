@@ -13,8 +13,8 @@ from checkfu.contract.errors import (
     SandboxBoundExceeded,
     SandboxDigestMismatch,
     SandboxIdentityMismatch,
-    SandboxLeaseFenced,
     SandboxPathRejected,
+    SandboxProtocolViolation,
     SandboxStateConflict,
 )
 from checkfu.contract.members import FileContent, ReadFilesResult, Result, WriteFileRequest, WriteFileResult
@@ -23,18 +23,22 @@ from checkfu.contract.target import ExecutionTarget, Lease
 
 
 def check_lease(returned: Lease, held: Lease) -> None:
-    """A result must carry the caller's own lease at its own epoch.
+    """A result must echo the caller's own lease at its own epoch.
+
+    A wrong echo is the provider breaking the protocol, not a takeover: a real takeover
+    is found in the runner's own lease store (``SandboxLeaseFenced``) before any call.
 
     Raises:
-        SandboxLeaseFenced: another lease id, or another (older or newer) epoch.
+        SandboxProtocolViolation: another lease id, or another (older or newer) epoch.
     """
     if returned.lease_id != held.lease_id:
-        raise SandboxLeaseFenced(
-            f"lease: result carries lease {returned.lease_id!r}, not {held.lease_id!r}", field="lease.lease_id"
+        raise SandboxProtocolViolation(
+            f"lease: result echoes lease {returned.lease_id!r}, the request carried {held.lease_id!r}",
+            field="lease.lease_id",
         )
     if returned.lease_epoch != held.lease_epoch:
-        raise SandboxLeaseFenced(
-            f"lease: result carries epoch {returned.lease_epoch}, the runner holds {held.lease_epoch}",
+        raise SandboxProtocolViolation(
+            f"lease: result echoes epoch {returned.lease_epoch}, the request carried {held.lease_epoch}",
             field="lease.lease_epoch",
         )
 
@@ -51,7 +55,7 @@ def check_echo(
 
     Raises:
         SandboxIdentityMismatch: the target tuple, allocation key or instance id differs.
-        SandboxLeaseFenced: the lease differs.
+        SandboxProtocolViolation: the lease differs.
     """
     if result.target != target:
         raise SandboxIdentityMismatch(

@@ -161,9 +161,26 @@ class SandboxBoundExceeded(SandboxProviderError):
 
 
 class SandboxProviderFailed(SandboxProviderError):
-    """The provider failed the call, or raised something outside the vocabulary."""
+    """The provider failed the call: it raised an error, in the vocabulary or outside it.
+
+    Whatever a provider raises is the provider's fault, whatever its code: a provider that
+    raises ``SandboxPathRejected`` for a path the runner never sent has failed, it has not
+    caught the runner out. ``reported_code`` keeps the vocabulary code the provider raised
+    (``None`` when it raised something outside the vocabulary or failed in itself).
+    """
 
     default_retryable = True
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        field: str | None = None,
+        retryable: bool | None = None,
+        reported_code: str | None = None,
+    ) -> None:
+        super().__init__(message, field=field, retryable=retryable)
+        self.reported_code = reported_code
 
 
 class SandboxLeaseFenced(SandboxStateError):
