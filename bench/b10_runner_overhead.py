@@ -75,7 +75,7 @@ async def run() -> list[Figure]:
 async def _run(journal: Journal) -> list[Figure]:
     memory = MemoryProvider()
     registry = Registry()
-    registry.add(Adapter(envelope=memory.envelope, provider=memory, source="bench", in_tree=True))
+    registry.add(Adapter(envelope=memory.envelope, provider=memory, source="bench"))
     runner = Runner(registry, journal, runner_tag="bench-b10")
     profile = memory_profile()
     attempt = runner.start(memory.target, profile, platform=AMD64)

@@ -77,7 +77,7 @@ async def attempt_select() -> Figure:
     for i in range(ADAPTERS):
         raw = json.dumps({**base, "provider": f"bench-{i:04d}", "provider_revision": f"bench {i}"}).encode()
         env = decode(SandboxProviderCapabilities, raw)
-        registry.add(Adapter(envelope=env, provider=MemoryProvider(env), source=f"bench {i}", in_tree=True))
+        registry.add(Adapter(envelope=env, provider=MemoryProvider(env), source=f"bench {i}"))
         raws.append(raw)
     journal = Journal("sqlite://")
     try:

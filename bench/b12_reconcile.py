@@ -94,7 +94,7 @@ async def run() -> list[Figure]:
     memory = MemoryProvider()
     await allocate(memory, keys)
     registry = Registry()
-    registry.add(Adapter(envelope=memory.envelope, provider=memory, source="bench", in_tree=True))
+    registry.add(Adapter(envelope=memory.envelope, provider=memory, source="bench"))
     with tempfile.TemporaryDirectory(prefix="checkfu-b12-") as tmp:
         journal = Journal(sqlite_url(Path(tmp) / "journal.sqlite"))
         try:

@@ -105,7 +105,7 @@ def make_rig(tmp_path: Path) -> Iterator[RigFactory]:
         journals.append(journal)
         clock = ManualClock()
         registry = Registry()
-        registry.add(Adapter(envelope=memory.envelope, provider=provider, source="test rig", in_tree=True))
+        registry.add(Adapter(envelope=memory.envelope, provider=provider, source="test rig"))
         runner = Runner(registry, journal, runner_tag=runner_tag, clock=clock, limits=limits, lease_ttl=lease_ttl)
         memory.calls.clear()
         return Rig(memory, provider, journal, clock, registry, runner)

@@ -17,7 +17,6 @@ from checkfu.contract import examples as ex
 from checkfu.contract.codec import decode_value
 from checkfu.contract.envelope import SandboxProviderCapabilities
 from checkfu.contract.errors import (
-    SandboxBoundExceeded,
     SandboxIdentityMismatch,
     SandboxNotFound,
     SandboxOperationUnsupported,
@@ -329,13 +328,26 @@ async def test_a_foreign_exception_becomes_provider_failed(make_rig: Any) -> Non
     assert rig.memory.live_objects() == ()
 
 
-async def test_an_error_in_the_vocabulary_passes_through_without_reclaiming(rig: Any) -> None:
+async def test_an_error_a_provider_raises_is_its_fault_and_reclaims(make_rig: Any) -> None:
+    """Whatever code a provider raises, it has failed: the runner reports a provider failure naming the
+    code, and reclaims the instance by key (the matrix over every member and code is in the misbehaviour tests)."""
+
+    def wrap(memory: Any) -> Any:
+        class Raising(Misbehaving):
+            async def inspect(self, request: Any) -> Any:
+                raise SandboxNotFound("no such instance", field="instance_id")
+
+        return Raising(memory)
+
+    rig = make_rig(wrap=wrap)
     session = rig.start()
     inst, _ = await active(session)
-    with pytest.raises(SandboxNotFound):
-        await session.list_dir(inst, "/no/such/dir")
-    # A typed refusal is the provider answering in contract: the instance is still ours and live.
-    assert inst.state == "active" and inst.allocation_key in rig.held_keys()
+    with pytest.raises(SandboxProviderFailed) as caught:
+        await session.inspect(inst)
+    assert caught.value.reported_code == "SandboxNotFound"
+    assert "SandboxNotFound" in caught.value.message
+    assert inst.state == "released" and inst.allocation_key not in rig.held_keys()
+    assert rig.journal.allocation(inst.allocation_key).state == "compensated"
     await session.release_all()
     assert rig.memory.live_objects() == ()
 
@@ -385,8 +397,10 @@ async def test_read_files_bound_is_sent_and_honoured(make_rig: Any, workspace: P
     rig = make_rig(limits=Limits(max_read_bytes=4))
     session = rig.start(mount_count=1)
     inst, _ = await active(session, [resolve_mount(MountSpec(DirectorySource(workspace), "/workspace"))])
-    with pytest.raises(SandboxBoundExceeded):
+    with pytest.raises(SandboxProviderFailed) as caught:  # the provider refused to go over it
         await session.read_files(inst, ["/workspace/README"])
+    assert caught.value.reported_code == "SandboxBoundExceeded"
+    assert rig.memory.calls[-2:] == ["readFiles", "compensate"]
     await session.release_all()
     assert rig.memory.live_objects() == ()
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from checkfu.contract.errors import SandboxLeaseFenced, SandboxNotFound
+from checkfu.contract.errors import SandboxLeaseFenced, SandboxNotFound, SandboxProtocolViolation
 from checkfu.contract.target import Lease
 from checkfu.contract.vocabulary import Platform
 from checkfu.runner.clock import ManualClock
@@ -181,7 +181,7 @@ async def test_a_runner_whose_lease_was_taken_over_stops_before_the_provider(mak
     assert inst.allocation_key in rig.held_keys()
 
 
-async def test_a_result_echoing_an_older_epoch_is_fenced_and_compensated(make_rig: Any, journal_url: str) -> None:
+async def test_a_result_echoing_an_older_epoch_is_a_protocol_violation_and_compensated(make_rig: Any, journal_url: str) -> None:
     rig = make_rig(url=journal_url, wrap=Misbehaving)
     session = rig.start()
     profile = memory_profile()
@@ -192,7 +192,7 @@ async def test_a_result_echoing_an_older_epoch_is_fenced_and_compensated(make_ri
     inst = await session.provision(profile, AMD64, image)
     await session.activate(inst)
     rig.provider.set("exec", stale_epoch)
-    with pytest.raises(SandboxLeaseFenced) as caught:
+    with pytest.raises(SandboxProtocolViolation) as caught:  # a wrong echo, not a takeover
         await session.exec(inst, ["true"], timeout=5)
     assert caught.value.field == "lease.lease_epoch"
     assert rig.memory.calls[-1] == "compensate"

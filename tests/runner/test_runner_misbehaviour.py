@@ -21,9 +21,8 @@ from checkfu.contract.errors import (
     SandboxBoundExceeded,
     SandboxError,
     SandboxIdentityMismatch,
-    SandboxLeaseFenced,
-    SandboxNotFound,
     SandboxPathRejected,
+    SandboxProtocolViolation,
     SandboxProviderFailed,
     SandboxProviderTimeout,
     SandboxResultInvalid,
@@ -32,7 +31,7 @@ from checkfu.contract.errors import (
 from checkfu.contract.vocabulary import Platform
 from checkfu.runner.driver import Instance, Limits, RunSession, Snapshot
 from checkfu.runner.mounts import DirectorySource, MountSpec, ResolvedMount, resolve_mount
-from checkfu.testing import PRESETS, Misbehaving, Misbehaviour, forge_instance_id, memory_profile
+from checkfu.testing import PRESETS, RAISING, Misbehaving, Misbehaviour, forge_instance_id, memory_profile
 
 pytestmark = pytest.mark.anyio
 
@@ -43,8 +42,8 @@ DEADLINE = 0.2
 EXPECTED: dict[str, type[SandboxError]] = {
     "forge_instance_id": SandboxIdentityMismatch,
     "foreign_instance_id": SandboxIdentityMismatch,
-    "wrong_lease_id": SandboxLeaseFenced,
-    "stale_epoch": SandboxLeaseFenced,
+    "wrong_lease_id": SandboxProtocolViolation,  # a wrong echo, distinct from a real takeover
+    "stale_epoch": SandboxProtocolViolation,
     "wrong_target": SandboxIdentityMismatch,
     "snapshot_echoes_other_instance": SandboxIdentityMismatch,
     "clone_returns_source": SandboxIdentityMismatch,
@@ -178,23 +177,45 @@ def misbehaving_rig(make_rig: Any) -> Callable[[Member], Any]:
 async def test_misbehaviour(
     misbehaving_rig: Callable[[Member], Any], workspace: Path, preset: str, member: Member
 ) -> None:
-    rig = misbehaving_rig(member)
+    error = await assert_faulted(misbehaving_rig(member), workspace, member, PRESETS[preset], EXPECTED[preset])
+    assert type(error) is EXPECTED[preset], error
+
+
+@pytest.mark.parametrize("code", sorted(RAISING))
+@pytest.mark.parametrize("member", DRIVEN)
+async def test_any_code_a_provider_raises_is_its_own_failure(
+    misbehaving_rig: Callable[[Member], Any], workspace: Path, member: Member, code: str
+) -> None:
+    """A provider that raises any code of the vocabulary, even one that names a fault of the request,
+    has failed: the runner reports SandboxProviderFailed naming the code, and reclaims like any fault."""
+    error = await assert_faulted(misbehaving_rig(member), workspace, member, RAISING[code], SandboxProviderFailed)
+    assert isinstance(error, SandboxProviderFailed)
+    if code == "SandboxProviderFailed":
+        assert error.reported_code is None
+    else:
+        assert error.reported_code == code and code in error.message
+
+
+async def assert_faulted(
+    rig: Any, workspace: Path, member: Member, fault: Misbehaviour, expected: type[SandboxError]
+) -> SandboxError:
+    """Call ``member`` under ``fault``: the one typed error, compensation by key, nothing left behind."""
     scene = await build_scene(rig, workspace, member)
     session = scene.session
     keys_before = {r.allocation_key for r in rig.journal.allocations_for_run(session.run_id)}
     events_before = len(rig.journal.events_for_run(session.run_id))
-    rig.provider.set(member, PRESETS[preset])
+    rig.provider.set(member, fault)
 
     with pytest.raises(SandboxError) as caught:
         await faulted_call(scene, member)()
-    assert type(caught.value) is EXPECTED[preset], caught.value
+    assert type(caught.value) is expected, caught.value
     rig.provider.set(member, None)
 
     keys_after = {r.allocation_key for r in rig.journal.allocations_for_run(session.run_id)}
     key = faulted_key(scene, member, keys_before, keys_after)
     new_events = rig.journal.events_for_run(session.run_id)[events_before:]
     (faulted,) = [e for e in new_events if e.member == member]
-    assert (faulted.outcome, faulted.error_code) == ("error", EXPECTED[preset].__name__)
+    assert (faulted.outcome, faulted.error_code) == ("error", expected.__name__)
     compensations = [e for e in new_events if e.member == "compensate"]
     if key is None:
         assert compensations == []  # nothing was allocated, so nothing to reclaim
@@ -215,6 +236,7 @@ async def test_misbehaviour(
     assert "pending" not in states.values(), states
     if key is not None:
         assert states[key] == "compensated"
+    return caught.value
 
 
 @pytest.mark.parametrize("member", sorted(ALLOCATING))
@@ -230,8 +252,9 @@ async def test_a_forged_new_id_is_caught_at_the_next_call_and_reclaimed_by_key(
     # The id is new and well-formed, so no echo can tell; the real object sits under the key the runner chose.
     assert forged.instance_id.startswith("forged-")
     assert forged.allocation_key in rig.held_keys()
-    with pytest.raises(SandboxNotFound):  # the provider knows no such instance
+    with pytest.raises(SandboxProviderFailed) as caught:  # the provider knows no such instance
         await session.inspect(forged)
+    assert caught.value.reported_code == "SandboxNotFound"
     await session.release_all()
     assert rig.memory.live_objects() == ()
     row = rig.journal.allocation(forged.allocation_key)
@@ -250,7 +273,7 @@ async def test_a_misbehaving_compensate_leaves_the_row_for_reconciliation(make_r
     inst = await session.provision(PROFILE, AMD64, image)
     await session.activate(inst)
     rig.provider.set("compensate", PRESETS["wrong_lease_id"])
-    with pytest.raises(SandboxLeaseFenced):
+    with pytest.raises(SandboxProtocolViolation):
         await session.compensate(inst.allocation_key)
     # The provider did reclaim; the runner cannot take its word for it: the row stays open.
     assert rig.memory.live_objects() == ()

@@ -259,3 +259,42 @@ def test_the_cli_settles_an_unsettled_row(tmp_path: Path) -> None:
     )
     assert second.exit_code == 0
     assert json.loads(second.stdout)["compensated"] == []
+
+
+# One door: reconciliation's and describe's provider calls are journaled like a Run's own -------------
+
+
+async def test_reconciliation_calls_are_part_of_the_story_of_the_run(rig: Any) -> None:
+    session, made = await crashed_run(rig)
+    rig.clock.advance(100_000)
+    await reconcile(rig.journal, rig.registry, rig.clock, runner_tag=rig.runner.runner_tag)
+    events = rig.journal.events_for_run(session.run_id)
+    assert [e.member for e in events] == ["select", "materialize", "provision", "activate", "compensate"]
+    last = events[-1]
+    assert (last.allocation_key, last.outcome) == (made[0].allocation_key, "ok")
+    # The enumeration belongs to no Run: it is recorded under the empty run id.
+    assert [e.member for e in rig.journal.events_for_run("")] == ["listAllocations"]
+
+
+async def test_a_failed_reconciliation_call_is_journaled_with_its_code(make_rig: Any) -> None:
+    rig = make_rig(wrap=Misbehaving)
+    session, made = await crashed_run(rig)
+    rig.provider.set("compensate", crash)
+    rig.clock.advance(100_000)
+    report = await reconcile(rig.journal, rig.registry, rig.clock, runner_tag=rig.runner.runner_tag)
+    assert report.failed[made[0].allocation_key].startswith("SandboxProviderFailed:")
+    (event,) = [e for e in rig.journal.events_for_run(session.run_id) if e.member == "compensate"]
+    assert (event.outcome, event.error_code) == ("error", "SandboxProviderFailed")
+
+
+async def test_describe_goes_through_the_door_and_is_journaled(tmp_path: Path) -> None:
+    from checkfu.runner.registry import load_registry  # noqa: PLC0415
+
+    journal = Journal(sqlite_url(tmp_path / "j.sqlite"))
+    try:
+        registry = await load_registry(entry_point_names=["memory"], recorder=journal)
+        assert len(registry.adapters) == 1
+        (event,) = journal.events_for_run("")
+        assert (event.member, event.outcome, event.allocation_key) == ("describe", "ok", None)
+    finally:
+        journal.close()

@@ -102,7 +102,8 @@ async def test_the_memory_entry_point() -> None:
     registry = await load_registry(entry_point_names=["memory"])
     assert registry.unavailable == {}
     (adapter,) = registry.adapters
-    assert adapter.in_tree and adapter.source == "entry point memory"
+    assert not adapter.in_tree  # a test double is never in-tree, even from this package's own entry point
+    assert adapter.source == "entry point memory"
     assert adapter.envelope == memory_envelope()
     assert memory_of(adapter).calls == ["describe"]
     assert registry.select(memory_envelope().target) is adapter
@@ -120,7 +121,7 @@ async def test_an_adapters_file_with_a_factory_and_options(tmp_path: Path) -> No
     assert len(registry.adapters) == 2
     want = decode_value(SandboxProviderCapabilities, day_one)
     first = registry.select(want.target)
-    assert first.envelope == want and first.in_tree and first.source == f"{path}#0"
+    assert first.envelope == want and not first.in_tree and first.source == f"{path}#0"
     assert registry.select(memory_envelope().target).source == f"{path}#1"
 
 
@@ -158,8 +159,38 @@ async def test_registry_add_refuses_by_axis() -> None:
     with pytest.raises(SandboxEnrollmentRefused) as caught:
         Registry().add(adapter)
     assert caught.value.field == "enforcement.sandbox_isolation"
-    # The same envelope from an in-tree factory is accepted: in-tree code may claim runner_enforced.
-    Registry().add(Adapter(envelope=adapter.envelope, provider=adapter.provider, source="in-tree", in_tree=True))
+    # Claiming to be in-tree does not help: only this package's own provider classes are.
+    claimed = Adapter(envelope=adapter.envelope, provider=adapter.provider, source="in-tree?", in_tree=True)
+    with pytest.raises(SandboxEnrollmentRefused) as caught:
+        Registry().add(claimed)
+    assert caught.value.field == "provider"
+    assert "not one of this package's providers" in caught.value.message
+
+
+async def test_an_adapters_file_cannot_make_a_test_double_in_tree(tmp_path: Path) -> None:
+    """The bypass: the memory factory, registered from an adapters file under an in-tree provider's name,
+    claiming runner_enforced on all nine axes. Its factory lives in checkfu.testing; it is still a third party."""
+    parity = {**ex.parity_envelope(), "provider": "docker"}
+    assert set(decode_value(SandboxProviderCapabilities, parity).enforcement.runner_enforced()) == set(AXES)
+    path = adapters_file(
+        tmp_path,
+        {"factory": "checkfu.testing.memory:create", "options": {"envelope": parity}},
+        {"factory": "checkfu.testing.memory:create", "options": {"envelope": {**parity, "provider": "stranger"}}},
+    )
+    registry = await load_registry(entry_point_names=[], config=path)
+    assert registry.adapters == ()
+    for source in (f"{path}#0", f"{path}#1"):
+        why = registry.unavailable[source]
+        assert why.startswith("SandboxEnrollmentRefused:") and "may not claim runner_enforced" in why
+        for axis in AXES:
+            assert axis in why
+
+
+async def test_only_this_packages_own_entry_points_are_in_tree() -> None:
+    registry = await load_registry(entry_point_names=["host-process", "memory"])
+    by_name = {a.envelope.provider: a for a in registry.adapters}
+    assert by_name["host-process"].in_tree
+    assert not by_name["memory"].in_tree
 
 
 async def test_adapters_that_cannot_load_are_recorded_not_fatal(tmp_path: Path) -> None:
@@ -217,7 +248,7 @@ def registry_of(*envelopes: SandboxProviderCapabilities) -> tuple[Registry, list
     for i, env in enumerate(envelopes):
         p = MemoryProvider(env)
         providers.append(p)
-        registry.add(Adapter(envelope=env, provider=p, source=f"adapter {i}", in_tree=True))
+        registry.add(Adapter(envelope=env, provider=p, source=f"adapter {i}"))
     return registry, providers
 
 

@@ -5,7 +5,7 @@ schema for both. The journal is written *before* a provider is asked for an
 allocation, so a crash at any point leaves a row that reconciliation can settle
 with ``compensate(allocation_key)``.
 
-Allocation states::
+Allocation rows move through ``checkfu.contract.lifecycle.ROW_TRANSITIONS``::
 
     pending      journaled; the provider may or may not have allocated
     live         the provider's result passed every check
@@ -14,6 +14,10 @@ Allocation states::
 
 ``pending`` and ``live`` are *open*: reconciliation reclaims an open allocation
 whose lease has expired or whose owner is gone.
+
+Events record every provider call, with its duration and outcome. A call that
+belongs to no Run (``describe``, reconciliation's enumeration) is recorded with
+the empty string as its run id.
 """
 
 from __future__ import annotations
@@ -23,18 +27,24 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.pool import StaticPool
 
 from checkfu.contract.codec import decode
+from checkfu.contract.lifecycle import OPEN_ROW_STATES, RowKind, RowState
 from checkfu.contract.target import ExecutionTarget
 
-AllocationState = Literal["pending", "live", "released", "compensated"]
-AllocationKind = Literal["instance", "snapshot", "clone", "resume"]
-OPEN_STATES: tuple[AllocationState, ...] = ("pending", "live")
+if TYPE_CHECKING:
+    from checkfu.runner.door import CallRecord
+
+AllocationState = RowState
+AllocationKind = RowKind
+OPEN_STATES = OPEN_ROW_STATES
+NO_RUN = ""
+"""The run id of an event that belongs to no Run."""
 
 metadata = sa.MetaData()
 
@@ -340,6 +350,19 @@ class Journal:
                     "detail": detail,
                 },
             )
+
+    def record_call(self, call: CallRecord) -> None:
+        """Record one provider call (the door's ``Recorder``)."""
+        self.record_event(
+            NO_RUN if call.run_id is None else call.run_id,
+            call.member,
+            started_at=call.started_at,
+            duration_ms=call.duration_ms,
+            outcome=call.outcome,
+            allocation_key=call.allocation_key,
+            error_code=call.error_code,
+            detail=call.detail,
+        )
 
     def events_for_run(self, run_id: str) -> list[EventRow]:
         with self.tx() as c:

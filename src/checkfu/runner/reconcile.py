@@ -12,29 +12,17 @@ finds nothing to do.
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Awaitable
 from dataclasses import dataclass, field
-from typing import TypeVar
 
-from checkfu.contract.checks import check_echo
-from checkfu.contract.codec import build, revalidate
-from checkfu.contract.envelope import Member
-from checkfu.contract.errors import SandboxError, SandboxLeaseFenced, SandboxProviderTimeout
-from checkfu.contract.members import (
-    CompensateRequest,
-    CompensateResult,
-    ListAllocationsRequest,
-    ListAllocationsResult,
-)
+from checkfu.contract.errors import SandboxError, SandboxLeaseFenced
+from checkfu.contract.lifecycle import row_transition
 from checkfu.contract.target import Lease
 from checkfu.runner.clock import Clock
-from checkfu.runner.deadlines import DEFAULT_DEADLINES
-from checkfu.runner.journal import Journal
+from checkfu.runner.door import ProviderFault
+from checkfu.runner.journal import AllocationRow, Journal
 from checkfu.runner.leases import LeaseStore
 from checkfu.runner.registry import Adapter, Registry, target_key
-
-T = TypeVar("T")
+from checkfu.runner.session import compensate_plan, list_allocations_plan
 
 
 @dataclass
@@ -49,23 +37,33 @@ class ReconcileReport:
         return not (self.compensated or self.enumerated or self.failed)
 
 
-async def _bounded(member: Member, call: Awaitable[T]) -> T:
-    """``call`` under the member's deadline; a hung provider cannot hang reconciliation."""
-    deadline = DEFAULT_DEADLINES[member]
+async def _compensate(
+    adapter: Adapter, journal: Journal, lease: Lease, key: str, runner_tag: str, run_id: str | None
+) -> None:
+    """Compensate ``key`` through the adapter's door, recorded as an event of ``run_id``.
+
+    Raises:
+        SandboxError: the provider was at fault, or the call was refused.
+    """
     try:
-        return await asyncio.wait_for(call, timeout=deadline)
-    except TimeoutError:
-        raise SandboxProviderTimeout(f"{member}: no answer within {deadline:g} s", field=member) from None
+        await adapter.door.call(
+            compensate_plan(adapter.target, lease, key, runner_tag), run_id=run_id, recorder=journal
+        )
+    except ProviderFault as fault:
+        raise fault.error from None
 
 
-async def _compensate(adapter: Adapter, lease: Lease, key: str, runner_tag: str) -> None:
-    req = build(CompensateRequest, target=adapter.target, lease=lease, allocation_key=key, runner_tag=runner_tag)
-    res = revalidate(CompensateResult, await _bounded("compensate", adapter.provider.compensate(req)))
-    check_echo(res, target=adapter.target, lease=lease, allocation_key=key)
+def _settle(journal: Journal, row: AllocationRow | None, clock: Clock) -> None:
+    if row is not None:
+        journal.set_allocation(row.allocation_key, row_transition(row.state, "compensate"), now=clock.now())
 
 
 async def reconcile(journal: Journal, registry: Registry, clock: Clock, *, runner_tag: str) -> ReconcileReport:
-    """Compensate every reclaimable open allocation of ``runner_tag``, then every enumerated stray."""
+    """Compensate every reclaimable open allocation of ``runner_tag``, then every enumerated stray.
+
+    Every provider call is recorded in the journal: a compensation as an event of the Run
+    whose allocation it reclaims, an enumeration as an event of no Run.
+    """
     leases = LeaseStore(journal, clock)
     report = ReconcileReport()
     taken: dict[str, Lease] = {}
@@ -85,17 +83,14 @@ async def reconcile(journal: Journal, registry: Registry, clock: Clock, *, runne
         try:
             lease = taken.get(row.lease_id) or leases.takeover(row.lease_id, only_if_reclaimable=True)
             taken[row.lease_id] = lease
-            await _compensate(adapter, lease, row.allocation_key, runner_tag)
+            await _compensate(adapter, journal, lease, row.allocation_key, runner_tag, row.run_id)
         except SandboxLeaseFenced as exc:
             report.skipped[row.allocation_key] = exc.message
             continue
         except SandboxError as exc:
             report.failed[row.allocation_key] = f"{exc.code}: {exc.message}"
             continue
-        except Exception as exc:
-            report.failed[row.allocation_key] = f"SandboxProviderFailed: {type(exc).__name__}: {exc}"
-            continue
-        journal.set_allocation(row.allocation_key, "compensated", now=clock.now())
+        _settle(journal, row, clock)
         report.compensated.append(row.allocation_key)
     for lease in taken.values():
         leases.end(lease)
@@ -117,11 +112,12 @@ async def _sweep_enumerated(
             continue
         lease = leases.acquire(f"reconcile-{runner_tag}", ttl=300)
         try:
-            req = build(ListAllocationsRequest, target=adapter.target, lease=lease, runner_tag=runner_tag)
-            listing = revalidate(
-                ListAllocationsResult, await _bounded("listAllocations", adapter.provider.list_allocations(req))
-            )
-            check_echo(listing, target=adapter.target, lease=lease)
+            try:
+                listing = (
+                    await adapter.door.call(list_allocations_plan(adapter.target, lease, runner_tag), recorder=journal)
+                ).value
+            except ProviderFault as fault:
+                raise fault.error from None
             strays = sorted({a.allocation_key for a in listing.allocations} - live_keys)
             for key in strays:
                 row = journal.allocation(key)
@@ -134,19 +130,13 @@ async def _sweep_enumerated(
                 ):
                     continue
                 try:
-                    await _compensate(adapter, lease, key, runner_tag)
+                    await _compensate(adapter, journal, lease, key, runner_tag, row.run_id if row else None)
                 except SandboxError as exc:
                     report.failed[key] = f"{exc.code}: {exc.message}"
                     continue
-                except Exception as exc:
-                    report.failed[key] = f"SandboxProviderFailed: {type(exc).__name__}: {exc}"
-                    continue
-                if row is not None and row.state in ("pending", "live"):
-                    journal.set_allocation(key, "compensated", now=leases.clock.now())
+                _settle(journal, row, leases.clock)
                 report.enumerated.append(key)
         except SandboxError as exc:
             report.failed[f"listAllocations {adapter.target}"] = f"{exc.code}: {exc.message}"
-        except Exception as exc:
-            report.failed[f"listAllocations {adapter.target}"] = f"SandboxProviderFailed: {type(exc).__name__}: {exc}"
         finally:
             leases.end(lease)

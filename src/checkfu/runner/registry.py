@@ -1,41 +1,66 @@
-"""Adapters and exact selection.
+"""Adapters, the trust each one is given, and exact selection.
 
 Adapters come from entry points in the group ``checkfu.providers`` (each a factory
 ``create(**options) -> Provider``) and from an adapters file. Selection is exact:
 the one adapter whose ``(provider, provider_revision, materialization_revision,
 placement)`` equals the attempt's target. None is ``SandboxAdapterUnavailable``,
 two are ``SandboxAdapterAmbiguous``; neither falls back.
+
+Trust is declared, never guessed. ``IN_TREE_PROVIDERS`` lists this package's own
+providers; only they may claim ``runner_enforced``, because only there did this
+runner's own code set the control. An adapter is in-tree when it came from this
+distribution's own entry point of that name and its provider is exactly the
+declared class. Test doubles (``memory``, the misbehaving providers) are never
+in-tree; anything from an adapters file or from another distribution is a third
+party, whatever module its factory lives in. A ``Registry`` only grows through
+its checked ``add``.
 """
 
 from __future__ import annotations
 
-import asyncio
 import importlib
 import tomllib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
-from checkfu.contract.codec import revalidate
 from checkfu.contract.envelope import SandboxProviderCapabilities
 from checkfu.contract.errors import (
     SandboxAdapterAmbiguous,
     SandboxAdapterUnavailable,
     SandboxEnrollmentRefused,
-    SandboxEnvelopeInvalid,
     SandboxError,
     SandboxProviderFailed,
-    SandboxProviderTimeout,
 )
-from checkfu.contract.members import DescribeResult
 from checkfu.contract.provider import Provider
 from checkfu.contract.target import ExecutionTarget
-from checkfu.runner.deadlines import DEFAULT_DEADLINES
+from checkfu.runner.door import ProviderDoor, ProviderFault, Recorder
+from checkfu.runner.session import describe_plan
 
 ENTRY_POINT_GROUP = "checkfu.providers"
-IN_TREE_PREFIXES = ("checkfu.providers.", "checkfu.testing.")
+DISTRIBUTION = "checkfu"
+
+
+@dataclass(frozen=True)
+class InTree:
+    """One of this package's own providers: its entry point's factory and the exact class it builds."""
+
+    factory: str
+    provider_class: str
+
+
+IN_TREE_PROVIDERS: Mapping[str, InTree] = MappingProxyType(
+    {
+        "docker": InTree("checkfu.providers.docker:create", "checkfu.providers.docker.provider:DockerProvider"),
+        "host-process": InTree(
+            "checkfu.providers.host_process:create", "checkfu.providers.host_process.provider:HostProcessProvider"
+        ),
+    }
+)
+"""The in-tree adapters, by provider name. Nothing else may claim ``runner_enforced``."""
 
 TargetKey = tuple[str, str, str, str]
 
@@ -46,31 +71,71 @@ def target_key(t: ExecutionTarget) -> TargetKey:
 
 @dataclass(frozen=True)
 class Adapter:
+    """A provider with its decoded envelope. ``in_tree`` is a claim that ``Registry.add`` verifies."""
+
     envelope: SandboxProviderCapabilities
     provider: Provider
     source: str
-    in_tree: bool
+    in_tree: bool = False
+    door: ProviderDoor = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "door", ProviderDoor(self.provider, source=self.source))
 
     @property
     def target(self) -> ExecutionTarget:
         return self.envelope.target
 
 
-@dataclass
+def _declared_class(name: str) -> type | None:
+    entry = IN_TREE_PROVIDERS.get(name)
+    if entry is None:
+        return None
+    module, _, attr = entry.provider_class.partition(":")
+    found = getattr(importlib.import_module(module), attr, None)
+    return found if isinstance(found, type) else None
+
+
+def in_tree_refusal(adapter: Adapter) -> str | None:
+    """Why ``adapter`` may not be trusted as in-tree, or ``None`` when it is one of this package's own."""
+    name = adapter.envelope.provider
+    if name not in IN_TREE_PROVIDERS:
+        return f"{name!r} is not one of this package's providers ({', '.join(IN_TREE_PROVIDERS)})"
+    cls = _declared_class(name)
+    if cls is None or type(adapter.provider) is not cls:
+        return f"its provider is a {type(adapter.provider).__name__}, not this package's own {name} provider"
+    return None
+
+
 class Registry:
     """Adapters by exact target, plus why any configured adapter could not be loaded."""
 
-    adapters: list[Adapter] = field(default_factory=list)
-    unavailable: dict[str, str] = field(default_factory=dict)
-    _index: dict[TargetKey, list[Adapter]] = field(default_factory=dict)
+    def __init__(self) -> None:
+        self._adapters: list[Adapter] = []
+        self._unavailable: dict[str, str] = {}
+        self._index: dict[TargetKey, list[Adapter]] = {}
+
+    @property
+    def adapters(self) -> tuple[Adapter, ...]:
+        return tuple(self._adapters)
+
+    @property
+    def unavailable(self) -> Mapping[str, str]:
+        """Why each configured adapter that is not here could not be added, by source."""
+        return MappingProxyType(self._unavailable)
 
     def add(self, adapter: Adapter) -> None:
-        """Register an adapter. A non-in-tree adapter claiming ``runner_enforced`` is refused.
+        """Register an adapter, after checking the trust it claims.
 
         Raises:
-            SandboxEnrollmentRefused: naming every axis claimed ``runner_enforced`` by a third party.
+            SandboxEnrollmentRefused: it claims to be in-tree and is not; or a third party claims
+                ``runner_enforced`` (naming every such axis).
         """
-        if not adapter.in_tree:
+        if adapter.in_tree:
+            why = in_tree_refusal(adapter)
+            if why is not None:
+                raise SandboxEnrollmentRefused(f"{adapter.source}: claims to be in-tree, but {why}", field="provider")
+        else:
             claimed = adapter.envelope.enforcement.runner_enforced()
             if claimed:
                 raise SandboxEnrollmentRefused(
@@ -78,8 +143,11 @@ class Registry:
                     f"(claimed on {', '.join(claimed)})",
                     field=f"enforcement.{claimed[0]}",
                 )
-        self.adapters.append(adapter)
+        self._adapters.append(adapter)
         self._index.setdefault(target_key(adapter.target), []).append(adapter)
+
+    def mark_unavailable(self, source: str, reason: str) -> None:
+        self._unavailable[source] = reason
 
     def select(self, target: ExecutionTarget) -> Adapter:
         """The one adapter advertising exactly ``target``.
@@ -92,61 +160,66 @@ class Registry:
         if len(found) == 1:
             return found[0]
         if not found:
-            known = ", ".join(str(a.target) for a in self.adapters[:10]) or "none"
-            why = "".join(f"; {name}: {reason}" for name, reason in self.unavailable.items())
+            known = ", ".join(str(a.target) for a in self._adapters[:10]) or "none"
+            why = "".join(f"; {name}: {reason}" for name, reason in self._unavailable.items())
             raise SandboxAdapterUnavailable(f"no adapter advertises {target} (available: {known}{why})", field="target")
         sources = ", ".join(a.source for a in found)
         raise SandboxAdapterAmbiguous(f"{len(found)} adapters advertise {target}: {sources}", field="target")
 
     def by_provider(self, provider: str) -> list[Adapter]:
-        return [a for a in self.adapters if a.envelope.provider == provider]
+        return [a for a in self._adapters if a.envelope.provider == provider]
 
 
 Factory = Callable[..., Provider]
 
 
-async def describe(provider: Provider, source: str) -> SandboxProviderCapabilities:
-    """The provider's envelope, decoded strictly.
+async def describe(door: ProviderDoor, *, recorder: Recorder | None = None) -> SandboxProviderCapabilities:
+    """The provider's envelope, decoded strictly, through the door.
 
     Raises:
         SandboxEnvelopeInvalid: the envelope does not decode or breaks a rule.
         SandboxProviderTimeout: ``describe`` did not answer within its deadline.
-        SandboxProviderFailed: ``describe`` itself failed.
+        SandboxProviderFailed: ``describe`` itself failed (naming the code the provider raised).
     """
-    deadline = DEFAULT_DEADLINES["describe"]
     try:
-        result = await asyncio.wait_for(provider.describe(), timeout=deadline)
-    except TimeoutError:
-        raise SandboxProviderTimeout(f"{source}: describe did not answer within {deadline:g} s") from None
-    except SandboxError:
-        raise
-    except Exception as exc:
-        raise SandboxProviderFailed(f"{source}: describe failed: {type(exc).__name__}: {exc}") from None
-    try:
-        checked = revalidate(DescribeResult, result)
-    except SandboxError as exc:
-        raise SandboxEnvelopeInvalid(f"{source}: {exc.message}", field=exc.field) from None
-    return checked.envelope
+        return (await door.call(describe_plan(door.source), recorder=recorder)).value
+    except ProviderFault as fault:
+        raise fault.error from None
 
 
-async def adapter_from_factory(factory: Factory, source: str, options: Mapping[str, Any]) -> Adapter:
+async def adapter_from_factory(
+    factory: Factory,
+    source: str,
+    options: Mapping[str, Any],
+    *,
+    in_tree: bool = False,
+    recorder: Recorder | None = None,
+) -> Adapter:
+    """Build a provider and ask it for its envelope. ``in_tree`` is a claim ``Registry.add`` checks."""
     try:
         provider = factory(**options)
     except SandboxError:
         raise
     except Exception as exc:
         raise SandboxProviderFailed(f"{source}: cannot start: {type(exc).__name__}: {exc}") from None
-    envelope = await describe(provider, source)
-    module = getattr(factory, "__module__", "") or ""
-    return Adapter(envelope=envelope, provider=provider, source=source, in_tree=module.startswith(IN_TREE_PREFIXES))
+    envelope = await describe(ProviderDoor(provider, source=source), recorder=recorder)
+    return Adapter(envelope=envelope, provider=provider, source=source, in_tree=in_tree)
 
 
-def entry_point_factories(names: Iterable[str] | None = None) -> dict[str, Factory]:
+def _ours(ep: EntryPoint) -> bool:
+    """Whether ``ep`` is this distribution's own entry point for one of its in-tree providers."""
+    entry = IN_TREE_PROVIDERS.get(ep.name)
+    dist = getattr(ep, "dist", None)
+    return entry is not None and ep.value == entry.factory and dist is not None and dist.name == DISTRIBUTION
+
+
+def entry_point_factories(names: Iterable[str] | None = None) -> dict[str, tuple[Factory, bool]]:
+    """Factories by entry point name, each with whether it is one of this package's in-tree providers."""
     wanted = set(names) if names is not None else None
-    out: dict[str, Factory] = {}
+    out: dict[str, tuple[Factory, bool]] = {}
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         if wanted is None or ep.name in wanted:
-            out[ep.name] = _lazy(ep)
+            out[ep.name] = (_lazy(ep), _ours(ep))
     return out
 
 
@@ -157,11 +230,11 @@ def _lazy(ep: EntryPoint) -> Factory:
         factory: Factory = ep.load()
         return factory(**options)
 
-    create.__module__ = ep.module
     return create
 
 
 def _resolve_factory(spec: str) -> Factory:
+    """An adapters-file factory: ``module:callable`` or an entry point name. Never in-tree."""
     if ":" in spec:
         module, attr = spec.split(":", 1)
         factory: Factory = getattr(importlib.import_module(module), attr)
@@ -169,7 +242,7 @@ def _resolve_factory(spec: str) -> Factory:
     found = entry_point_factories([spec])
     if spec not in found:
         raise SandboxAdapterUnavailable(f"no provider entry point named {spec!r}", field="factory")
-    return found[spec]
+    return found[spec][0]
 
 
 async def load_registry(
@@ -177,30 +250,32 @@ async def load_registry(
     entry_point_names: Iterable[str] | None = None,
     config: Path | None = None,
     options: Mapping[str, Mapping[str, Any]] | None = None,
+    recorder: Recorder | None = None,
 ) -> Registry:
     """Build a registry from entry points (all, or the named ones) and an adapters file.
 
     The adapters file is TOML: ``[[adapters]]`` tables with ``factory`` (an entry point
     name or ``module:callable``) and optional ``options``. An adapter that fails to start
     is recorded in ``unavailable`` with its reason rather than failing the whole load.
+    Every ``describe`` is recorded through ``recorder`` when one is given.
     """
     registry = Registry()
-    specs: list[tuple[str, Factory | str, Mapping[str, Any]]] = []
-    for name, factory in entry_point_factories(entry_point_names).items():
-        specs.append((f"entry point {name}", factory, (options or {}).get(name, {})))
+    specs: list[tuple[str, Factory | str, Mapping[str, Any], bool]] = []
+    for name, (factory, ours) in entry_point_factories(entry_point_names).items():
+        specs.append((f"entry point {name}", factory, (options or {}).get(name, {}), ours))
     if config is not None:
         try:
             doc = tomllib.loads(config.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
             raise SandboxAdapterUnavailable(f"cannot read adapters file {config}: {exc}", field="config") from None
         for i, table in enumerate(doc.get("adapters", [])):
-            specs.append((f"{config}#{i}", str(table.get("factory", "")), dict(table.get("options", {}))))
-    for source, spec, opts in specs:
+            specs.append((f"{config}#{i}", str(table.get("factory", "")), dict(table.get("options", {})), False))
+    for source, spec, opts, ours in specs:
         try:
             resolved = _resolve_factory(spec) if isinstance(spec, str) else spec
-            registry.add(await adapter_from_factory(resolved, source, opts))
+            registry.add(await adapter_from_factory(resolved, source, opts, in_tree=ours, recorder=recorder))
         except SandboxError as exc:
-            registry.unavailable[source] = f"{exc.code}: {exc.message}"
+            registry.mark_unavailable(source, f"{exc.code}: {exc.message}")
         except (ImportError, AttributeError) as exc:
-            registry.unavailable[source] = f"cannot import: {exc}"
+            registry.mark_unavailable(source, f"cannot import: {exc}")
     return registry

@@ -109,6 +109,7 @@ class Runner:
                 runner_tag=self.runner_tag,
                 clock=self.clock,
                 limits=self.limits,
+                door=adapter.door,
             ),
             adapter=adapter,
             not_enforced=not_enforced,

@@ -25,6 +25,7 @@ from pydantic import create_model
 
 from checkfu.contract.checks import sha256_digest
 from checkfu.contract.envelope import MEMBERS, Member
+from checkfu.contract.errors import ERROR_CLASSES, SandboxCapabilityUnavailable, Unmet
 from checkfu.contract.members import (
     ActivateRequest,
     CloneRequest,
@@ -288,6 +289,22 @@ async def _crash(inv: Invocation) -> Any:
     await inv.proceed()
     raise RuntimeError(f"{inv.member}: the provider crashed after doing the work")
 
+
+def raising(code: str) -> Misbehaviour:
+    """Do the work, then raise the vocabulary error ``code``: whatever its code, the provider has failed."""
+    cls = ERROR_CLASSES[code]
+
+    async def act(inv: Invocation) -> Any:
+        await inv.proceed()
+        if cls is SandboxCapabilityUnavailable:
+            raise SandboxCapabilityUnavailable([Unmet("profile", f"{inv.member}: raised on purpose")])
+        raise cls(f"{inv.member}: {code} raised on purpose", field="on_purpose")
+
+    return Misbehaviour(f"raises_{code}", frozenset(MEMBERS), act)
+
+
+RAISING: dict[str, Misbehaviour] = {code: raising(code) for code in ERROR_CLASSES}
+"""For every code of the vocabulary, a misbehaviour that raises it after doing the work, by code."""
 
 hang = Misbehaviour("hang", frozenset(MEMBERS), _hang)
 """Do the work, then answer only after an hour: the runner's deadline must fire."""

@@ -1,5 +1,6 @@
-"""Regressions for faults found in review: reconciliation must never take a healthy Run's
-allocations, and a broken provider or plugin must not turn reconciliation into a crash."""
+"""Reconciliation is safe: it never takes a healthy Run's allocations (one starting mid-sweep, one
+streaming a long command, an owner renewing at the last moment), and a broken provider or plugin
+is reported, never a crash or a hang."""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ PROFILE = memory_profile()
 
 def registry_of(provider: Any, envelope: Any) -> Registry:
     registry = Registry()
-    registry.add(Adapter(envelope=envelope, provider=provider, source="test", in_tree=True))
+    registry.add(Adapter(envelope=envelope, provider=provider, source="test"))
     return registry
 
 
