@@ -136,6 +136,7 @@ PUBLIC_NAMES = [
     "decode",
     "decode_value",
     "digest",
+    "echo",
     "encode",
     "error_for_code",
     "is_within",

@@ -109,6 +109,7 @@ from checkfu.contract.members import (
     SnapshotResult,
     WriteFileRequest,
     WriteFileResult,
+    echo,
 )
 from checkfu.contract.model import Model
 from checkfu.contract.mounts import MountFile, MountPlan
@@ -239,6 +240,7 @@ __all__ = [
     "decode",
     "decode_value",
     "digest",
+    "echo",
     "encode",
     "error_for_code",
     "is_within",

@@ -1,7 +1,8 @@
 """Requests and results of the seventeen lifecycle members.
 
 Every result echoes what it acts on: the execution target tuple and the lease,
-and for instance-scoped members the allocation key and the instance id. Paths
+and for instance-scoped members the allocation key and the instance id; ``echo``
+builds those fields from the request a result answers. Paths
 and ids a provider returns decode as plain bounded strings here; the runner
 admits them with ``checkfu.contract.paths`` and cross-checks them with
 ``checkfu.contract.checks`` so each failure gets its own error code.
@@ -9,7 +10,7 @@ admits them with ``checkfu.contract.paths`` and cross-checks them with
 
 from __future__ import annotations
 
-from typing import Annotated, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, Strict, model_validator
 
@@ -353,6 +354,28 @@ class DeleteSnapshotResult(Result):
     snapshot_allocation_key: AllocationKey
     snapshot_id: Identifier
     deleted: Bool
+
+
+# echoes -----------------------------------------------------------------------------------
+
+
+def echo(request: Call, **fields: Any) -> dict[str, Any]:
+    """The echo fields of a result answering ``request``, then ``fields`` (merged last, so they win).
+
+    Always ``target`` and ``lease``; ``allocation_key`` and ``instance_id`` for a request
+    on an instance; ``allocation_key`` for an allocating request (``provision``, ``clone``,
+    ``resume``: pass the new ``instance_id`` in ``fields``) and for ``compensate``. What a
+    result echoes beyond these (a snapshot's key and id, a runner tag) comes in ``fields``.
+    Use it as ``InstanceResult(**echo(request, state="active"))``.
+    """
+    out: dict[str, Any] = {"target": request.target, "lease": request.lease}
+    if isinstance(request, InstanceCall):
+        out["allocation_key"] = request.allocation_key
+        out["instance_id"] = request.instance_id
+    elif isinstance(request, (_Allocating, CompensateRequest)):
+        out["allocation_key"] = request.allocation_key
+    out.update(fields)
+    return out
 
 
 MESSAGES: dict[Member, tuple[type[Model], type[Model]]] = {

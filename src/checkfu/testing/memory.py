@@ -82,6 +82,7 @@ from checkfu.contract.members import (
     SnapshotResult,
     WriteFileRequest,
     WriteFileResult,
+    echo,
 )
 from checkfu.contract.mounts import MountPlan
 from checkfu.contract.paths import is_within
@@ -291,13 +292,6 @@ class MemoryProvider:
             )
         return snap
 
-    @staticmethod
-    def _echo(request: Call) -> dict[str, Any]:
-        return {"target": request.target, "lease": request.lease}
-
-    def _on(self, request: Call, inst: _Instance) -> dict[str, Any]:
-        return {**self._echo(request), "allocation_key": inst.allocation_key, "instance_id": inst.id}
-
     def _admit(self, profile: SandboxProfile, platform: Platform, mounts: Sequence[MountPlan] = ()) -> None:
         """Raises SandboxCapabilityUnavailable: listing everything the envelope cannot serve."""
         require_capabilities(self.envelope, profile, platform=platform, mount_count=len(mounts))
@@ -402,7 +396,7 @@ class MemoryProvider:
                 image = "sha256:" + hashlib.sha256(seed).hexdigest()
             self._images[request.profile_digest] = image
         return MaterializeResult(
-            **self._echo(request),
+            **echo(request),
             profile_digest=request.profile_digest,
             image=self._images[request.profile_digest],
             materialization_revision=self.target.materialization_revision,
@@ -412,7 +406,7 @@ class MemoryProvider:
     async def provision(self, request: ProvisionRequest) -> InstanceResult:
         self._enter("provision", request)
         inst = self._allocate("provision", request, Vfs())
-        return InstanceResult(**self._on(request, inst), state=inst.state)
+        return InstanceResult(**echo(request, instance_id=inst.id, state=inst.state))
 
     async def write_file(self, request: WriteFileRequest, data: bytes) -> WriteFileResult:
         """Stage ``data`` under one of the instance's mount targets.
@@ -438,13 +432,13 @@ class MemoryProvider:
             inst.vfs.write(request.path, data, request.mode)
         except OSError as exc:
             raise SandboxPathRejected(f"path: {request.path!r}: {fs_reason(exc)}", field="path") from None
-        return WriteFileResult(**self._on(request, inst), path=request.path, size=len(data), digest=digest)
+        return WriteFileResult(**echo(request, path=request.path, size=len(data), digest=digest))
 
     async def activate(self, request: ActivateRequest) -> InstanceResult:
         """Seal every mount target: from now on no command may write below one."""
         inst = self._instance("activate", request)
         inst.sealed = True
-        return InstanceResult(**self._on(request, inst), state=inst.state)
+        return InstanceResult(**echo(request, state=inst.state))
 
     async def exec(self, request: ExecRequest) -> ExecResult:
         """Run a built-in command to its exit, its timeout (exit 124) or a release (exit 137)."""
@@ -466,7 +460,7 @@ class MemoryProvider:
             task.cancel()  # a no-op once done; ends the command if this call itself was cancelled
         exit_code, timed_out = (KILLED_EXIT, False) if task.cancelled() else task.result()
         return ExecResult(
-            **self._on(request, inst),
+            **echo(request),
             exit_code=exit_code,
             timed_out=timed_out,
             stdout=bytes(out.data),
@@ -477,13 +471,13 @@ class MemoryProvider:
 
     async def inspect(self, request: InspectRequest) -> InstanceResult:
         inst = self._instance("inspect", request)
-        return InstanceResult(**self._on(request, inst), state=inst.state)
+        return InstanceResult(**echo(request, state=inst.state))
 
     async def release(self, request: ReleaseRequest) -> ReleaseResult:
         """End every process, drop every byte; a second release returns the same identity."""
         inst = self._instance("release", request)
         await self._destroy(inst)
-        return ReleaseResult(**self._on(request, inst), state="released", destroyed=True)
+        return ReleaseResult(**echo(request, state="released", destroyed=True))
 
     async def compensate(self, request: CompensateRequest) -> CompensateResult:
         """Reclaim every object labelled with the key and runner tag, by label alone; idempotent."""
@@ -492,13 +486,13 @@ class MemoryProvider:
         doomed = [self._store[i] for i in sorted(ids)]
         for obj in doomed:
             await self._destroy(obj)
-        return CompensateResult(**self._echo(request), allocation_key=request.allocation_key, reclaimed=len(doomed))
+        return CompensateResult(**echo(request, reclaimed=len(doomed)))
 
     # The eight optional members --------------------------------------------------------------
 
     async def open_process(self, request: OpenProcessRequest) -> MemoryProcess:
         inst = self._instance("openProcess", request)
-        started = ProcessStarted(**self._on(request, inst), process_id=_new_id("proc"))
+        started = ProcessStarted(**echo(request, process_id=_new_id("proc")))
         return MemoryProcess(
             started, lambda read, emit: self._spawn(inst, self._context(inst, request, read, emit), request.argv)
         )
@@ -516,7 +510,7 @@ class MemoryProvider:
             if total > request.max_bytes:
                 raise SandboxBoundExceeded(f"max_bytes: the files exceed {request.max_bytes} bytes", field="max_bytes")
             files.append(FileContent(path=path, mode=node.mode, digest=sha256_digest(node.data), data=node.data))
-        return ReadFilesResult(**self._on(request, inst), files=files, missing=missing)
+        return ReadFilesResult(**echo(request, files=files, missing=missing))
 
     async def list_allocations(self, request: ListAllocationsRequest) -> ListAllocationsResult:
         self._enter("listAllocations", request)
@@ -525,7 +519,7 @@ class MemoryProvider:
             for h in self.live_objects()
             if h.runner_tag == request.runner_tag
         ]
-        return ListAllocationsResult(**self._echo(request), runner_tag=request.runner_tag, allocations=allocations)
+        return ListAllocationsResult(**echo(request, runner_tag=request.runner_tag, allocations=allocations))
 
     async def list_dir(self, request: ListDirRequest) -> ListDirResult:
         """Raises SandboxNotFound: ``path`` is not a directory."""
@@ -535,7 +529,7 @@ class MemoryProvider:
         found = inst.vfs.entries(request.path, recursive=request.recursive)
         entries = [DirEntry(path=e.path, kind=e.kind, size=e.size, mode=e.mode) for e in found[: request.max_entries]]
         return ListDirResult(
-            **self._on(request, inst), path=request.path, entries=entries, truncated=len(found) > request.max_entries
+            **echo(request, path=request.path, entries=entries, truncated=len(found) > request.max_entries)
         )
 
     async def snapshot(self, request: SnapshotRequest) -> SnapshotResult:
@@ -552,7 +546,7 @@ class MemoryProvider:
         self._keep(snap)
         self._snapshots[snap.id] = snap
         return SnapshotResult(
-            **self._on(request, inst), snapshot_allocation_key=request.snapshot_allocation_key, snapshot_id=snap.id
+            **echo(request, snapshot_allocation_key=request.snapshot_allocation_key, snapshot_id=snap.id)
         )
 
     async def delete_snapshot(self, request: DeleteSnapshotRequest) -> DeleteSnapshotResult:
@@ -566,10 +560,7 @@ class MemoryProvider:
         snap.state = snapshot_transition(snap.state, "deleteSnapshot")
         await self._destroy(snap)
         return DeleteSnapshotResult(
-            **self._echo(request),
-            snapshot_allocation_key=request.snapshot_allocation_key,
-            snapshot_id=snap.id,
-            deleted=True,
+            **echo(request, snapshot_allocation_key=request.snapshot_allocation_key, snapshot_id=snap.id, deleted=True)
         )
 
     async def clone(self, request: CloneRequest) -> CloneResult:
@@ -577,7 +568,7 @@ class MemoryProvider:
         self._enter("clone", request)
         source = self._lookup("clone", request.source_instance_id, request.source_allocation_key, prefix="source_")
         inst = self._allocate("clone", request, source.vfs.copy())
-        return CloneResult(**self._on(request, inst), state=inst.state, source_instance_id=source.id)
+        return CloneResult(**echo(request, instance_id=inst.id, state=inst.state, source_instance_id=source.id))
 
     async def resume(self, request: ResumeRequest) -> ResumeResult:
         """A new instance from a snapshot. Raises SandboxNotFound: the snapshot is unknown, foreign or deleted."""
@@ -585,7 +576,7 @@ class MemoryProvider:
         snap = self._snapshot_handle(request.snapshot_id, request.snapshot_allocation_key)
         snap.state = snapshot_transition(snap.state, "resume")
         inst = self._allocate("resume", request, snap.vfs.copy())
-        return ResumeResult(**self._on(request, inst), state=inst.state, snapshot_id=snap.id)
+        return ResumeResult(**echo(request, instance_id=inst.id, state=inst.state, snapshot_id=snap.id))
 
 
 def create(envelope: Mapping[str, Any] | None = None) -> MemoryProvider:

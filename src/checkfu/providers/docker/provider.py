@@ -83,6 +83,7 @@ from checkfu.contract.members import (
     WriteFileRequest,
     WriteFileResult,
     _Allocating,
+    echo,
 )
 from checkfu.contract.paths import is_within
 from checkfu.providers.docker import files, snapshots, spec
@@ -285,15 +286,6 @@ class DockerProvider:
         self._require_running(instance)
         raise exc
 
-    def _echo(self, request: InstanceCall, state: Any) -> InstanceResult:
-        return InstanceResult(
-            target=request.target,
-            lease=request.lease,
-            allocation_key=request.allocation_key,
-            instance_id=request.instance_id,
-            state=state,
-        )
-
     async def namespaces(self) -> tuple[str, ...]:
         """The namespaces every sandbox gets of its own on this engine: a user namespace only under userns-remap.
 
@@ -345,12 +337,13 @@ class DockerProvider:
             emit if callback is not None else None,
         )
         return MaterializeResult(
-            target=request.target,
-            lease=request.lease,
-            profile_digest=request.profile_digest,
-            image=image,
-            materialization_revision=self.envelope.materialization_revision,
-            built=built,
+            **echo(
+                request,
+                profile_digest=request.profile_digest,
+                image=image,
+                materialization_revision=self.envelope.materialization_revision,
+                built=built,
+            )
         )
 
     # provision, clone, resume -------------------------------------------------------------
@@ -418,14 +411,10 @@ class DockerProvider:
                 container_id, name, "provisioning", running=False, labels=labels, volumes=volume_names
             )
 
-    def _new_instance(self, request: _Allocating) -> dict[str, Any]:
-        return {
-            "target": request.target,
-            "lease": request.lease,
-            "allocation_key": request.allocation_key,
-            "instance_id": L.instance_name(request.allocation_key),
-            "state": "provisioning",
-        }
+    @staticmethod
+    def _new_instance(request: _Allocating) -> dict[str, Any]:
+        """The echo of the instance ``request`` allocated: ``provisioning``, its id derived from its key."""
+        return echo(request, instance_id=L.instance_name(request.allocation_key), state="provisioning")
 
     async def provision(self, request: ProvisionRequest) -> InstanceResult:
         """Create the sandbox (not started), its writable areas, and its mount volumes and stager.
@@ -607,15 +596,7 @@ class DockerProvider:
             )
         if not self._stage_inline(instance, request, target, data):
             await self.engine.run("writeFile", self._stage_blocking, instance, request, target, data)
-        return WriteFileResult(
-            target=request.target,
-            lease=request.lease,
-            allocation_key=request.allocation_key,
-            instance_id=request.instance_id,
-            path=request.path,
-            size=request.size,
-            digest=request.digest,
-        )
+        return WriteFileResult(**echo(request, path=request.path, size=request.size, digest=request.digest))
 
     def _activate_blocking(self, instance: Instance) -> None:
         api = self.engine.api
@@ -675,7 +656,7 @@ class DockerProvider:
         await self.engine.run("activate", self._activate_blocking, instance)
         with self._guard:
             self._active[name] = dataclasses.replace(instance, state="active", running=True)
-        return self._echo(request, "active")
+        return InstanceResult(**echo(request, state="active"))
 
     # exec, openProcess ----------------------------------------------------------------------
 
@@ -712,16 +693,15 @@ class DockerProvider:
                 await self._explain(request, "exec", exc)
             raise
         return ExecResult(
-            target=request.target,
-            lease=request.lease,
-            allocation_key=request.allocation_key,
-            instance_id=request.instance_id,
-            exit_code=outcome.exit_code,
-            timed_out=outcome.timed_out,
-            stdout=outcome.stdout,
-            stderr=outcome.stderr,
-            stdout_truncated=outcome.stdout_truncated,
-            stderr_truncated=outcome.stderr_truncated,
+            **echo(
+                request,
+                exit_code=outcome.exit_code,
+                timed_out=outcome.timed_out,
+                stdout=outcome.stdout,
+                stderr=outcome.stderr,
+                stdout_truncated=outcome.stdout_truncated,
+                stderr_truncated=outcome.stderr_truncated,
+            )
         )
 
     def _open_blocking(self, container_id: str, request: OpenProcessRequest) -> tuple[str, Any, bytes]:
@@ -756,13 +736,7 @@ class DockerProvider:
             if exc.code in ("SandboxNotFound", "SandboxStateConflict"):
                 await self._explain(request, "openProcess", exc)
             raise
-        started = ProcessStarted(
-            target=request.target,
-            lease=request.lease,
-            allocation_key=request.allocation_key,
-            instance_id=request.instance_id,
-            process_id=exec_id,
-        )
+        started = ProcessStarted(**echo(request, process_id=exec_id))
         return DockerProcess(self.engine, started, sock, initial, container_id)
 
     # readFiles, listDir ---------------------------------------------------------------------
@@ -778,14 +752,7 @@ class DockerProvider:
         found, missing = await self.engine.run(
             "readFiles", files.read_files, self.engine.api, instance.container_id, request.paths, request.max_bytes
         )
-        return ReadFilesResult(
-            target=request.target,
-            lease=request.lease,
-            allocation_key=request.allocation_key,
-            instance_id=request.instance_id,
-            files=tuple(found),
-            missing=tuple(missing),
-        )
+        return ReadFilesResult(**echo(request, files=tuple(found), missing=tuple(missing)))
 
     async def list_dir(self, request: ListDirRequest) -> ListDirResult:
         """The entries below a directory, one level or all, at most ``max_entries``; links are listed, not followed.
@@ -805,15 +772,7 @@ class DockerProvider:
             recursive=request.recursive,
             max_entries=request.max_entries,
         )
-        return ListDirResult(
-            target=request.target,
-            lease=request.lease,
-            allocation_key=request.allocation_key,
-            instance_id=request.instance_id,
-            path=request.path,
-            entries=tuple(entries),
-            truncated=truncated,
-        )
+        return ListDirResult(**echo(request, path=request.path, entries=tuple(entries), truncated=truncated))
 
     # snapshot family ------------------------------------------------------------------------
 
@@ -837,12 +796,7 @@ class DockerProvider:
             "snapshot", snapshots.take, self.engine.api, instance.container_id, instance.areas, instance.mounts, labels
         )
         return SnapshotResult(
-            target=request.target,
-            lease=request.lease,
-            allocation_key=request.allocation_key,
-            instance_id=request.instance_id,
-            snapshot_allocation_key=request.snapshot_allocation_key,
-            snapshot_id=snapshot_id,
+            **echo(request, snapshot_allocation_key=request.snapshot_allocation_key, snapshot_id=snapshot_id)
         )
 
     def _delete_snapshot_blocking(self, snapshot_key: str, snapshot_id: str) -> bool:
@@ -872,11 +826,12 @@ class DockerProvider:
             "deleteSnapshot", self._delete_snapshot_blocking, request.snapshot_allocation_key, request.snapshot_id
         )
         return DeleteSnapshotResult(
-            target=request.target,
-            lease=request.lease,
-            snapshot_allocation_key=request.snapshot_allocation_key,
-            snapshot_id=request.snapshot_id,
-            deleted=deleted,
+            **echo(
+                request,
+                snapshot_allocation_key=request.snapshot_allocation_key,
+                snapshot_id=request.snapshot_id,
+                deleted=deleted,
+            )
         )
 
     # inspect, release, compensate, listAllocations -------------------------------------------
@@ -890,9 +845,9 @@ class DockerProvider:
         name, found = await self._find(request)
         if found is None:
             if name in self._released:
-                return self._echo(request, transition("released", "inspect"))
+                return InstanceResult(**echo(request, state=transition("released", "inspect")))
             raise SandboxNotFound(f"instance_id: {name!r} does not exist", field="instance_id")
-        return self._echo(request, transition(found.state, "inspect"))
+        return InstanceResult(**echo(request, state=transition(found.state, "inspect")))
 
     def _reclaim_blocking(self, *, allocation_key: str, runner_tag: str | None, snapshots_of: bool) -> int:
         """Remove every object labelled with ``allocation_key`` (and ``runner_tag`` when given): containers,
@@ -1009,14 +964,7 @@ class DockerProvider:
                 snapshots_of=False,
             )
         self._forget(name)
-        return ReleaseResult(
-            target=request.target,
-            lease=request.lease,
-            allocation_key=request.allocation_key,
-            instance_id=request.instance_id,
-            state="released",
-            destroyed=True,
-        )
+        return ReleaseResult(**echo(request, state="released", destroyed=True))
 
     async def compensate(self, request: CompensateRequest) -> CompensateResult:
         """Remove every container, volume and image labelled with both the allocation key and the runner tag,
@@ -1030,9 +978,7 @@ class DockerProvider:
             snapshots_of=False,
         )
         self._forget(L.instance_name(request.allocation_key))
-        return CompensateResult(
-            target=request.target, lease=request.lease, allocation_key=request.allocation_key, reclaimed=count
-        )
+        return CompensateResult(**echo(request, reclaimed=count))
 
     def _list_blocking(self, runner_tag: str) -> list[AllocationEntry]:
         api = self.engine.api
@@ -1059,6 +1005,4 @@ class DockerProvider:
         """Every container, volume and image labelled with ``runner_tag``, with its allocation key and kind."""
         check_target(request, self.target)
         entries = await self.engine.run("listAllocations", self._list_blocking, request.runner_tag)
-        return ListAllocationsResult(
-            target=request.target, lease=request.lease, runner_tag=request.runner_tag, allocations=tuple(entries)
-        )
+        return ListAllocationsResult(**echo(request, runner_tag=request.runner_tag, allocations=tuple(entries)))

@@ -77,10 +77,11 @@ from checkfu.contract.members import (
     SnapshotResult,
     WriteFileRequest,
     WriteFileResult,
+    echo,
 )
 from checkfu.contract.profile import HOST_IMAGE
 from checkfu.contract.provider import ProcessStream
-from checkfu.contract.target import ExecutionTarget, Lease
+from checkfu.contract.target import ExecutionTarget
 from checkfu.contract.vocabulary import Resources
 from checkfu.providers.host_process import cgroups as cg
 from checkfu.providers.host_process import spawning, state, tarballs
@@ -188,12 +189,13 @@ class HostProcessProvider:
         if unmet:
             raise SandboxCapabilityUnavailable(unmet, provider=PROVIDER)
         return MaterializeResult(
-            target=self._target,
-            lease=request.lease,
-            profile_digest=request.profile_digest,
-            image=HOST_IMAGE,
-            materialization_revision=MATERIALIZATION_REVISION,
-            built=False,
+            **echo(
+                request,
+                profile_digest=request.profile_digest,
+                image=HOST_IMAGE,
+                materialization_revision=MATERIALIZATION_REVISION,
+                built=False,
+            )
         )
 
     # provision, writeFile, activate, inspect ------------------------------------------------
@@ -210,7 +212,7 @@ class HostProcessProvider:
         self._check_target(request.target)
         refuse_unmet(self._envelope, request.profile, request.platform, request.mounts, request.root_image)
         instance = await self._allocate(request.allocation_key, request.runner_tag, request.profile.resource_limits)
-        return self._echo(instance, request.lease)
+        return InstanceResult(**echo(request, instance_id=instance.instance_id, state=instance.state))
 
     async def write_file(self, request: WriteFileRequest, data: bytes) -> WriteFileResult:
         """Refused: with no mounts there is no path a file may be staged at.
@@ -242,7 +244,7 @@ class HostProcessProvider:
             with seam("activate"):
                 state.write_label(self._layout.instance_label(instance.key), instance.label_as("active"))
             instance.state = "active"
-        return self._echo(instance, request.lease)
+        return InstanceResult(**echo(request, state=instance.state))
 
     async def inspect(self, request: InspectRequest) -> InstanceResult:
         """The instance's state: from memory, or from its label after a restart.
@@ -251,7 +253,7 @@ class HostProcessProvider:
             SandboxNotFound: no such instance (never held, or compensated after a restart).
         """
         self._check_target(request.target)
-        return self._echo(self._instance(request), request.lease)
+        return InstanceResult(**echo(request, state=self._instance(request).state))
 
     # exec, openProcess ----------------------------------------------------------------------
 
@@ -284,16 +286,15 @@ class HostProcessProvider:
             assert isinstance(exc, OSError)
             message = _start_message(request.argv[0], exc)
             return ExecResult(
-                target=self._target,
-                lease=request.lease,
-                allocation_key=instance.key,
-                instance_id=instance.instance_id,
-                exit_code=status,
-                timed_out=False,
-                stdout=b"",
-                stderr=message[: request.max_output_bytes],
-                stdout_truncated=False,
-                stderr_truncated=len(message) > request.max_output_bytes,
+                **echo(
+                    request,
+                    exit_code=status,
+                    timed_out=False,
+                    stdout=b"",
+                    stderr=message[: request.max_output_bytes],
+                    stdout_truncated=False,
+                    stderr_truncated=len(message) > request.max_output_bytes,
+                )
             )
         try:
             with seam("exec"):
@@ -310,16 +311,15 @@ class HostProcessProvider:
             if tree.spawn_dir is not None:
                 cg.remove_spawn_dir(tree.spawn_dir)
         return ExecResult(
-            target=self._target,
-            lease=request.lease,
-            allocation_key=instance.key,
-            instance_id=instance.instance_id,
-            exit_code=spawning.exit_status(got.returncode),
-            timed_out=got.timed_out,
-            stdout=got.stdout,
-            stderr=got.stderr,
-            stdout_truncated=got.stdout_truncated,
-            stderr_truncated=got.stderr_truncated,
+            **echo(
+                request,
+                exit_code=spawning.exit_status(got.returncode),
+                timed_out=got.timed_out,
+                stdout=got.stdout,
+                stderr=got.stderr,
+                stdout_truncated=got.stdout_truncated,
+                stderr_truncated=got.stderr_truncated,
+            )
         )
 
     async def open_process(self, request: OpenProcessRequest) -> ProcessStream:
@@ -348,9 +348,9 @@ class HostProcessProvider:
             if status is None:
                 raise translate(exc, "openProcess") from exc
             assert isinstance(exc, OSError)
-            started = self._started(instance, request.lease, f"p-none-{uuid.uuid4().hex[:12]}")
+            started = ProcessStarted(**echo(request, process_id=f"p-none-{uuid.uuid4().hex[:12]}"))
             return FailedStart(started, _start_message(request.argv[0], exc), status)
-        started = self._started(instance, request.lease, f"p-{tree.pid}")
+        started = ProcessStarted(**echo(request, process_id=f"p-{tree.pid}"))
         finished = partial(cg.remove_spawn_dir, tree.spawn_dir) if tree.spawn_dir else None
         try:
             with seam("openProcess"):
@@ -389,14 +389,7 @@ class HostProcessProvider:
                         self._store.destroy, instance.key, [instance.cgroups], list(instance.groups), self._kill_grace
                     )
                 self._released(instance)
-        return ReleaseResult(
-            target=self._target,
-            lease=request.lease,
-            allocation_key=instance.key,
-            instance_id=instance.instance_id,
-            state="released",
-            destroyed=True,
-        )
+        return ReleaseResult(**echo(request, state="released", destroyed=True))
 
     async def compensate(self, request: CompensateRequest) -> CompensateResult:
         """Reclaim whatever carries ``allocation_key`` and ``runner_tag``, trusting no earlier answer.
@@ -438,16 +431,14 @@ class HostProcessProvider:
         with seam("compensate"):
             if await asyncio.to_thread(self._store.destroy_snapshot, key, tag):
                 reclaimed += 1
-        return CompensateResult(target=self._target, lease=request.lease, allocation_key=key, reclaimed=reclaimed)
+        return CompensateResult(**echo(request, reclaimed=reclaimed))
 
     async def list_allocations(self, request: ListAllocationsRequest) -> ListAllocationsResult:
         """Every instance and snapshot labelled with ``runner_tag``, from the state directory."""
         self._check_target(request.target)
         with seam("listAllocations"):
             entries = await asyncio.to_thread(self._store.scan, request.runner_tag)
-        return ListAllocationsResult(
-            target=self._target, lease=request.lease, runner_tag=request.runner_tag, allocations=entries
-        )
+        return ListAllocationsResult(**echo(request, runner_tag=request.runner_tag, allocations=entries))
 
     # snapshot, deleteSnapshot, resume, clone -------------------------------------------------
 
@@ -478,14 +469,7 @@ class HostProcessProvider:
             )
             with seam("snapshot"):
                 await asyncio.to_thread(self._store.write_snapshot, instance, label)
-        return SnapshotResult(
-            target=self._target,
-            lease=request.lease,
-            allocation_key=instance.key,
-            instance_id=instance.instance_id,
-            snapshot_allocation_key=key,
-            snapshot_id=snapshot_id,
-        )
+        return SnapshotResult(**echo(request, snapshot_allocation_key=key, snapshot_id=snapshot_id))
 
     async def delete_snapshot(self, request: DeleteSnapshotRequest) -> DeleteSnapshotResult:
         """Remove a snapshot's bytes and label; deleting it again says ``deleted: false``.
@@ -507,11 +491,7 @@ class HostProcessProvider:
                 f"snapshot_id: no snapshot {request.snapshot_id!r} under allocation key {key!r}", field="snapshot_id"
             )
         return DeleteSnapshotResult(
-            target=self._target,
-            lease=request.lease,
-            snapshot_allocation_key=key,
-            snapshot_id=request.snapshot_id,
-            deleted=deleted,
+            **echo(request, snapshot_allocation_key=key, snapshot_id=request.snapshot_id, deleted=deleted)
         )
 
     async def resume(self, request: ResumeRequest) -> ResumeResult:
@@ -542,12 +522,7 @@ class HostProcessProvider:
         instance = await self._allocate(request.allocation_key, request.runner_tag, request.profile.resource_limits)
         await self._fill(instance, "resume", partial(tarballs.extract, tarball, instance.workdir))
         return ResumeResult(
-            target=self._target,
-            lease=request.lease,
-            allocation_key=instance.key,
-            instance_id=instance.instance_id,
-            state=instance.state,
-            snapshot_id=request.snapshot_id,
+            **echo(request, instance_id=instance.instance_id, state=instance.state, snapshot_id=request.snapshot_id)
         )
 
     async def clone(self, request: CloneRequest) -> CloneResult:
@@ -567,12 +542,9 @@ class HostProcessProvider:
             instance = await self._allocate(request.allocation_key, request.runner_tag, request.profile.resource_limits)
             await self._fill(instance, "clone", partial(self._store.copy_workdir, source, instance))
         return CloneResult(
-            target=self._target,
-            lease=request.lease,
-            allocation_key=instance.key,
-            instance_id=instance.instance_id,
-            state=instance.state,
-            source_instance_id=source.instance_id,
+            **echo(
+                request, instance_id=instance.instance_id, state=instance.state, source_instance_id=source.instance_id
+            )
         )
 
     # undeclared members ------------------------------------------------------------------------
@@ -598,24 +570,6 @@ class HostProcessProvider:
     def _check_target(self, target: ExecutionTarget) -> None:
         if target != self._target:
             raise SandboxAdapterUnavailable(f"target: this adapter is {self._target}, not {target}", field="target")
-
-    def _echo(self, instance: Instance, lease: Lease) -> InstanceResult:
-        return InstanceResult(
-            target=self._target,
-            lease=lease,
-            allocation_key=instance.key,
-            instance_id=instance.instance_id,
-            state=instance.state,
-        )
-
-    def _started(self, instance: Instance, lease: Lease, process_id: str) -> ProcessStarted:
-        return ProcessStarted(
-            target=self._target,
-            lease=lease,
-            allocation_key=instance.key,
-            instance_id=instance.instance_id,
-            process_id=process_id,
-        )
 
     def _cgroup_name(self, key: str) -> str:
         return cg.instance_name(self._layout.state_hash, key)
