@@ -344,8 +344,14 @@ async def test_read_files_bound_and_list_dir_truncation(p: MemoryProvider, r: Re
         [("/workspace/README", len(README), 0o644), ("/workspace/src", 0, 0o755)],
         False,
     )
-    with pytest.raises(SandboxNotFound):
-        await p.list_dir(ListDirRequest(**r.on(inst), path="/workspace/README", max_entries=2))
+
+
+async def test_list_dir_answers_a_file_or_nothing_in_band(p: MemoryProvider, r: Requests) -> None:
+    inst = await active(p, r)
+    answers = {"/workspace": "dir", "/workspace/README": "file", "/nope": "missing", "/workspace/README/x": "missing"}
+    for path, kind in answers.items():
+        got = await p.list_dir(ListDirRequest(**r.on(inst), path=path, recursive=True, max_entries=10))
+        assert (got.path, got.kind, got.entries == (), got.truncated) == (path, kind, kind != "dir", False)
 
 
 # Refusals ------------------------------------------------------------------------------------

@@ -142,6 +142,7 @@ SHAPE_FAULTS = {
     "unknown-state",
     "foreign-lease-shape",
     "duplicate-path",
+    "unknown-path-kind",
 }
 """Faults of shape (type, enum, pattern, bounds, uniqueness, cardinality) that JSON Schema can express."""
 

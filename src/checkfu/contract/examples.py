@@ -232,12 +232,15 @@ def messages() -> dict[str, list[dict[str, Any]]]:
             {
                 **ic,
                 "path": "/workspace",
+                "kind": "dir",
                 "truncated": False,
                 "entries": [
                     {"path": "/workspace/README", "kind": "file", "size": len(HELLO), "mode": 0o644},
                     {"path": "/workspace/src", "kind": "dir", "size": 0, "mode": 0o755},
                 ],
-            }
+            },
+            {**ic, "path": "/workspace/out", "kind": "missing", "truncated": False, "entries": []},
+            {**ic, "path": "/workspace/README", "kind": "file", "truncated": False, "entries": []},
         ],
         "SnapshotRequest": [{**ic, "snapshot_allocation_key": "ak-0002"}],
         "SnapshotResult": [{**ic, "snapshot_allocation_key": "ak-0002", "snapshot_id": "s-7"}],

@@ -282,6 +282,8 @@ class ListDirRequest(InstanceCall):
 
 
 EntryKind = Literal["file", "dir", "symlink", "other"]
+PathKind = Literal["dir", "file", "symlink", "other", "missing"]
+"""What is at a listed path itself: an entry's kind, or ``missing`` when nothing is there."""
 
 
 class DirEntry(Model):
@@ -292,11 +294,27 @@ class DirEntry(Model):
 
 
 class ListDirResult(Result):
+    """What is at ``path`` and, only for a directory, what is below it.
+
+    ``kind`` answers in-band: ``missing`` when nothing is at ``path``, and ``file``,
+    ``symlink`` or ``other`` when it is not a directory; a final symlink is never
+    followed. Only a ``dir`` has ``entries`` or can be ``truncated``.
+    """
+
     allocation_key: AllocationKey
     instance_id: Identifier
     path: ResultPath
+    kind: PathKind
     entries: tuple[DirEntry, ...]
     truncated: Bool
+
+    @model_validator(mode="after")
+    def _entries_only_below_a_directory(self) -> ListDirResult:
+        if self.kind != "dir" and self.entries:
+            raise rule_error(SandboxResultInvalid, "entries", f"a {self.kind} path has no entries to list")
+        if self.kind != "dir" and self.truncated:
+            raise rule_error(SandboxResultInvalid, "truncated", f"a {self.kind} path has no listing to truncate")
+        return self
 
 
 # listAllocations, compensate ----------------------------------------------------------------

@@ -70,6 +70,7 @@ from checkfu.contract.members import (
     MaterializeRequest,
     MaterializeResult,
     OpenProcessRequest,
+    PathKind,
     ProcessStarted,
     ProvisionRequest,
     ReadFilesRequest,
@@ -522,14 +523,15 @@ class MemoryProvider:
         return ListAllocationsResult(**echo(request, runner_tag=request.runner_tag, allocations=allocations))
 
     async def list_dir(self, request: ListDirRequest) -> ListDirResult:
-        """Raises SandboxNotFound: ``path`` is not a directory."""
+        """A file or nothing at ``path`` is answered in-band (kind ``file`` or ``missing``), not raised."""
         inst = self._instance("listDir", request)
         if not inst.vfs.is_dir(request.path):
-            raise SandboxNotFound(f"path: {request.path!r} is not a directory", field="path")
+            kind: PathKind = "file" if inst.vfs.read(request.path) is not None else "missing"
+            return ListDirResult(**echo(request, path=request.path, kind=kind, entries=(), truncated=False))
         found = inst.vfs.entries(request.path, recursive=request.recursive)
         entries = [DirEntry(path=e.path, kind=e.kind, size=e.size, mode=e.mode) for e in found[: request.max_entries]]
         return ListDirResult(
-            **echo(request, path=request.path, entries=entries, truncated=len(found) > request.max_entries)
+            **echo(request, path=request.path, kind="dir", entries=entries, truncated=len(found) > request.max_entries)
         )
 
     async def snapshot(self, request: SnapshotRequest) -> SnapshotResult:

@@ -382,6 +382,23 @@ RULES: dict[str, list[Invalid]] = {
             _set("lease.lease_epoch", 1.5),
         ),
     ],
+    "ListDirResult": [
+        Invalid(
+            "entries-of-a-file",
+            "only a directory has entries",
+            "SandboxResultInvalid",
+            "entries",
+            _set("kind", "file"),
+        ),
+        Invalid(
+            "truncated-missing",
+            "only a directory listing can be truncated",
+            "SandboxResultInvalid",
+            "truncated",
+            lambda doc: doc.update(kind="missing", entries=[], truncated=True),
+        ),
+        Invalid("unknown-path-kind", "five path kinds only", "SandboxResultInvalid", "kind", _set("kind", "fifo")),
+    ],
     "ReadFilesRequest": [
         Invalid("dotdot-path", "paths are normalized", PATH, "paths.0", _set("paths.0", "/workspace/../etc")),
         Invalid("duplicate-path", "paths are unique", "SandboxProtocolViolation", "paths", _set("paths", ["/a", "/a"])),

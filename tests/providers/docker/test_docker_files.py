@@ -9,7 +9,7 @@ import pytest
 from docker_kit import LEASE, Box, Kit, sha
 
 from checkfu.contract.checks import check_read_files
-from checkfu.contract.errors import SandboxBoundExceeded, SandboxNotFound, SandboxPathRejected, SandboxStateConflict
+from checkfu.contract.errors import SandboxBoundExceeded, SandboxStateConflict
 from checkfu.contract.members import ListDirRequest, ReadFilesRequest
 
 pytestmark = [pytest.mark.docker, pytest.mark.anyio]
@@ -48,8 +48,9 @@ async def test_reads_regular_files_with_mode_and_digest(box: Box) -> None:
 
 async def test_links_are_never_followed(box: Box) -> None:
     home = box.kit.provider.user.home
-    found, missing = await read(box, f"{home}/link-out", f"{home}/link-in", f"{home}/pipe", f"{home}/d", f"{home}/nope")
-    assert found == {} and len(missing) == 5
+    odd = (f"{home}/link-out", f"{home}/link-in", f"{home}/pipe", f"{home}/d", f"{home}/nope", f"{home}/big/below")
+    found, missing = await read(box, *odd)
+    assert found == {} and missing == list(odd)
     # a link in the middle of a path resolves inside the sandbox's root, never the host's
     found, _ = await read(box, f"{home}/root-link/etc/passwd")
     assert b"sandbox:x:1000:1000" in found[f"{home}/root-link/etc/passwd"]
@@ -71,6 +72,7 @@ async def test_list_dir(box: Box) -> None:
     home = box.kit.provider.user.home
     p = box.kit.provider
     flat = await p.list_dir(ListDirRequest(**box.call, path=f"{home}/d", max_entries=100))
+    assert flat.kind == "dir"
     assert {(e.path, e.kind) for e in flat.entries} == {(f"{home}/d/one", "file"), (f"{home}/d/e", "dir")}
     assert not flat.truncated
     deep = await p.list_dir(ListDirRequest(**box.call, path=home, recursive=True, max_entries=100))
@@ -80,14 +82,27 @@ async def test_list_dir(box: Box) -> None:
     assert kinds[f"{home}/d/one"].mode == 0o600
     short = await p.list_dir(ListDirRequest(**box.call, path=home, recursive=True, max_entries=2))
     assert short.truncated and len(short.entries) == 2
-    with pytest.raises(SandboxPathRejected):
-        await p.list_dir(ListDirRequest(**box.call, path=f"{home}/root-link", max_entries=10))
-    with pytest.raises(SandboxPathRejected):
-        await p.list_dir(ListDirRequest(**box.call, path=f"{home}/big", max_entries=10))
-    with pytest.raises(SandboxNotFound):
-        await p.list_dir(ListDirRequest(**box.call, path=f"{home}/none", max_entries=10))
     ws = await p.list_dir(ListDirRequest(**box.call, path="/workspace", max_entries=10))
     assert [e.path for e in ws.entries] == ["/workspace/README"]
+
+
+async def test_list_dir_says_what_is_at_a_path_that_is_no_directory(box: Box) -> None:
+    home = box.kit.provider.user.home
+    answers = {
+        f"{home}/root-link": "symlink",  # a link to the sandbox's /, listed as the link, never followed
+        f"{home}/link-in": "symlink",
+        f"{home}/big": "file",
+        f"{home}/pipe": "other",
+        f"{home}/none": "missing",
+        f"{home}/big/below-a-file": "missing",
+        f"{home}/link-in/below-a-linked-file": "missing",
+    }
+    for path, kind in answers.items():
+        for recursive in (False, True):
+            got = await box.kit.provider.list_dir(
+                ListDirRequest(**box.call, path=path, recursive=recursive, max_entries=10)
+            )
+            assert (got.path, got.kind, got.entries, got.truncated) == (path, kind, (), False), path
 
 
 async def test_reads_need_an_active_instance(kit: Kit) -> None:

@@ -4,6 +4,11 @@ Reads use ``GET /containers/{id}/archive`` directly (on docker-py's session) so
 the path's stat header can be checked before any body is read, and the
 response closed at once when the path is not what the caller wants.
 
+A path below something that is not a directory (``/etc/hostname/x``) holds
+nothing; the engine refuses it with a bare 500, so on a 500 the nearest
+existing ancestor is looked at (``HEAD``, its stat alone) rather than the
+message read: when that ancestor is not a directory, the path is missing.
+
 Confinement: the engine resolves every path of an archive request inside the
 container's own root (it runs the tar chrooted to the container root since the
 fix of CVE-2018-15664), and it archives the final component itself: a symlink
@@ -15,6 +20,7 @@ from __future__ import annotations
 
 import base64
 import json
+import posixpath
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,8 +69,24 @@ def _stat(response: Any) -> PathStat:
         raise SandboxProviderFailed("archive: the engine sent no readable path stat") from exc
 
 
+def _below_a_non_directory(api: Any, url: str, path: str) -> bool:
+    """Whether the nearest existing ancestor of ``path`` is not a directory (a file, a device, or a link
+    the engine could not descend through), so nothing can exist at ``path``."""
+    parent = posixpath.dirname(path)
+    while True:
+        head = api.head(url, params={"path": parent}, timeout=api.timeout)
+        head.close()
+        if head.status_code == 200:
+            stat = _stat(head)
+            return stat.is_symlink or not stat.is_dir
+        if head.status_code != 404 or parent == "/":
+            return False
+        parent = posixpath.dirname(parent)
+
+
 def open_path(api: Any, container: str, path: str) -> tuple[PathStat, Any] | None:
-    """The stat of ``path`` and the open response streaming its archive, or ``None`` when it does not exist.
+    """The stat of ``path`` and the open response streaming its archive, or ``None`` when nothing is there
+    (``path`` does not exist, or lies below something that is not a directory).
 
     The caller must close the response.
 
@@ -77,11 +99,10 @@ def open_path(api: Any, container: str, path: str) -> tuple[PathStat, Any] | Non
         url, params={"path": path}, headers={"Accept-Encoding": "identity"}, stream=True, timeout=api.timeout
     )
     status = response.status_code
-    if status == 404:
-        response.close()
-        return None
     if status != 200:
         response.close()
+        if status == 404 or (status == 500 and _below_a_non_directory(api, url, path)):
+            return None
         cls = STATUS_ERRORS.get(status, SandboxProviderFailed)
         raise cls(f"archive of {path!r}: engine answered {status}")
     try:

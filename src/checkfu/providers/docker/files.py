@@ -7,7 +7,9 @@ but the archive API needs no tool in the image, cannot be tampered with by a
 sandbox process (an exec runs as the sandbox user and can be traced by it), and
 reports exact modes. ``readFiles`` returns regular files only: a path that is
 missing, a directory, a symlink or a device is listed in ``missing``; a link is
-never followed, so no link can lead a read out of the sandbox.
+never followed, so no link can lead a read out of the sandbox. ``listDir`` says
+in-band what is at its path (``missing``, ``file``, ``symlink``, ``other``) and
+lists entries only of a directory.
 """
 
 from __future__ import annotations
@@ -16,9 +18,9 @@ import hashlib
 import tarfile
 from typing import Any
 
-from checkfu.contract.errors import SandboxBoundExceeded, SandboxNotFound, SandboxPathRejected, SandboxProviderFailed
-from checkfu.contract.members import DirEntry, EntryKind, FileContent
-from checkfu.providers.docker.archive import open_path
+from checkfu.contract.errors import SandboxBoundExceeded, SandboxProviderFailed
+from checkfu.contract.members import DirEntry, EntryKind, FileContent, PathKind
+from checkfu.providers.docker.archive import PathStat, open_path
 
 
 def _digest(data: bytes) -> str:
@@ -85,26 +87,34 @@ def _kind(member: tarfile.TarInfo) -> EntryKind:
     return "other"
 
 
-def list_dir(api: Any, container: str, path: str, *, recursive: bool, max_entries: int) -> tuple[list[DirEntry], bool]:
-    """The entries below directory ``path`` (one level, or all with ``recursive``), at most ``max_entries``.
+def _path_kind(stat: PathStat) -> PathKind:
+    if stat.is_symlink:
+        return "symlink"
+    if stat.is_dir:
+        return "dir"
+    if stat.is_regular:
+        return "file"
+    return "other"
 
-    Returns the entries and whether the listing was cut short.
 
-    Raises:
-        SandboxNotFound: ``path`` does not exist.
-        SandboxPathRejected: ``path`` is a symlink (never followed) or not a directory.
+def list_dir(
+    api: Any, container: str, path: str, *, recursive: bool, max_entries: int
+) -> tuple[PathKind, list[DirEntry], bool]:
+    """What is at ``path`` itself (a final symlink is not followed) and, for a directory, the entries below it
+    (one level, or all with ``recursive``), at most ``max_entries``.
+
+    Returns the kind, the entries and whether the listing was cut short.
     """
     opened = open_path(api, container, path)
     if opened is None:
-        raise SandboxNotFound(f"path: {path!r} does not exist in the sandbox", field="path")
+        return "missing", [], False
     stat, response = opened
+    kind = _path_kind(stat)
     entries: list[DirEntry] = []
     truncated = False
     try:
-        if stat.is_symlink:
-            raise SandboxPathRejected(f"path: {path!r} is a symlink; listDir never follows links", field="path")
-        if not stat.is_dir:
-            raise SandboxPathRejected(f"path: {path!r} is not a directory", field="path")
+        if kind != "dir":
+            return kind, [], False
         base = path.rstrip("/")
         with tarfile.open(fileobj=response.raw, mode="r|") as archive:
             for member in archive:
@@ -116,15 +126,15 @@ def list_dir(api: Any, container: str, path: str, *, recursive: bool, max_entrie
                 if len(entries) == max_entries:
                     truncated = True
                     break
-                kind = _kind(member)
+                entry_kind = _kind(member)
                 entries.append(
                     DirEntry(
                         path=f"{base}/{rel}",
-                        kind=kind,
-                        size=member.size if kind == "file" else 0,
+                        kind=entry_kind,
+                        size=member.size if entry_kind == "file" else 0,
                         mode=member.mode & 0o7777,
                     )
                 )
     finally:
         response.close()
-    return entries, truncated
+    return kind, entries, truncated

@@ -755,15 +755,15 @@ class DockerProvider:
         return ReadFilesResult(**echo(request, files=tuple(found), missing=tuple(missing)))
 
     async def list_dir(self, request: ListDirRequest) -> ListDirResult:
-        """The entries below a directory, one level or all, at most ``max_entries``; links are listed, not followed.
+        """What is at the path (``missing``, ``file``, ``symlink``, ``other``: answered, not raised) and, for a
+        directory, its entries, one level or all, at most ``max_entries``; links are listed, never followed.
 
         Raises:
             SandboxStateConflict: the instance is not active.
-            SandboxNotFound: the path does not exist.
-            SandboxPathRejected: the path is a symlink or not a directory.
+            SandboxNotFound: no such instance.
         """
         instance = await self._resolve(request, "listDir")
-        entries, truncated = await self.engine.run(
+        kind, entries, truncated = await self.engine.run(
             "listDir",
             files.list_dir,
             self.engine.api,
@@ -772,7 +772,7 @@ class DockerProvider:
             recursive=request.recursive,
             max_entries=request.max_entries,
         )
-        return ListDirResult(**echo(request, path=request.path, entries=tuple(entries), truncated=truncated))
+        return ListDirResult(**echo(request, path=request.path, kind=kind, entries=tuple(entries), truncated=truncated))
 
     # snapshot family ------------------------------------------------------------------------
 
