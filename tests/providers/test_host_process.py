@@ -25,6 +25,7 @@ from checkfu.contract.envelope import SandboxProviderCapabilities
 from checkfu.contract.errors import (
     SandboxAdapterUnavailable,
     SandboxCapabilityUnavailable,
+    SandboxIdentityMismatch,
     SandboxNotFound,
     SandboxOperationUnsupported,
     SandboxPathRejected,
@@ -414,9 +415,9 @@ async def test_every_unmet_need_is_listed_at_once(kit: Kit) -> None:
         await kit.provider.provision(request)
     assert [u.field for u in refused.value.unmet] == [
         "profile.network_policy.mode",
-        "profile.base_image",
-        "profile.packages",
         "platform",
+        "profile.base_image",
+        "profile.packages.pip",
         "profile.retention_mode",
         "profile.resource_limits.cpu_millis",
         "profile.resource_limits.pids",
@@ -428,8 +429,9 @@ async def test_every_unmet_need_is_listed_at_once(kit: Kit) -> None:
 
 @pytest.mark.anyio
 async def test_a_request_for_another_adapter_is_refused(kit: Kit) -> None:
+    # The same code the Docker and memory providers answer with: the request is not for this adapter.
     other = kit.target.model_copy(update={"provider_revision": "checkfu-host-process 2"})
-    with pytest.raises(SandboxAdapterUnavailable) as refused:
+    with pytest.raises(SandboxIdentityMismatch) as refused:
         await kit.provider.provision(kit.provision_request("ak-t", target=other))
     assert refused.value.field == "target"
     nothing_created(kit)

@@ -34,8 +34,8 @@ from typing import Literal
 
 from checkfu.contract.errors import (
     SandboxAdapterUnavailable,
-    SandboxCapabilityUnavailable,
     SandboxError,
+    SandboxIdentityMismatch,
     SandboxNotFound,
     SandboxOperationUnsupported,
     SandboxPathRejected,
@@ -85,10 +85,9 @@ from checkfu.contract.target import ExecutionTarget
 from checkfu.contract.vocabulary import Resources
 from checkfu.providers.host_process import cgroups as cg
 from checkfu.providers.host_process import spawning, state, tarballs
-from checkfu.providers.host_process.admission import image_unmet, refuse_unmet
+from checkfu.providers.host_process.admission import refuse_unmet
 from checkfu.providers.host_process.envelope import (
     MATERIALIZATION_REVISION,
-    PROVIDER,
     PROVIDER_REVISION,
     envelope,
     host_maximum,
@@ -181,13 +180,12 @@ class HostProcessProvider:
         """The image of a ``host`` profile is the host itself: nothing is built.
 
         Raises:
-            SandboxAdapterUnavailable: the request names another adapter.
-            SandboxCapabilityUnavailable: the profile asks for another image, tier, platform or packages.
+            SandboxIdentityMismatch: the request names another adapter.
+            SandboxCapabilityUnavailable: the envelope cannot serve the profile (another image, packages, a
+                confined network, ...) or the platform; every unmet need is listed.
         """
         self._check_target(request.target)
-        unmet = image_unmet(self._envelope, request.profile, request.platform)
-        if unmet:
-            raise SandboxCapabilityUnavailable(unmet, provider=PROVIDER)
+        refuse_unmet(self._envelope, request.profile, request.platform)
         return MaterializeResult(
             **echo(
                 request,
@@ -204,7 +202,7 @@ class HostProcessProvider:
         """Allocate a working directory (and cgroups bounding the profile's limits); nothing runs yet.
 
         Raises:
-            SandboxAdapterUnavailable: the request names another adapter.
+            SandboxIdentityMismatch: the request names another adapter.
             SandboxCapabilityUnavailable: before anything is created, for every need the envelope does not meet.
             SandboxStateConflict: the allocation key already holds an instance.
             SandboxProviderFailed: the host refused a directory, a label or a cgroup.
@@ -401,7 +399,7 @@ class HostProcessProvider:
         Idempotent: a second call reclaims nothing and says ``0``.
 
         Raises:
-            SandboxAdapterUnavailable: the request names another adapter.
+            SandboxIdentityMismatch: the request names another adapter.
             SandboxProviderFailed: a process survived SIGKILL or a file could not be removed.
         """
         self._check_target(request.target)
@@ -568,8 +566,11 @@ class HostProcessProvider:
     # internals ---------------------------------------------------------------------------------
 
     def _check_target(self, target: ExecutionTarget) -> None:
+        """Raises SandboxIdentityMismatch: ``target`` is another adapter's (as every provider answers it)."""
         if target != self._target:
-            raise SandboxAdapterUnavailable(f"target: this adapter is {self._target}, not {target}", field="target")
+            raise SandboxIdentityMismatch(
+                f"target: request is for {target}, this provider is {self._target}", field="target"
+            )
 
     def _cgroup_name(self, key: str) -> str:
         return cg.instance_name(self._layout.state_hash, key)
