@@ -13,6 +13,7 @@ from checkfu.contract.checks import check_echo
 from checkfu.contract.codec import decode, encode
 from checkfu.contract.enforcement import AXES
 from checkfu.contract.errors import (
+    SandboxAdapterUnavailable,
     SandboxCapabilityUnavailable,
     SandboxDigestMismatch,
     SandboxIdentityMismatch,
@@ -65,10 +66,16 @@ def test_factory_takes_string_options(tmp_path: Any) -> None:
         assert p.state_dir == tmp_path and p.user.uid == 1000
     finally:
         p.close()
-    with pytest.raises(ValueError):
-        create(colour="blue")
-    with pytest.raises(ValueError):
-        create(sandbox_user="0:0")
+    refusals = {
+        "colour": {"colour": "blue"},
+        "sandbox_user": {"sandbox_user": "0:0"},
+        "home": {"home": "relative"},
+        "workers": {"workers": "many"},
+    }
+    for field, options in refusals.items():
+        with pytest.raises(SandboxAdapterUnavailable) as refused:
+            create(**options)
+        assert refused.value.field == field
 
 
 async def test_round_trip_echoes_every_identity(kit: Kit) -> None:

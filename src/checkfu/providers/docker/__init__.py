@@ -1,52 +1,74 @@
 """The in-tree Docker provider: sandboxes on the local Docker Engine, every isolation flag set by this code.
 
-``create(**options)`` is the entry point the runner's registry calls (entry point
-name ``docker``). Options, all strings: ``sandbox_user`` (``uid:gid``, default
-``1000:1000``), ``home`` (default ``/home/sandbox``), ``state_dir`` (where
+``create(progress=..., **options)`` is the entry point the runner's registry calls
+(entry point name ``docker``). String options: ``sandbox_user`` (``uid:gid``,
+default ``1000:1000``), ``home`` (default ``/home/sandbox``), ``state_dir`` (where
 staged files wait for activation), ``cache_tag`` (runner tag of materialized
-images) and ``workers`` (threads for docker-py calls).
+images) and ``workers`` (threads for docker-py calls). ``progress``, a callable,
+receives each line of an image build's output as one ``str``.
+
+``pin_base_image`` turns a base image tag into the engine's image id, for a
+profile written by a person.
 """
 
 from __future__ import annotations
 
-from checkfu.providers.docker.engine import DEFAULT_WORKERS, Engine
+import docker.errors
+
+from checkfu.contract.errors import SandboxAdapterUnavailable
+from checkfu.providers.docker.engine import DEFAULT_WORKERS, Engine, require_engine
 from checkfu.providers.docker.envelope import MATERIALIZATION_REVISION, PROVIDER, PROVIDER_REVISION, build_envelope
-from checkfu.providers.docker.materialize import BuildProgress
+from checkfu.providers.docker.materialize import BuildLine
+from checkfu.providers.docker.pinning import pin_base_image
 from checkfu.providers.docker.provider import DockerProvider
 
 OPTIONS = ("sandbox_user", "home", "state_dir", "cache_tag", "workers")
 
 
-def create(**options: str) -> DockerProvider:
-    """A Docker provider configured by string ``options`` (see the module docstring).
+def create(progress: BuildLine | None = None, **options: str) -> DockerProvider:
+    """A Docker provider configured by string ``options``, reporting build lines to ``progress``
+    (see the module docstring).
 
     Raises:
-        ValueError: an unknown option, or a malformed value.
+        SandboxAdapterUnavailable: an unknown option, a malformed value, or no engine that answers.
     """
     unknown = sorted(set(options) - set(OPTIONS))
     if unknown:
-        raise ValueError(f"unknown docker provider options: {', '.join(unknown)}")
-    kwargs: dict[str, object] = {}
-    for name in ("sandbox_user", "home", "state_dir", "cache_tag"):
-        if name in options:
-            kwargs[name] = options[name]
-    workers = int(options.get("workers", DEFAULT_WORKERS))
-    return DockerProvider(
-        engine=Engine(workers=workers),
-        sandbox_user=str(kwargs.get("sandbox_user", "1000:1000")),
-        home=str(kwargs.get("home", "/home/sandbox")),
-        state_dir=str(kwargs["state_dir"]) if "state_dir" in kwargs else None,
-        cache_tag=str(kwargs.get("cache_tag", "checkfu-cache")),
-    )
+        raise SandboxAdapterUnavailable(
+            f"{unknown[0]}: unknown option of docker (known: {', '.join(OPTIONS)})", field=unknown[0]
+        )
+    workers = options.get("workers", str(DEFAULT_WORKERS))
+    if not workers.isdigit() or int(workers) < 1:
+        raise SandboxAdapterUnavailable(f"workers: {workers!r} is not a positive whole number", field="workers")
+    require_engine()
+    try:
+        engine = Engine(workers=int(workers))
+    except docker.errors.DockerException as exc:
+        raise SandboxAdapterUnavailable(
+            f"the Docker tier is not available: the engine cannot be asked ({type(exc).__name__}: {exc})",
+            field="provider",
+        ) from None
+    try:
+        return DockerProvider(
+            engine=engine,
+            sandbox_user=options.get("sandbox_user", "1000:1000"),
+            home=options.get("home", "/home/sandbox"),
+            state_dir=options.get("state_dir"),
+            cache_tag=options.get("cache_tag", "checkfu-cache"),
+            progress=progress,
+        )
+    except BaseException:
+        engine.close()
+        raise
 
 
 __all__ = [
     "MATERIALIZATION_REVISION",
     "PROVIDER",
     "PROVIDER_REVISION",
-    "BuildProgress",
     "DockerProvider",
     "Engine",
     "build_envelope",
     "create",
+    "pin_base_image",
 ]

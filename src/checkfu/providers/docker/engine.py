@@ -22,6 +22,7 @@ import docker.errors
 import requests.exceptions
 
 from checkfu.contract.errors import (
+    SandboxAdapterUnavailable,
     SandboxError,
     SandboxNotFound,
     SandboxProviderFailed,
@@ -33,6 +34,8 @@ T = TypeVar("T")
 
 DEFAULT_WORKERS = 128
 DEFAULT_SOCKET = "/var/run/docker.sock"
+PROBE_TIMEOUT = 5.0
+"""Seconds to wait for the engine's socket to accept a connection."""
 
 STATUS_ERRORS: dict[int, type[SandboxError]] = {
     404: SandboxNotFound,
@@ -85,6 +88,32 @@ def socket_path(environ: dict[str, str] | None = None) -> str:
         f"DOCKER_HOST {host[:80]!r} is not a Unix socket; the local Docker provider needs the engine's socket",
         field="DOCKER_HOST",
     )
+
+
+def require_engine(environ: dict[str, str] | None = None) -> str:
+    """The local engine's Unix socket, once something accepts a connection on it.
+
+    Asked before docker-py builds a client, which leaves a failed connection's socket to
+    the garbage collector.
+
+    Raises:
+        SandboxAdapterUnavailable: ``DOCKER_HOST`` names no Unix socket, or nothing listens on it
+            (field ``provider``).
+    """
+    try:
+        path = socket_path(environ)
+    except SandboxProviderFailed as exc:
+        raise SandboxAdapterUnavailable(f"the Docker tier is not available: {exc.message}", field="provider") from None
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+            probe.settimeout(PROBE_TIMEOUT)
+            probe.connect(path)
+    except OSError as exc:
+        raise SandboxAdapterUnavailable(
+            f"the Docker tier is not available: no engine answers at {path} ({exc.strerror or type(exc).__name__})",
+            field="provider",
+        ) from None
+    return path
 
 
 class Engine:

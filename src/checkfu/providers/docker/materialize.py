@@ -16,12 +16,10 @@ from __future__ import annotations
 
 import hashlib
 import io
-import re
 import shlex
 import tarfile
 import threading
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,21 +32,9 @@ from checkfu.providers.docker.spec import SandboxUser
 
 HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 CA_IN_IMAGE = "/usr/local/share/checkfu/host-ca.crt"
-STEP = re.compile(r"^Step (\d+)/(\d+) :")
 
-
-@dataclass(frozen=True)
-class BuildProgress:
-    """One line of an image build, for a progress display."""
-
-    profile_digest: str
-    materialization_digest: str
-    message: str
-    step: int | None = None
-    total: int | None = None
-
-
-ProgressCallback = Callable[[BuildProgress], None]
+BuildLine = Callable[[str], None]
+"""Called with each line of an image build's output, without its line end."""
 
 
 def materialization_digest(profile: SandboxProfile, revision: str) -> str:
@@ -141,9 +127,7 @@ class Materializer:
         images = self._api.images(filters={"label": [f"{L.MATERIALIZATION}={digest}"]})
         return str(images[0]["Id"]) if images else None
 
-    def materialize(
-        self, profile: SandboxProfile, revision: str, emit: Callable[[BuildProgress], None] | None
-    ) -> tuple[str, bool]:
+    def materialize(self, profile: SandboxProfile, revision: str, emit: BuildLine | None) -> tuple[str, bool]:
         """The image id for ``profile`` and whether this call built it."""
         base = self.base_image_id(profile.base_image)
         if not profile.package_managers:
@@ -155,7 +139,7 @@ class Materializer:
                 return found, False
             return self._build(profile, digest, emit), True
 
-    def _build(self, profile: SandboxProfile, digest: str, emit: Callable[[BuildProgress], None] | None) -> str:
+    def _build(self, profile: SandboxProfile, digest: str, emit: BuildLine | None) -> str:
         ca = HOST_CA_BUNDLE.read_bytes() if "pip" in profile.package_managers and HOST_CA_BUNDLE.exists() else None
         text = dockerfile(profile, self._user, with_ca=ca is not None)
         labels = L.object_labels(cache_key(digest), self._cache_tag, "image", **{L.MATERIALIZATION: digest})
@@ -179,19 +163,11 @@ class Materializer:
                 aux = event.get("aux")
                 if isinstance(aux, dict) and isinstance(aux.get("ID"), str):
                     image = aux["ID"]
-                line = event.get("stream")
-                if isinstance(line, str) and line.strip() and emit is not None:
-                    text_line = line.strip()
-                    m = STEP.match(text_line)
-                    emit(
-                        BuildProgress(
-                            profile_digest=profile.digest,
-                            materialization_digest=digest,
-                            message=text_line,
-                            step=int(m.group(1)) if m else None,
-                            total=int(m.group(2)) if m else None,
-                        )
-                    )
+                chunk = event.get("stream")
+                if emit is not None and isinstance(chunk, str):
+                    for line in chunk.splitlines():
+                        if line.strip():
+                            emit(line.rstrip())
         finally:
             client.close()
         if image is None:

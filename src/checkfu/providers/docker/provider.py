@@ -90,7 +90,7 @@ from checkfu.providers.docker import files, snapshots, spec
 from checkfu.providers.docker import labels as L
 from checkfu.providers.docker.engine import DEFAULT_WORKERS, Engine
 from checkfu.providers.docker.envelope import HostFacts, build_envelope, check_target, host_facts, require_served
-from checkfu.providers.docker.materialize import BuildProgress, Materializer, ProgressCallback
+from checkfu.providers.docker.materialize import BuildLine, Materializer
 from checkfu.providers.docker.process import DockerProcess, ExecOutcome, hijack, run_exec
 from checkfu.providers.docker.staging import DIRECT_BYTES, INLINE_BYTES, SPOOL_LIMIT, Spool, Spools, file_archive
 
@@ -155,7 +155,12 @@ class DockerProvider:
         home: the sandbox user's home, a writable area and the default working directory.
         state_dir: where staged files wait for activation (named by instance, found again when cold).
         cache_tag: the runner tag materialized images are labelled with.
-        progress: called on the event loop with each line of an image build.
+        progress: called on the event loop with each line of an image build's output (a ``str``).
+        workers: threads for docker-py calls (of the engine made here when ``engine`` is not given).
+        facts: the host's architecture, CPUs and memory; read from this host by default.
+
+    Raises:
+        SandboxAdapterUnavailable: ``sandbox_user`` or ``home`` is malformed (the option is the field).
     """
 
     def __init__(
@@ -166,12 +171,12 @@ class DockerProvider:
         home: str = "/home/sandbox",
         state_dir: str | Path | None = None,
         cache_tag: str = "checkfu-cache",
-        progress: ProgressCallback | None = None,
+        progress: BuildLine | None = None,
         workers: int = DEFAULT_WORKERS,
         facts: HostFacts | None = None,
     ) -> None:
-        self.engine = engine if engine is not None else Engine(workers=workers)
         self.user = spec.SandboxUser.parse(sandbox_user, home)
+        self.engine = engine if engine is not None else Engine(workers=workers)
         self._facts = facts if facts is not None else host_facts()
         self.envelope = build_envelope(self._facts)
         self._engine_read = False
@@ -179,7 +184,7 @@ class DockerProvider:
         self.state_dir = Path(state_dir) if state_dir is not None else default_state_dir()
         self.spools = Spools(self.state_dir / "staging")
         self.cache_tag = cache_tag
-        self.progress = progress
+        self._progress = progress
         self._materializer = Materializer(self.engine.api, lambda: self.engine.build_client().api, self.user, cache_tag)
         self._fanout = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="checkfu-docker-fanout")
         self._guard = threading.Lock()
@@ -323,18 +328,18 @@ class DockerProvider:
         check_target(request, self.target)
         require_served(self.envelope, request.profile, request.platform)
         loop = asyncio.get_running_loop()
-        callback = self.progress
+        progress = self._progress
 
-        def emit(event: BuildProgress) -> None:
-            if callback is not None:
-                loop.call_soon_threadsafe(callback, event)
+        def emit(line: str) -> None:  # called in the build's worker thread: the line goes to this loop
+            if progress is not None:
+                loop.call_soon_threadsafe(progress, line)
 
         image, built = await self.engine.run(
             "materialize",
             self._materializer.materialize,
             request.profile,
             self.envelope.materialization_revision,
-            emit if callback is not None else None,
+            emit if progress is not None else None,
         )
         return MaterializeResult(
             **echo(

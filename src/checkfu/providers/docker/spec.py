@@ -31,7 +31,7 @@ from typing import Any
 
 import docker.types
 
-from checkfu.contract.errors import SandboxPathRejected
+from checkfu.contract.errors import SandboxAdapterUnavailable, SandboxPathRejected
 from checkfu.contract.mounts import MountPlan
 from checkfu.contract.paths import is_within
 from checkfu.contract.profile import SandboxProfile
@@ -53,18 +53,21 @@ class SandboxUser:
 
     @classmethod
     def parse(cls, user: str, home: str) -> SandboxUser:
-        """``"1000:1000"`` and a home path.
+        """``"1000:1000"`` (or ``"1000"``) and a home path.
 
         Raises:
-            ValueError: ``user`` is not ``uid:gid`` of non-zero integers, or ``home`` is not absolute.
+            SandboxAdapterUnavailable: ``user`` is not ``uid:gid`` of positive integers (root is refused),
+                or ``home`` is not an absolute path below ``/``; the option is the error's field.
         """
         uid_text, _, gid_text = user.partition(":")
-        uid, gid = int(uid_text), int(gid_text or uid_text)
-        if uid <= 0 or gid <= 0:
-            raise ValueError("the sandbox user must not be root")
+        gid_text = gid_text or uid_text
+        if not (uid_text.isdigit() and gid_text.isdigit() and int(uid_text) > 0 and int(gid_text) > 0):
+            raise SandboxAdapterUnavailable(
+                f"sandbox_user: {user!r} is not uid:gid of positive integers (never root)", field="sandbox_user"
+            )
         if not home.startswith("/") or home == "/":
-            raise ValueError("the sandbox home must be an absolute path below /")
-        return cls(uid=uid, gid=gid, home=home.rstrip("/"))
+            raise SandboxAdapterUnavailable(f"home: {home!r} is not an absolute path below /", field="home")
+        return cls(uid=int(uid_text), gid=int(gid_text), home=home.rstrip("/"))
 
 
 @dataclass(frozen=True)
