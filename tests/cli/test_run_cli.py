@@ -33,7 +33,8 @@ from checkfu.testing.memory import BASE_IMAGE as MEMORY_IMAGE
 CHECKFU = Path(sys.executable).with_name("checkfu")
 REPO = Path(__file__).resolve().parents[2]
 PROFILES = REPO / "examples" / "profiles"
-SCRUBBED = ("CHECKFU_PAUSE_BEFORE", "CHECKFU_DEBUG", "CHECKFU_RUNNER_TAG", "XDG_STATE_HOME", "COLUMNS")
+PAUSED = Path(__file__).with_name("paused.py")
+SCRUBBED = ("CHECKFU_DEBUG", "CHECKFU_RUNNER_TAG", "XDG_STATE_HOME", "COLUMNS")
 ALPHA = b"alpha\n"
 FAKE_IMAGE = "sha256:" + "ab" * 32
 """A well-formed pinned image id: enough for tests that never reach an engine."""
@@ -142,8 +143,9 @@ class Cli:
         )
         return finished(argv, proc.returncode, proc.stdout, proc.stderr)
 
-    def start(self, *args: str, cwd: Path | None = None, **env: str) -> Running:
-        argv = [str(CHECKFU), *args]
+    def start(self, *args: str, cwd: Path | None = None, pause_before: str | None = None, **env: str) -> Running:
+        """Start ``checkfu ARGS``; with ``pause_before``, its Run is held as that phase begins (``paused.py``)."""
+        argv = [str(CHECKFU), *args] if pause_before is None else [sys.executable, str(PAUSED), pause_before, *args]
         n = len(self.started)
         out_path, err_path = self.home / f"run-{n}.out", self.home / f"run-{n}.err"
         with out_path.open("wb") as out, err_path.open("wb") as err:
@@ -398,7 +400,7 @@ def test_an_interrupted_memory_run_releases(cli: Cli, memory_profile: Path, sign
         "--",
         "echo",
         "never",
-        CHECKFU_PAUSE_BEFORE="process",
+        pause_before="process",
     )
     running.wait_for("paused before process")
     running.send(signum)

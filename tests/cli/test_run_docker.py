@@ -373,7 +373,7 @@ def test_an_interrupt_before_each_phase_releases_everything(
         "sh",
         "-c",
         WRITE_OUT,
-        CHECKFU_PAUSE_BEFORE=phase,
+        pause_before=phase,
     )
     running.wait_for(f"paused before {phase}")
     held = containers(engine, dcli.tag)
@@ -406,7 +406,7 @@ def test_an_interrupt_while_the_command_runs_stops_it_and_releases(dcli: Cli, en
 
 
 def test_repeated_signals_do_not_cut_the_release_short(dcli: Cli, engine: Any) -> None:
-    running = dcli.start("run", "--profile", BUSYBOX, "--", "true", CHECKFU_PAUSE_BEFORE="process")
+    running = dcli.start("run", "--profile", BUSYBOX, "--", "true", pause_before="process")
     running.wait_for("paused before process")
     assert containers(engine, dcli.tag)
     running.send(signal.SIGINT)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
 import sys
 import tomllib
@@ -46,13 +45,9 @@ class ConsoleObserver:
     def __init__(self) -> None:
         self.staging: Progress | None = None
         self.task: TaskID | None = None
-        self.pause_before = os.environ.get("CHECKFU_PAUSE_BEFORE", "")
 
     async def before(self, name: str) -> None:
-        # For interruption tests: hold the Run at the start of one phase until a signal ends it.
-        if name == self.pause_before:
-            err.print(f"[dim]• paused before {name}[/]")
-            await asyncio.sleep(3600)
+        pass
 
     def phase(self, name: str, seconds: float) -> None:
         err.print(f"[dim]• {name:<11} {seconds * 1000:8.1f} ms[/]")
@@ -100,6 +95,8 @@ ENGINE_DOWN = (
 def _pin_image(profile: dict[str, Any], provider: str) -> None:
     """Pin an unpinned ``base_image`` tag to the engine's image id (admission owns the digest).
 
+    Pinning is the Docker provider's to do; other providers take the profile as written.
+
     Raises:
         SandboxAdapterUnavailable: no Docker Engine answers (the profile may well be fine).
         SandboxProfileInvalid: the engine has no image of that tag.
@@ -107,20 +104,12 @@ def _pin_image(profile: dict[str, Any], provider: str) -> None:
     ref = profile.get("base_image")
     if not isinstance(ref, str) or ref == "host" or "sha256:" in ref or provider != "docker":
         return
-    import docker  # noqa: PLC0415 - only needed for this one admission step
+    from checkfu.providers.docker import pin_base_image  # noqa: PLC0415 - only the Docker tier pins
 
     try:
-        image_id = docker.from_env().images.get(ref).id  # from_env reaches the engine: it asks its API version
-    except docker.errors.ImageNotFound:
-        raise SandboxProfileInvalid(
-            f"base_image: the Docker engine has no image {ref!r} (scripts/base-images builds "
-            "checkfu/busybox:1 and checkfu/debian:12)",
-            field="base_image",
-        ) from None
-    except docker.errors.DockerException as exc:
-        raise SandboxAdapterUnavailable(
-            f"the Docker tier is not available ({type(exc).__name__}: {exc}). {ENGINE_DOWN}", field="provider"
-        ) from None
+        image_id = pin_base_image(ref)
+    except SandboxAdapterUnavailable as exc:
+        raise SandboxAdapterUnavailable(f"{exc.message}. {ENGINE_DOWN}", field="provider") from None
     err.print(f"[dim]• pinned      {escape(ref)} → {image_id}[/]")
     profile["base_image"] = image_id
 
@@ -216,13 +205,11 @@ async def _run(
     journal: Any,
     timeout: float,
 ) -> int:
-    registry = await load_registry(entry_point_names=[name])
+    observer = ConsoleObserver()
+    options = {"docker": {"progress": observer.build_line}}  # the Docker tier reports each line of a build
+    registry = await load_registry(entry_point_names=[name], options=options, recorder=journal)
     target = _choose(registry, name, explicit)
     runner = Runner(registry, journal, runner_tag=runner_tag())
-    observer = ConsoleObserver()
-    provider = registry.select(target).provider
-    if hasattr(provider, "progress"):
-        provider.progress = observer.build_line  # the Docker tier reports each line of an image build
     task = asyncio.current_task()
     loop = asyncio.get_running_loop()
     got: list[int] = []
@@ -376,7 +363,7 @@ def runner_reconcile(
     """Compensate every unsettled allocation whose lease expired or whose owner is gone."""
     journal = open_journal(db)
     try:
-        registry = asyncio.run(load_registry(entry_point_names=provider))
+        registry = asyncio.run(load_registry(entry_point_names=provider, recorder=journal))
         report = asyncio.run(reconcile(journal, registry, SystemClock(), runner_tag=runner_tag()))
     finally:
         journal.close()

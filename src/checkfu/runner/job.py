@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Protocol
 
-from checkfu.contract.errors import SandboxError, SandboxNotFound, SandboxPathRejected
+from checkfu.contract.errors import SandboxError
 from checkfu.contract.process import ProcessExit, ProcessOutput
 from checkfu.contract.profile import SandboxProfile
 from checkfu.contract.target import ExecutionTarget
@@ -266,28 +266,31 @@ async def _capture(session: RunSession, inst: Instance, paths: Sequence[str], in
     A path that does not exist is not an error of the Run: ``obs`` is warned, naming it.
     """
     files: list[str] = []
+    skipped: list[str] = []
     for path in paths:
-        if session.envelope.declares("listDir"):
-            try:
-                listing = await session.list_dir(inst, path, recursive=True)
-            except (SandboxNotFound, SandboxPathRejected):
-                if inst.state != "active":
-                    raise  # the provider was at fault and the instance is reclaimed: nothing to read
-                files.append(path)  # a file, or nothing: readFiles returns it or reports it missing
-                continue
+        if not session.envelope.declares("listDir"):
+            files.append(path)  # a file, or nothing: readFiles returns it or reports it missing
+            continue
+        listing = await session.list_dir(inst, path, recursive=True)
+        if listing.kind == "dir":
             files.extend(e.path for e in listing.entries if e.kind == "file")
-        else:
+        elif listing.kind == "file":
             files.append(path)
+        elif listing.kind == "missing":
+            skipped.append(path)
+        else:
+            obs.warning(f"not captured, {path} is a {listing.kind} (links are never followed)")
     files = list(dict.fromkeys(files))  # overlapping captures name a file once
-    if not files:
-        return []
-    result = await session.read_files(inst, files)
-    if result.missing:
-        obs.warning(f"not captured, no such file in the sandbox: {', '.join(result.missing)}")
+    missing = list(skipped)
     saved: list[str] = []
-    for f in result.files:
-        local = into / PurePosixPath(f.path).relative_to("/")
-        local.parent.mkdir(parents=True, exist_ok=True)
-        local.write_bytes(f.data)
-        saved.append(str(local))
+    if files:
+        result = await session.read_files(inst, files)
+        missing.extend(result.missing)
+        for f in result.files:
+            local = into / PurePosixPath(f.path).relative_to("/")
+            local.parent.mkdir(parents=True, exist_ok=True)
+            local.write_bytes(f.data)
+            saved.append(str(local))
+    if missing:
+        obs.warning(f"not captured, no such file in the sandbox: {', '.join(missing)}")
     return saved
