@@ -19,6 +19,7 @@ from checkfu.contract.errors import (
     SandboxIdentityMismatch,
     SandboxNotFound,
     SandboxPathRejected,
+    SandboxProviderFailed,
     SandboxStateConflict,
 )
 from checkfu.contract.members import (
@@ -266,6 +267,29 @@ async def test_compensate_reclaims_by_label_even_cold(kit: Kit, tmp_path: Any) -
     finally:
         cold.close()
     assert not kit.client.containers.list(all=True, filters=flt) and not kit.client.volumes.list(filters=flt)
+
+
+async def test_compensating_an_image_still_in_use_is_a_retryable_failure(kit: Kit) -> None:
+    # A 409 from the engine while reclaiming means busy, not a state conflict of the caller's: compensate
+    # lists no SandboxStateConflict. Here the allocation's image still runs a container of another allocation.
+    key, user_key = kit.key("busy-image"), kit.key("image-user")
+    api = kit.client.api
+    holder = api.create_container(
+        kit.image, ["true"], labels={L.ALLOCATION_KEY: user_key, L.RUNNER_TAG: kit.runner_tag}
+    )
+    image = api.commit(holder["Id"], conf={"Labels": {L.ALLOCATION_KEY: key, L.RUNNER_TAG: kit.runner_tag}})
+    api.create_container(image["Id"], ["true"], labels={L.ALLOCATION_KEY: user_key, L.RUNNER_TAG: kit.runner_tag})
+
+    def compensate(allocation_key: str) -> CompensateRequest:
+        return CompensateRequest(
+            target=kit.provider.target, lease=LEASE, allocation_key=allocation_key, runner_tag=kit.runner_tag
+        )
+
+    with pytest.raises(SandboxProviderFailed) as busy:
+        await kit.provider.compensate(compensate(key))
+    assert busy.value.retryable
+    assert (await kit.provider.compensate(compensate(user_key))).reclaimed == 2
+    assert (await kit.provider.compensate(compensate(key))).reclaimed == 1
 
 
 async def test_many_sandboxes_at_once(kit: Kit) -> None:

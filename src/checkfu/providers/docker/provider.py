@@ -812,13 +812,7 @@ class DockerProvider:
             raise SandboxNotFound(
                 f"snapshot_id: {snapshot_id!r} is not a snapshot of allocation {snapshot_key!r}", field="snapshot_id"
             )
-        try:
-            self.engine.api.remove_image(snapshot_id)
-        except Exception as exc:
-            if _status(exc) == 404:
-                return False
-            raise
-        return True
+        return self._gone(lambda: self.engine.api.remove_image(snapshot_id)) == 1
 
     async def delete_snapshot(self, request: DeleteSnapshotRequest) -> DeleteSnapshotResult:
         """Remove a snapshot's image; ``deleted`` says whether this call removed it (idempotent).
@@ -879,11 +873,24 @@ class DockerProvider:
 
     @staticmethod
     def _gone(remove: Any) -> int:
+        """1 when ``remove()`` removed its object, 0 when it was gone already.
+
+        Raises:
+            SandboxProviderFailed: retryable, when the engine answers 409: the object is being removed by
+                another call, or still in use (an image a container runs); a reclaim is never a state conflict.
+        """
         try:
             remove()
         except Exception as exc:
-            if _status(exc) == 404:
+            status = _status(exc)
+            if status == 404:
                 return 0
+            if status == 409:
+                raise SandboxProviderFailed(
+                    "reclaim: the engine is busy with an object of the allocation (409: being removed, or in use); "
+                    "retry",
+                    retryable=True,
+                ) from exc
             raise
         return 1
 
@@ -947,7 +954,9 @@ class DockerProvider:
         ``ephemeral_zdr`` also every snapshot taken from it. Idempotent: a second call returns the same identity.
 
         Raises:
+            SandboxIdentityMismatch: the request is for another adapter.
             SandboxNotFound: the instance belongs to another allocation.
+            SandboxProviderFailed: retryable, when the engine is busy with an object of it (removing it already).
         """
         name = self._check_identity(request)
         with self._guard:
@@ -973,7 +982,13 @@ class DockerProvider:
 
     async def compensate(self, request: CompensateRequest) -> CompensateResult:
         """Remove every container, volume and image labelled with both the allocation key and the runner tag,
-        and the allocation's staging spool. Trusts nothing returned earlier; idempotent; works cold."""
+        and the allocation's staging spool. Trusts nothing returned earlier; idempotent; works cold.
+
+        Raises:
+            SandboxIdentityMismatch: the request is for another adapter.
+            SandboxProviderFailed: retryable, when the engine is busy with an object of the allocation (removing
+                it already, or an image of it still in use).
+        """
         check_target(request, self.target)
         count = await self.engine.run(
             "compensate",
