@@ -54,6 +54,7 @@ PUBLIC_NAMES = [
     "ListDirRequest",
     "ListDirResult",
     "MAX_PATH_BYTES",
+    "MAY_RAISE",
     "MEMBERS",
     "MESSAGES",
     "METHOD_NAMES",

@@ -116,7 +116,7 @@ from checkfu.contract.mounts import MountFile, MountPlan
 from checkfu.contract.paths import MAX_PATH_BYTES, admit_path, is_within, path_problem
 from checkfu.contract.process import ProcessEvent, ProcessExit, ProcessOutput, ProcessStreamEnd
 from checkfu.contract.profile import HOST_IMAGE, NetworkPolicy, SandboxProfile
-from checkfu.contract.provider import ProcessStream, Provider
+from checkfu.contract.provider import MAY_RAISE, ProcessStream, Provider
 from checkfu.contract.requirements import require_capabilities, unmet_requirements
 from checkfu.contract.target import ExecutionTarget, Lease
 from checkfu.contract.tiers import Assessment, assess
@@ -130,6 +130,7 @@ __all__ = [
     "LABEL_ALLOCATION_KEY",
     "LABEL_RUNNER_TAG",
     "MAX_PATH_BYTES",
+    "MAY_RAISE",
     "MEMBERS",
     "MESSAGES",
     "METHOD_NAMES",
