@@ -152,8 +152,8 @@ class Provider(Protocol):
         """Allocate an instance, labelled with the allocation key and runner tag; it comes back ``provisioning``.
 
         Echoes: target, lease, allocation_key; a new instance_id; state ``provisioning``.
-        Idempotent: no; a second provision under one allocation key is refused, and the runner compensates
-            instead of retrying.
+        Idempotent: no; the runner never asks twice under one allocation key (it compensates instead of
+            retrying), and a provider may refuse a taken key.
         Cancelled: may have created (part of) the instance, all of it labelled; ``compensate`` reclaims it.
 
         Raises:

@@ -42,7 +42,6 @@ from checkfu.contract.errors import (
     SandboxNotFound,
     SandboxOperationUnsupported,
     SandboxPathRejected,
-    SandboxStateConflict,
 )
 from checkfu.contract.labels import LABEL_ALLOCATION_KEY, LABEL_RUNNER_TAG, owner_labels
 from checkfu.contract.lifecycle import SnapshotState, State, snapshot_transition, transition
@@ -301,17 +300,15 @@ class MemoryProvider:
     def _allocate(self, member: Literal["provision", "clone", "resume"], request: Allocating, vfs: Vfs) -> _Instance:
         """A new labelled instance in ``provisioning``, holding ``vfs`` with each mount target emptied.
 
+        A taken allocation key is not refused: ``Misbehaving`` allocates a second real instance under one
+        key this way, and compensating the key reclaims both.
+
         Raises:
             SandboxCapabilityUnavailable: the envelope cannot serve the profile, platform or mounts.
-            SandboxStateConflict: the allocation key already holds an instance (one not yet released).
             SandboxNotFound: the root image was not materialized here.
             SandboxPathRejected: a mount target cannot be emptied (it lies below a file).
         """
         self._admit(request.profile, request.platform, request.mounts)
-        if any(isinstance(o, _Instance) and o.allocation_key == request.allocation_key for o in self._store.values()):
-            raise SandboxStateConflict(
-                f"allocation_key: {request.allocation_key!r} already holds an instance", field="allocation_key"
-            )
         if request.root_image not in self._images.values():
             raise SandboxNotFound(f"root_image: {request.root_image} was not materialized here", field="root_image")
         for i, root in enumerate(request.mount_roots):
