@@ -15,7 +15,6 @@ from checkfu.contract.codec import decode_value
 from checkfu.contract.enforcement import AXES
 from checkfu.contract.profile import SandboxProfile
 
-HEX64 = "0" * 63 + "1"
 IMAGE_ID = "sha256:" + hashlib.sha256(b"checkfu example image").hexdigest()
 HELLO = b"hello\n"
 HELLO_SHA256 = "sha256:" + hashlib.sha256(HELLO).hexdigest()

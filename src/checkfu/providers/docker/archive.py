@@ -40,7 +40,6 @@ class PathStat:
     name: str
     size: int
     mode: int
-    link_target: str
 
     @property
     def is_dir(self) -> bool:
@@ -63,7 +62,6 @@ def _stat(response: Any) -> PathStat:
             name=str(value["name"]),
             size=int(value["size"]),
             mode=int(value["mode"]),
-            link_target=str(value.get("linkTarget") or ""),
         )
     except (ValueError, KeyError, TypeError) as exc:
         raise SandboxProviderFailed("archive: the engine sent no readable path stat") from exc

@@ -68,10 +68,6 @@ def stager_name(instance: str) -> str:
     return f"{instance}-stage"
 
 
-def area_volume(instance: str, index: int) -> str:
-    return f"{instance}-w{index}"
-
-
 def mount_volume(instance: str, index: int) -> str:
     return f"{instance}-m{index}"
 

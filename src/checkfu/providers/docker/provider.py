@@ -92,7 +92,15 @@ from checkfu.providers.docker.engine import DEFAULT_WORKERS, Engine
 from checkfu.providers.docker.envelope import HostFacts, build_envelope, check_target, host_facts, require_served
 from checkfu.providers.docker.materialize import BuildLine, Materializer
 from checkfu.providers.docker.process import DockerProcess, ExecOutcome, hijack, run_exec
-from checkfu.providers.docker.staging import DIRECT_BYTES, INLINE_BYTES, SPOOL_LIMIT, Spool, Spools, file_archive
+from checkfu.providers.docker.staging import (
+    DIRECT_BYTES,
+    END_OF_ARCHIVE,
+    INLINE_BYTES,
+    SPOOL_LIMIT,
+    Spool,
+    Spools,
+    file_archive,
+)
 
 T = TypeVar("T")
 
@@ -513,7 +521,7 @@ class DockerProvider:
             with spool.path.open("rb") as f:
                 while chunk := f.read(1 << 20):
                     yield chunk
-            yield b"\0" * 1024
+            yield END_OF_ARCHIVE
 
         self.engine.api.put_archive(stager, "/", body())
         spool.discard()

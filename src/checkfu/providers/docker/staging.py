@@ -66,7 +66,7 @@ def file_archive(
 
 
 class Spool:
-    """The tar spool of one instance: entries without the end-of-archive marker until it is sealed."""
+    """The tar spool of one instance: archive entries without the end-of-archive marker, which the upload adds."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -88,14 +88,6 @@ class Spool:
             out.write(_header(name, size=len(data), mode=mode, uid=uid, gid=gid, directory=False))
             out.write(data)
             out.write(_padding(len(data)))
-
-    def seal(self) -> Path | None:
-        """End the archive and hand back its path, or ``None`` when nothing is staged. Call with ``lock`` held."""
-        if self.size() == 0:
-            return None
-        with self.path.open("ab") as out:
-            out.write(END_OF_ARCHIVE)
-        return self.path
 
     def discard(self) -> None:
         self.path.unlink(missing_ok=True)

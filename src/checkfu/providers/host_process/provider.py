@@ -19,8 +19,9 @@ Obligations this provider keeps, beyond ``Provider``'s:
   removes the cgroups, the working directory and the label; the snapshots stay
   (retention is ``durable``). It does not claim ``release_destroys``: a host
   process can write anywhere the runner's user can, and that survives;
-- results echo this adapter's own target, the request's lease, and the
-  allocation key and instance id acted on.
+- results echo the request (``checkfu.contract.echo``): the target, which is
+  this adapter's own once checked, the lease, and the allocation key and
+  instance id acted on.
 """
 
 from __future__ import annotations

@@ -25,7 +25,6 @@ from checkfu.contract.members import ProcessStarted
 from checkfu.contract.process import ProcessEvent, ProcessExit, ProcessOutput, ProcessStreamEnd, Stream
 from checkfu.providers.host_process.spawning import Tree, exit_status
 
-CHUNK = 64 * 1024
 HIGH_WATER = 256 * 1024
 """Bytes an open process's pipe may hold unread before the runner stops reading it (backpressure)."""
 
