@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import os
 import uuid
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Literal
@@ -269,30 +270,17 @@ class HostProcessProvider:
             SandboxPathRejected: ``cwd`` is not a directory on the host.
             SandboxProviderFailed: the host refused to start a process for another reason.
         """
-        self._check_target(request.target)
-        instance = self._instance(request)
-        transition(instance.state, "exec")
-        cwd = self._cwd(instance, request.cwd)
-        env = spawning.process_env(instance.workdir, request.env)
-        try:
-            tree = await self._spawn(instance, request.argv, env, cwd, stdin=bool(request.stdin))
-        except SandboxError:
-            raise
-        except Exception as exc:
-            status = spawning.start_failure(exc) if isinstance(exc, OSError) else None
-            if status is None:
-                raise translate(exc, "exec") from exc
-            assert isinstance(exc, OSError)
-            message = _start_message(request.argv[0], exc)
+        instance, tree = await self._start(request, "exec", stdin=bool(request.stdin))
+        if isinstance(tree, NotStarted):
             return ExecResult(
                 **echo(
                     request,
-                    exit_code=status,
+                    exit_code=tree.status,
                     timed_out=False,
                     stdout=b"",
-                    stderr=message[: request.max_output_bytes],
+                    stderr=tree.message[: request.max_output_bytes],
                     stdout_truncated=False,
-                    stderr_truncated=len(message) > request.max_output_bytes,
+                    stderr_truncated=len(tree.message) > request.max_output_bytes,
                 )
             )
         try:
@@ -333,22 +321,10 @@ class HostProcessProvider:
             SandboxPathRejected: ``cwd`` is not a directory on the host.
             SandboxProviderFailed: the host refused to start a process for another reason.
         """
-        self._check_target(request.target)
-        instance = self._instance(request)
-        transition(instance.state, "openProcess")
-        cwd = self._cwd(instance, request.cwd)
-        env = spawning.process_env(instance.workdir, request.env)
-        try:
-            tree = await self._spawn(instance, request.argv, env, cwd, stdin=True)
-        except SandboxError:
-            raise
-        except Exception as exc:
-            status = spawning.start_failure(exc) if isinstance(exc, OSError) else None
-            if status is None:
-                raise translate(exc, "openProcess") from exc
-            assert isinstance(exc, OSError)
+        instance, tree = await self._start(request, "openProcess", stdin=True)
+        if isinstance(tree, NotStarted):
             started = ProcessStarted(**echo(request, process_id=f"p-none-{uuid.uuid4().hex[:12]}"))
-            return FailedStart(started, _start_message(request.argv[0], exc), status)
+            return FailedStart(started, tree.message, tree.status)
         started = ProcessStarted(**echo(request, process_id=f"p-{tree.pid}"))
         finished = partial(cg.remove_spawn_dir, tree.spawn_dir) if tree.spawn_dir else None
         try:
@@ -657,6 +633,34 @@ class HostProcessProvider:
                 self._released(instance)
             raise
 
+    async def _start(
+        self, request: ExecRequest | OpenProcessRequest, member: Literal["exec", "openProcess"], *, stdin: bool
+    ) -> tuple[Instance, spawning.Tree | NotStarted]:
+        """The instance ``request`` names, and the process tree started in it or why it could not start.
+
+        Raises:
+            SandboxIdentityMismatch: the request names another adapter.
+            SandboxNotFound: no such instance.
+            SandboxStateConflict: ``member`` is not allowed in the instance's state, or it is being released.
+            SandboxPathRejected: ``cwd`` is not a directory on the host.
+            SandboxProviderFailed: the host refused to start a process for another reason.
+        """
+        self._check_target(request.target)
+        instance = self._instance(request)
+        transition(instance.state, member)
+        cwd = self._cwd(instance, request.cwd)
+        env = spawning.process_env(instance.workdir, request.env)
+        try:
+            return instance, await self._spawn(instance, request.argv, env, cwd, stdin=stdin)
+        except SandboxError:
+            raise
+        except Exception as exc:
+            status = spawning.start_failure(exc) if isinstance(exc, OSError) else None
+            if status is None:
+                raise translate(exc, member) from exc
+            assert isinstance(exc, OSError)
+            return instance, NotStarted(status, _start_message(request.argv[0], exc))
+
     async def _spawn(
         self, instance: Instance, argv: tuple[str, ...], env: dict[str, str], cwd: str, *, stdin: bool
     ) -> spawning.Tree:
@@ -705,6 +709,14 @@ class HostProcessProvider:
         if not os.path.isdir(cwd):
             raise SandboxPathRejected(f"cwd: {cwd!r} is not a directory on the runner host", field="cwd")
         return cwd
+
+
+@dataclass(frozen=True)
+class NotStarted:
+    """A program that could not be started: the exit status a shell would give, and the reason."""
+
+    status: int
+    message: bytes
 
 
 def _start_message(program: str, exc: OSError) -> bytes:
