@@ -181,7 +181,9 @@ async def test_a_runner_whose_lease_was_taken_over_stops_before_the_provider(mak
     assert inst.allocation_key in rig.held_keys()
 
 
-async def test_a_result_echoing_an_older_epoch_is_a_protocol_violation_and_compensated(make_rig: Any, journal_url: str) -> None:
+async def test_a_result_echoing_an_older_epoch_is_a_protocol_violation_and_compensated(
+    make_rig: Any, journal_url: str
+) -> None:
     rig = make_rig(url=journal_url, wrap=Misbehaving)
     session = rig.start()
     profile = memory_profile()

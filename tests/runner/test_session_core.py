@@ -39,7 +39,6 @@ from checkfu.contract.members import (
     WriteFileResult,
 )
 from checkfu.contract.mounts import MountPlan
-from checkfu.contract.process import ProcessExit, ProcessOutput, ProcessStreamEnd
 from checkfu.contract.profile import SandboxProfile
 from checkfu.contract.target import Lease
 from checkfu.contract.vocabulary import Platform
@@ -49,7 +48,6 @@ from checkfu.runner.session import (
     Instance,
     JournalAllocation,
     Limits,
-    ProcessEventCheck,
     SessionCore,
     SettleRow,
     Snapshot,
@@ -355,22 +353,3 @@ def test_describe_refuses_an_envelope_that_does_not_decode() -> None:
     with pytest.raises(SandboxEnvelopeInvalid) as caught:
         plan.accept(object())
     assert "a source" in caught.value.message
-
-
-# Process events --------------------------------------------------------------------------------------
-
-
-def test_process_events_are_ordered_and_bounded() -> None:
-    check = ProcessEventCheck(max_chunk=3)
-    check.feed(ProcessOutput(stream="out", data=b"abc"))
-    check.feed(ProcessStreamEnd(stream="out"))
-    with pytest.raises(SandboxProtocolViolation):
-        check.feed(ProcessOutput(stream="out", data=b"x"))
-    with pytest.raises(SandboxBoundExceeded):
-        ProcessEventCheck(max_chunk=3).feed(ProcessOutput(stream="err", data=b"abcd"))
-    done = ProcessEventCheck(max_chunk=3)
-    done.feed(ProcessExit(exit_code=0))
-    with pytest.raises(SandboxProtocolViolation):
-        done.feed(ProcessOutput(stream="err", data=b""))
-    with pytest.raises(SandboxProtocolViolation):
-        ProcessEventCheck(max_chunk=3).end()

@@ -25,6 +25,7 @@ from typing import TypeVar
 
 from checkfu.contract.envelope import Member, SandboxProviderCapabilities
 from checkfu.contract.errors import SandboxError, SandboxOperationUnsupported
+from checkfu.contract.frames import OutputOrder
 from checkfu.contract.members import (
     CompensateResult,
     DeleteSnapshotResult,
@@ -55,7 +56,6 @@ from checkfu.runner.session import (
     JournalAllocation,
     Limits,
     Plan,
-    ProcessEventCheck,
     SessionCore,
     SettleRow,
     Snapshot,
@@ -359,7 +359,7 @@ class CheckedProcess:
         await kill_process(self.stream)
 
     async def events(self) -> AsyncIterator[ProcessEvent]:
-        check = ProcessEventCheck(self.max_chunk)
+        check = OutputOrder(self.max_chunk)
         with _translated():
             stream = aiter(self.stream.events())
         while True:

@@ -44,7 +44,6 @@ from checkfu.contract.errors import (
     SandboxEnvelopeInvalid,
     SandboxError,
     SandboxOperationUnsupported,
-    SandboxProtocolViolation,
 )
 from checkfu.contract.lifecycle import (
     RowEvent,
@@ -92,7 +91,6 @@ from checkfu.contract.members import (
 from checkfu.contract.model import Model
 from checkfu.contract.mounts import MountPlan
 from checkfu.contract.paths import admit_path
-from checkfu.contract.process import ProcessEvent, ProcessExit, ProcessOutput, ProcessStreamEnd
 from checkfu.contract.profile import SandboxProfile
 from checkfu.contract.provider import ProcessStream
 from checkfu.contract.target import ExecutionTarget, Lease
@@ -751,35 +749,3 @@ class SessionCore:
     def unreleased(self) -> list[Instance]:
         """Instances still to release on the way out."""
         return [i for i in self.instances.values() if i.state != "released"]
-
-
-class ProcessEventCheck:
-    """The order and bounds of an open process's events: output only before its stream's end, chunks
-    within the bound, exactly one exit at the end. Fed one event at a time; raises on the first breach."""
-
-    def __init__(self, max_chunk: int) -> None:
-        self.max_chunk = max_chunk
-        self.ended: set[str] = set()
-        self.exited = False
-
-    def feed(self, event: ProcessEvent) -> None:
-        """Raises:
-        SandboxProtocolViolation: output after its stream's end, or anything after the exit.
-        SandboxBoundExceeded: a chunk over the bound.
-        """
-        if self.exited:
-            raise SandboxProtocolViolation("the process stream went on after its exit", field="exit")
-        if isinstance(event, ProcessOutput):
-            if event.stream in self.ended:
-                raise SandboxProtocolViolation(f"{event.stream}: output after its end", field=event.stream)
-            if len(event.data) > self.max_chunk:
-                raise SandboxBoundExceeded(f"{event.stream}: a chunk of {len(event.data)} bytes", field="data")
-        elif isinstance(event, ProcessStreamEnd):
-            self.ended.add(event.stream)
-        elif isinstance(event, ProcessExit):
-            self.exited = True
-
-    def end(self) -> None:
-        """Raises SandboxProtocolViolation: the stream ended without an exit."""
-        if not self.exited:
-            raise SandboxProtocolViolation("the process stream ended without an exit", field="exit")
