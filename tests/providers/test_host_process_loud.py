@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from checkfu.contract import SandboxCapabilityUnavailable, SandboxProfile
+from checkfu.contract import METHOD_NAMES, SandboxCapabilityUnavailable, SandboxProfile
 from checkfu.contract.codec import decode_value
 from checkfu.contract.tiers import assess
 from checkfu.providers.host_process import WHY_NOT_ENFORCED, HostProcessProvider
@@ -21,20 +21,21 @@ from checkfu.runner.runner import Runner
 
 
 class Counting:
-    """Counts every provider call made after selection."""
+    """Counts every member called on one provider after selection.
 
-    def __init__(self, inner: HostProcessProvider) -> None:
-        self.inner = inner
+    The members are replaced on the instance itself, so the provider keeps its own
+    class: the registry trusts an in-tree adapter only as this package's own class.
+    """
+
+    def __init__(self, provider: HostProcessProvider) -> None:
         self.calls: list[str] = []
+        for name in METHOD_NAMES.values():
+            setattr(provider, name, self._counted(name, getattr(provider, name)))
 
-    def __getattr__(self, name: str) -> Any:
-        attr = getattr(self.inner, name)
-        if not callable(attr):
-            return attr
-
+    def _counted(self, name: str, method: Any) -> Any:
         async def call(*args: Any, **kwargs: Any) -> Any:
             self.calls.append(name)
-            return await attr(*args, **kwargs)
+            return await method(*args, **kwargs)
 
         return call
 
@@ -58,7 +59,7 @@ async def setup(tmp_path: Path) -> Any:
     adapter = await adapter_from_factory(lambda: inner, "host-process", {})
     counting = Counting(inner)
     registry = Registry()
-    registry.add(type(adapter)(envelope=adapter.envelope, provider=counting, source="test", in_tree=True))
+    registry.add(type(adapter)(envelope=adapter.envelope, provider=inner, source="test", in_tree=True))
     journal = Journal(sqlite_url(tmp_path / "journal.sqlite"))
     yield Runner(registry, journal, runner_tag="runner-loud", clock=ManualClock()), adapter.envelope, counting
     journal.close()
@@ -80,6 +81,8 @@ async def test_selection_warns_and_records_every_axis_not_enforced(setup: Any) -
     assert events[0].detail == warning
     assert assess(envelope).tier == "below_day_one"
     assert counting.calls == []
+    await runner.registry.adapters[0].provider.describe()
+    assert counting.calls == ["describe"], "the count sees a call made through the registry's adapter"
 
 
 @pytest.mark.anyio
