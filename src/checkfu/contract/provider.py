@@ -134,7 +134,7 @@ class Provider(Protocol):
         """
 
     async def materialize(self, request: MaterializeRequest) -> MaterializeResult:
-        """Turn an admitted profile into an image; nothing is pulled that the profile does not pin.
+        """Turn an admitted profile into an image, built from what the profile pins and nothing else.
 
         Echoes: target, lease, profile_digest; and the materialization_revision used.
         Idempotent: per profile digest; a second call returns the same image with ``built`` false.
