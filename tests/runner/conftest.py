@@ -6,6 +6,7 @@ gets a database of its own in it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 from collections.abc import Callable, Iterator
@@ -25,6 +26,7 @@ from checkfu.runner.journal import Journal, sqlite_url
 from checkfu.runner.registry import Adapter, Registry
 from checkfu.runner.runner import Attempt, Runner
 from checkfu.testing import MemoryProvider, memory_profile
+from checkfu.testing.served import serve_in_thread
 
 AMD64 = Platform(os="linux", architecture="amd64")
 RUNNER_TAG = "runner-tests"
@@ -87,30 +89,39 @@ RigFactory = Callable[..., Rig]
 
 
 @pytest.fixture
-def make_rig(tmp_path: Path) -> Iterator[RigFactory]:
+def transport() -> str:
+    """How the rig's runner reaches its provider: in-process here; lifecycle test modules add ``wire``."""
+    return "in-process"
+
+
+@pytest.fixture
+def make_rig(tmp_path: Path, transport: str) -> Iterator[RigFactory]:
     journals: list[Journal] = []
+    with contextlib.ExitStack() as services:
 
-    def make(
-        *,
-        envelope: SandboxProviderCapabilities | None = None,
-        wrap: Callable[[MemoryProvider], Provider] | None = None,
-        limits: Limits | None = None,
-        url: str | None = None,
-        runner_tag: str = RUNNER_TAG,
-        lease_ttl: float = 600.0,
-    ) -> Rig:
-        memory = MemoryProvider(envelope)
-        provider: Provider = wrap(memory) if wrap is not None else memory
-        journal = Journal(url or sqlite_url(tmp_path / f"journal-{len(journals)}.sqlite"))
-        journals.append(journal)
-        clock = ManualClock()
-        registry = Registry()
-        registry.add(Adapter(envelope=memory.envelope, provider=provider, source="test rig"))
-        runner = Runner(registry, journal, runner_tag=runner_tag, clock=clock, limits=limits, lease_ttl=lease_ttl)
-        memory.calls.clear()
-        return Rig(memory, provider, journal, clock, registry, runner)
+        def make(
+            *,
+            envelope: SandboxProviderCapabilities | None = None,
+            wrap: Callable[[MemoryProvider], Provider] | None = None,
+            limits: Limits | None = None,
+            url: str | None = None,
+            runner_tag: str = RUNNER_TAG,
+            lease_ttl: float = 600.0,
+        ) -> Rig:
+            memory = MemoryProvider(envelope)
+            provider: Provider = wrap(memory) if wrap is not None else memory
+            journal = Journal(url or sqlite_url(tmp_path / f"journal-{len(journals)}.sqlite"))
+            journals.append(journal)
+            clock = ManualClock()
+            registry = Registry()
+            # Behind the wire the runner drives a RemoteProvider; the test still holds the real one.
+            driven = provider if transport == "in-process" else services.enter_context(serve_in_thread(provider))
+            registry.add(Adapter(envelope=memory.envelope, provider=driven, source=f"test rig ({transport})"))
+            runner = Runner(registry, journal, runner_tag=runner_tag, clock=clock, limits=limits, lease_ttl=lease_ttl)
+            memory.calls.clear()
+            return Rig(memory, provider, journal, clock, registry, runner)
 
-    yield make
+        yield make
     for j in journals:
         j.close()
 

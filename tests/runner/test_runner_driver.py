@@ -34,6 +34,13 @@ from checkfu.testing import Misbehaving, crash, hang, memory_profile, unknown_fi
 
 pytestmark = pytest.mark.anyio
 
+
+@pytest.fixture(params=["in-process", "wire"])
+def transport(request: pytest.FixtureRequest) -> str:
+    """Every lifecycle test runs against the provider in-process and behind the wire."""
+    return str(request.param)
+
+
 AMD64 = Platform(os="linux", architecture="amd64")
 PROFILE = memory_profile()
 

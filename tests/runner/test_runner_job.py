@@ -21,6 +21,12 @@ from checkfu.testing import Misbehaving, crash, memory_profile
 pytestmark = pytest.mark.anyio
 
 
+@pytest.fixture(params=["in-process", "wire"])
+def transport(request: pytest.FixtureRequest) -> str:
+    """Every lifecycle test runs against the provider in-process and behind the wire."""
+    return str(request.param)
+
+
 async def test_a_job_end_to_end(rig: Any, workspace: Path, git_repo: Any, tmp_path: Path) -> None:
     observer = QuietObserver()
     result = await run_job(

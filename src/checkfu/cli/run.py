@@ -18,7 +18,7 @@ from rich.progress import DownloadColumn, Progress, TaskID
 from rich.table import Table
 
 from checkfu.cli.files import load
-from checkfu.cli.state import open_journal, runner_tag
+from checkfu.cli.state import client_credential, is_url, open_journal, runner_tag
 from checkfu.contract.codec import decode_value
 from checkfu.contract.errors import SandboxAdapterUnavailable, SandboxProfileInvalid
 from checkfu.contract.profile import SandboxProfile
@@ -27,14 +27,23 @@ from checkfu.runner.clock import SystemClock
 from checkfu.runner.job import JobResult, run_job
 from checkfu.runner.mounts import MountSpec, parse_mount
 from checkfu.runner.reconcile import reconcile
-from checkfu.runner.registry import ENTRY_POINT_GROUP, Registry, load_registry
+from checkfu.runner.registry import ENTRY_POINT_GROUP, Registry, adapter_from_factory, load_registry
 from checkfu.runner.runner import Attempt, Runner
+from checkfu.wire.client import RemoteProvider
+from checkfu.wire.credentials import Credential
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 runs_app = typer.Typer(help="The history of Runs, from the journal.", no_args_is_help=True)
 runner_app = typer.Typer(help="Runner maintenance.", no_args_is_help=True)
 
+CredentialOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--credential-file",
+        help="file holding the provider service's credential (default: $CHECKFU_PROVIDER_CREDENTIAL)",
+    ),
+]
 DbOpt = Annotated[str | None, typer.Option("--db", help="journal URL (default: SQLite in the state directory)")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="print JSON")]
 
@@ -165,37 +174,64 @@ def run_command(
     command: Annotated[list[str], typer.Argument(help="the command to run inside the sandbox, after --")],
     profile: Annotated[Path, typer.Option("--profile", help="a SandboxProfile (TOML or JSON)")],
     mount: Annotated[list[str] | None, typer.Option("--mount", help="SRC:TARGET; SRC a directory or REPO@REF")] = None,
-    provider: Annotated[str | None, typer.Option("--provider", help="provider name (default: docker)")] = None,
+    provider: Annotated[
+        str | None, typer.Option("--provider", help="provider name, or a provider service's URL (default: docker)")
+    ] = None,
     capture: Annotated[list[str] | None, typer.Option("--capture", help="a sandbox path to read back")] = None,
     capture_dir: Annotated[Path | None, typer.Option("--capture-dir", help="where captures go")] = None,
     db: DbOpt = None,
     timeout: Annotated[float, typer.Option("--timeout", help="seconds the command may run")] = 3600.0,
+    credential_file: CredentialOpt = None,
 ) -> None:
     """Run one command in a fresh sandbox built from a profile, with mounts staged by the runner."""
     name = provider or "docker"
-    installed = sorted(ep.name for ep in entry_points(group=ENTRY_POINT_GROUP))
-    if name not in installed:
-        raise SandboxAdapterUnavailable(
-            f"no provider named {name!r} (installed: {', '.join(installed) or 'none'})", field="provider"
-        )
+    remote = is_url(name)
+    if not remote:
+        installed = sorted(ep.name for ep in entry_points(group=ENTRY_POINT_GROUP))
+        if name not in installed:
+            raise SandboxAdapterUnavailable(
+                f"no provider named {name!r} (installed: {', '.join(installed) or 'none'})", field="provider"
+            )
+    credential = client_credential(credential_file) if remote else None
     specs: list[MountSpec] = [parse_mount(m) for m in (mount or [])]
     if not timeout > 0:  # also refuses nan
         raise typer.BadParameter(f"must be a positive number of seconds, not {timeout}", param_hint="--timeout")
     if capture and capture_dir is not None and capture_dir.exists() and not capture_dir.is_dir():
         raise typer.BadParameter(f"{capture_dir} exists and is not a directory", param_hint="--capture-dir")
-    prof = _read_profile(profile, name)
+    prof = profile if remote else _read_profile(profile, name)
     journal = open_journal(db)
     try:
         code = asyncio.run(
-            _run(prof, name, provider is not None, specs, command, capture or [], capture_dir, journal, timeout)
+            _run(
+                prof,
+                name,
+                provider is not None,
+                specs,
+                command,
+                capture or [],
+                capture_dir,
+                journal,
+                timeout,
+                credential,
+            )
         )
     finally:
         journal.close()
     raise typer.Exit(code)
 
 
+async def _registry(name: str, credential: Credential | None, observer: ConsoleObserver, journal: Any) -> Registry:
+    """The adapters to choose from: the named installed provider, or the provider service at a URL."""
+    if is_url(name):
+        registry = Registry()
+        registry.add(await adapter_from_factory(lambda: RemoteProvider(name, credential), name, {}, recorder=journal))
+        return registry
+    options = {"docker": {"progress": observer.build_line}}  # the Docker tier reports each line of a build
+    return await load_registry(entry_point_names=[name], options=options, recorder=journal)
+
+
 async def _run(
-    prof: SandboxProfile,
+    prof: SandboxProfile | Path,
     name: str,
     explicit: bool,
     specs: list[MountSpec],
@@ -204,11 +240,16 @@ async def _run(
     capture_dir: Path | None,
     journal: Any,
     timeout: float,
+    credential: Credential | None = None,
 ) -> int:
     observer = ConsoleObserver()
-    options = {"docker": {"progress": observer.build_line}}  # the Docker tier reports each line of a build
-    registry = await load_registry(entry_point_names=[name], options=options, recorder=journal)
-    target = _choose(registry, name, explicit)
+    registry = await _registry(name, credential, observer, journal)
+    if isinstance(prof, Path):  # a provider service: the provider it serves decides who pins a tag
+        (adapter,) = registry.adapters
+        target = adapter.target
+        prof = _read_profile(prof, adapter.envelope.provider)
+    else:
+        target = _choose(registry, name, explicit)
     runner = Runner(registry, journal, runner_tag=runner_tag())
     task = asyncio.current_task()
     loop = asyncio.get_running_loop()

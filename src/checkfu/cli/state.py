@@ -10,6 +10,7 @@ import typer
 from sqlalchemy.exc import SQLAlchemyError
 
 from checkfu.runner.journal import Journal, sqlite_url
+from checkfu.wire.credentials import Credential, CredentialError, read_credential
 
 
 def state_dir() -> Path:
@@ -47,3 +48,20 @@ def open_journal(url: str | None) -> Journal:
     except (SQLAlchemyError, OSError) as exc:
         reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
         raise typer.BadParameter(f"cannot open the journal: {reason}", param_hint="--db") from None
+
+
+def is_url(name: str) -> bool:
+    """Whether ``--provider`` names a provider service by URL rather than an installed provider."""
+    return name.startswith(("http://", "https://"))
+
+
+def client_credential(path: Path | None) -> Credential | None:
+    """The credential a client sends: ``--credential-file`` or ``CHECKFU_PROVIDER_CREDENTIAL``.
+
+    Raises:
+        typer.BadParameter: the file cannot be read or holds no usable credential.
+    """
+    try:
+        return read_credential(path)
+    except CredentialError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--credential-file") from None

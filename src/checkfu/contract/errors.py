@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, TypeVar
 
 Fault = Literal["request", "provider", "state", "transport"]
 
@@ -50,6 +50,9 @@ class SandboxError(Exception):
     code: ClassVar[str] = ""
     fault: ClassVar[Fault]
     default_retryable: ClassVar[bool] = False
+    observed: bool = False
+    """Set (with ``observed_by_runner``) on an error the runner's own code found about a provider's answer,
+    such as a wire client that could not decode it; unset on anything a provider reported."""
 
     def __init__(self, message: str, *, field: str | None = None, retryable: bool | None = None) -> None:
         if not type(self).code:
@@ -252,6 +255,15 @@ ErrorCode = Literal[
     "SandboxEnrollmentRefused",
     "SandboxDigestMismatch",
 ]
+
+
+E = TypeVar("E", bound=SandboxError)
+
+
+def observed_by_runner(exc: E) -> E:
+    """Mark ``exc`` as found by the runner's own code (a decode or transport check), not reported by a provider."""
+    exc.observed = True
+    return exc
 
 
 def error_for_code(code: str, message: str, *, field: str | None = None, retryable: bool | None = None) -> SandboxError:

@@ -324,11 +324,9 @@ class ProcessChannel:
 
     # what this side sends ---------------------------------------------------------------------
 
-    def grant(self, n: int) -> WindowFrame:
-        """A grant of ``n`` more bytes to the peer (after consuming as much)."""
-        frame = WindowFrame(type="window", bytes=n)
-        self.send(frame)
-        return frame
+    def grant(self, n: int) -> str | bytes:
+        """The message granting the peer ``n`` more bytes (after consuming as much)."""
+        return self.send(WindowFrame(type="window", bytes=n))
 
     def send(self, frame: Frame) -> str | bytes:
         """Check a frame this side is about to send, account for it, and encode it.

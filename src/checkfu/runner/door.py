@@ -35,6 +35,7 @@ from checkfu.contract.errors import (
     SandboxError,
     SandboxProviderFailed,
     SandboxProviderTimeout,
+    error_for_code,
 )
 from checkfu.contract.members import METHOD_NAMES
 from checkfu.contract.provider import ProcessStream, Provider
@@ -79,10 +80,14 @@ def provider_fault(member: str, exc: BaseException) -> SandboxError:
     """What the provider raised, as the vocabulary error the runner reports. The one translation table.
 
     Whatever a provider raises is its own fault, whatever the code; the code it raised is kept
-    in ``reported_code``. A code outside the vocabulary is never turned into a class.
+    in ``reported_code``. A code outside the vocabulary is never turned into a class. An error the
+    runner's own code found (``observed``, such as a wire client that could not decode an answer)
+    keeps its code: it is a check, like the ones the door makes itself.
     """
     if isinstance(exc, SandboxError):
         code = exc.code if exc.code in ERROR_CLASSES else None
+        if exc.observed and code is not None:
+            return error_for_code(code, exc.message, field=exc.field, retryable=exc.retryable)  # our own check
         if code == "SandboxProviderFailed":
             return SandboxProviderFailed(exc.message, field=exc.field, retryable=exc.retryable)
         said = f"an error with unknown code {str(exc.code)[:64]!r}" if code is None else code

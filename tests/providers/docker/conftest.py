@@ -22,6 +22,7 @@ from docker_kit import LEASE, Kit, leftovers  # noqa: E402
 
 from checkfu.contract.members import CompensateRequest  # noqa: E402
 from checkfu.providers.docker import DockerProvider  # noqa: E402
+from checkfu.testing.served import serve_in_thread  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -65,9 +66,16 @@ def provider(client: Any, runner_tag: str, tmp_path_factory: pytest.TempPathFact
     assert not left, f"objects left behind by the tests: {left}"
 
 
-@pytest.fixture(scope="session")
-def kit(provider: DockerProvider, client: Any, runner_tag: str, busybox_id: str) -> Kit:
-    return Kit(provider, client, runner_tag, busybox_id)
+@pytest.fixture(scope="session", params=["in-process", "wire"])
+def kit(
+    request: pytest.FixtureRequest, provider: DockerProvider, client: Any, runner_tag: str, busybox_id: str
+) -> Iterator[Kit]:
+    """The provider in-process, and the same provider served over the wire on loopback: every test runs on both."""
+    if request.param == "in-process":
+        yield Kit(provider, client, runner_tag, busybox_id, docker=provider)
+        return
+    with serve_in_thread(provider, attest_enforcement=False) as remote:
+        yield Kit(remote, client, runner_tag, busybox_id, docker=provider)
 
 
 @pytest.fixture(scope="session")

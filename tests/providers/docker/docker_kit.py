@@ -21,6 +21,7 @@ from checkfu.contract.members import (
 )
 from checkfu.contract.mounts import MountFile, MountPlan
 from checkfu.contract.profile import SandboxProfile
+from checkfu.contract.provider import Provider
 from checkfu.contract.target import Lease
 from checkfu.contract.vocabulary import Platform, Resources
 from checkfu.providers.docker import DockerProvider
@@ -61,7 +62,7 @@ class Box:
     @property
     def call(self) -> dict[str, Any]:
         return {
-            "target": self.kit.provider.target,
+            "target": self.kit.target,
             "lease": LEASE,
             "allocation_key": self.key,
             "instance_id": self.instance_id,
@@ -85,10 +86,16 @@ class Box:
 
 
 class Kit:
-    """Builds requests for this session's runner tag and base image."""
+    """Builds requests for this session's runner tag and base image.
 
-    def __init__(self, provider: DockerProvider, client: Any, runner_tag: str, image: str) -> None:
+    ``provider`` is what the tests drive: the Docker provider itself, or a client of it served over the
+    wire; ``docker`` is always the Docker provider, for what only it knows (its sandbox user, its state).
+    """
+
+    def __init__(self, provider: Provider, client: Any, runner_tag: str, image: str, *, docker: DockerProvider) -> None:
         self.provider = provider
+        self.docker = docker
+        self.target = docker.target
         self.client = client
         self.runner_tag = runner_tag
         self.image = image
@@ -115,7 +122,7 @@ class Kit:
     ) -> ProvisionRequest:
         prof = profile or self.profile()
         return ProvisionRequest(
-            target=self.provider.target,
+            target=self.target,
             lease=LEASE,
             profile=prof,
             profile_digest=prof.digest,

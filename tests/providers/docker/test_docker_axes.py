@@ -46,7 +46,7 @@ def test_isolation_outside(info: dict[str, Any], client: Any) -> None:
 
 
 async def test_isolation_inside(box: Box, kit: Kit) -> None:
-    namespaces = await kit.provider.namespaces()
+    namespaces = await kit.docker.namespaces()
     r = await box.sh(
         "for n in mnt pid net ipc uts user; do readlink /proc/self/ns/$n; done; grep Seccomp: /proc/self/status"
     )
@@ -156,7 +156,7 @@ def test_disk_limit_outside(info: dict[str, Any], client: Any, kit: Kit) -> None
             assert opts["type"] == "tmpfs"
             size = next(o for o in opts["o"].split(",") if o.startswith("size="))
             sizes[m["Destination"]] = int(size.removeprefix("size=").removesuffix("k"))
-    assert sizes == {a.path: a.size_kib for a in split_disk(16, kit.provider.user)}
+    assert sizes == {a.path: a.size_kib for a in split_disk(16, kit.docker.user)}
     assert sum(sizes.values()) == 16 * 1024
     assert info["HostConfig"]["LogConfig"]["Type"] == "none"
     assert {u["Name"]: u["Hard"] for u in info["HostConfig"]["Ulimits"]}["msgqueue"] == 0
@@ -168,7 +168,7 @@ async def test_disk_limit_inside(box: Box, kit: Kit) -> None:
         ' if touch "$m/.probe" 2>/dev/null; then rm -f "$m/.probe"; echo "$m"; fi; done'
     )
     writable = set(probe.stdout.decode().split())
-    areas = {a.path: a.size_kib for a in split_disk(16, kit.provider.user)}
+    areas = {a.path: a.size_kib for a in split_disk(16, kit.docker.user)}
     assert writable == set(areas), "every writable path is a size-limited area"
     for path, kib in areas.items():
         r = await box.sh(

@@ -36,7 +36,7 @@ async def read(box: Box, *paths: str, max_bytes: int = 1 << 20) -> tuple[dict[st
 
 
 async def test_reads_regular_files_with_mode_and_digest(box: Box) -> None:
-    home = box.kit.provider.user.home
+    home = box.kit.docker.user.home
     result = await box.kit.provider.read_files(
         ReadFilesRequest(**box.call, paths=(f"{home}/d/one", "/workspace/README", "/etc/hostname"), max_bytes=1000)
     )
@@ -47,7 +47,7 @@ async def test_reads_regular_files_with_mode_and_digest(box: Box) -> None:
 
 
 async def test_links_are_never_followed(box: Box) -> None:
-    home = box.kit.provider.user.home
+    home = box.kit.docker.user.home
     odd = (f"{home}/link-out", f"{home}/link-in", f"{home}/pipe", f"{home}/d", f"{home}/nope", f"{home}/big/below")
     found, missing = await read(box, *odd)
     assert found == {} and missing == list(odd)
@@ -59,7 +59,7 @@ async def test_links_are_never_followed(box: Box) -> None:
 
 
 async def test_max_bytes_is_a_bound(box: Box) -> None:
-    home = box.kit.provider.user.home
+    home = box.kit.docker.user.home
     with pytest.raises(SandboxBoundExceeded):
         await read(box, f"{home}/big", max_bytes=4999)
     with pytest.raises(SandboxBoundExceeded):
@@ -69,7 +69,7 @@ async def test_max_bytes_is_a_bound(box: Box) -> None:
 
 
 async def test_list_dir(box: Box) -> None:
-    home = box.kit.provider.user.home
+    home = box.kit.docker.user.home
     p = box.kit.provider
     flat = await p.list_dir(ListDirRequest(**box.call, path=f"{home}/d", max_entries=100))
     assert flat.kind == "dir"
@@ -87,7 +87,7 @@ async def test_list_dir(box: Box) -> None:
 
 
 async def test_list_dir_says_what_is_at_a_path_that_is_no_directory(box: Box) -> None:
-    home = box.kit.provider.user.home
+    home = box.kit.docker.user.home
     answers = {
         f"{home}/root-link": "symlink",  # a link to the sandbox's /, listed as the link, never followed
         f"{home}/link-in": "symlink",
@@ -107,7 +107,7 @@ async def test_list_dir_says_what_is_at_a_path_that_is_no_directory(box: Box) ->
 
 async def test_reads_need_an_active_instance(kit: Kit) -> None:
     key, inst = await kit.provision("unread")
-    call = {"target": kit.provider.target, "lease": LEASE, "allocation_key": key, "instance_id": inst.instance_id}
+    call = {"target": kit.target, "lease": LEASE, "allocation_key": key, "instance_id": inst.instance_id}
     try:
         with pytest.raises(SandboxStateConflict):
             await kit.provider.read_files(ReadFilesRequest(**call, paths=("/etc/hostname",), max_bytes=10))

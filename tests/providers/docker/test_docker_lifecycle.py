@@ -84,20 +84,20 @@ async def test_round_trip_echoes_every_identity(kit: Kit) -> None:
     plan = MountPlan(target="/workspace", files=(MountFile(path="README", size=len(data), digest=sha(data)),))
     key, provisioned = await kit.provision("round", mounts=(plan,))
     p = kit.provider
-    check_echo(provisioned, target=p.target, lease=LEASE, allocation_key=key)
+    check_echo(provisioned, target=kit.target, lease=LEASE, allocation_key=key)
     assert provisioned.state == "provisioning"
-    call = {"target": p.target, "lease": LEASE, "allocation_key": key, "instance_id": provisioned.instance_id}
+    call = {"target": kit.target, "lease": LEASE, "allocation_key": key, "instance_id": provisioned.instance_id}
     assert kit.client.containers.get(provisioned.instance_id).status == "created"
     staged = await p.write_file(
         WriteFileRequest(**call, path="/workspace/README", size=len(data), digest=sha(data)), data
     )
-    check_echo(staged, target=p.target, lease=LEASE, allocation_key=key, instance_id=provisioned.instance_id)
+    check_echo(staged, target=kit.target, lease=LEASE, allocation_key=key, instance_id=provisioned.instance_id)
     assert (staged.path, staged.size, staged.digest) == ("/workspace/README", len(data), sha(data))
     active = await p.activate(ActivateRequest(**call))
     assert active.state == "active"
     assert (await p.inspect(InspectRequest(**call))).state == "active"
     ran = await p.exec(ExecRequest(**call, argv=("cat", "/workspace/README"), timeout_ms=10_000, max_output_bytes=100))
-    check_echo(ran, target=p.target, lease=LEASE, allocation_key=key, instance_id=provisioned.instance_id)
+    check_echo(ran, target=kit.target, lease=LEASE, allocation_key=key, instance_id=provisioned.instance_id)
     assert (ran.exit_code, ran.stdout, ran.timed_out) == (0, data, False)
     released = await p.release(ReleaseRequest(**call))
     assert (released.state, released.destroyed, released.instance_id) == ("released", True, provisioned.instance_id)
@@ -108,7 +108,7 @@ async def test_round_trip_echoes_every_identity(kit: Kit) -> None:
 
 
 async def test_requests_for_another_target_are_refused(kit: Kit) -> None:
-    other = kit.provider.target.model_copy(update={"provider_revision": "checkfu-docker 0"})
+    other = kit.target.model_copy(update={"provider_revision": "checkfu-docker 0"})
     request = kit.provision_request(kit.key("foreign-target")).model_copy(update={"target": other})
     with pytest.raises(SandboxIdentityMismatch):
         await kit.provider.provision(request)
@@ -153,7 +153,7 @@ async def test_write_file_checks_path_length_digest_and_state(kit: Kit) -> None:
     plan = MountPlan(target="/workspace", files=(MountFile(path="a/b.txt", size=len(data), digest=sha(data)),))
     key, inst = await kit.provision("writes", mounts=(plan,))
     p = kit.provider
-    call = {"target": p.target, "lease": LEASE, "allocation_key": key, "instance_id": inst.instance_id}
+    call = {"target": kit.target, "lease": LEASE, "allocation_key": key, "instance_id": inst.instance_id}
     try:
         for path in ("/etc/passwd", "/workspace", "/workspacex/a"):
             with pytest.raises(SandboxPathRejected):
@@ -250,19 +250,19 @@ async def test_compensate_reclaims_by_label_even_cold(kit: Kit, tmp_path: Any) -
     plan = MountPlan(target="/workspace", files=(MountFile(path="f", size=len(data), digest=sha(data)),))
     key, inst = await kit.provision("half", mounts=(plan,))
     p = kit.provider
-    call = {"target": p.target, "lease": LEASE, "allocation_key": key, "instance_id": inst.instance_id}
+    call = {"target": kit.target, "lease": LEASE, "allocation_key": key, "instance_id": inst.instance_id}
     await p.write_file(WriteFileRequest(**call, path="/workspace/f", size=len(data), digest=sha(data)), data)
     flt = {"label": [f"{L.ALLOCATION_KEY}={key}", f"{L.RUNNER_TAG}={kit.runner_tag}"]}
     objects = len(kit.client.containers.list(all=True, filters=flt)) + len(kit.client.volumes.list(filters=flt))
     assert objects == 2 + 3 + 1  # sandbox and stager; three areas and one mount volume
-    cold = DockerProvider(state_dir=p.state_dir, cache_tag=kit.runner_tag, workers=4)
+    cold = DockerProvider(state_dir=kit.docker.state_dir, cache_tag=kit.runner_tag, workers=4)
     try:
-        request = CompensateRequest(target=p.target, lease=LEASE, allocation_key=key, runner_tag=kit.runner_tag)
+        request = CompensateRequest(target=kit.target, lease=LEASE, allocation_key=key, runner_tag=kit.runner_tag)
         other_tag = request.model_copy(update={"runner_tag": kit.runner_tag + "x"})
         assert (await cold.compensate(other_tag)).reclaimed == 0
         first = await cold.compensate(request)
         assert first.reclaimed == objects + 1  # and the staging spool
-        check_echo(first, target=p.target, lease=LEASE, allocation_key=key)
+        check_echo(first, target=kit.target, lease=LEASE, allocation_key=key)
         assert (await cold.compensate(request)).reclaimed == 0
     finally:
         cold.close()
@@ -282,7 +282,7 @@ async def test_compensating_an_image_still_in_use_is_a_retryable_failure(kit: Ki
 
     def compensate(allocation_key: str) -> CompensateRequest:
         return CompensateRequest(
-            target=kit.provider.target, lease=LEASE, allocation_key=allocation_key, runner_tag=kit.runner_tag
+            target=kit.target, lease=LEASE, allocation_key=allocation_key, runner_tag=kit.runner_tag
         )
 
     with pytest.raises(SandboxProviderFailed) as busy:

@@ -25,7 +25,7 @@ TOML = "toml==0.10.2"
 
 def request(kit: Kit, profile: SandboxProfile) -> MaterializeRequest:
     return MaterializeRequest(
-        target=kit.provider.target, lease=LEASE, profile=profile, profile_digest=profile.digest, platform=kit.platform()
+        target=kit.target, lease=LEASE, profile=profile, profile_digest=profile.digest, platform=kit.platform()
     )
 
 
@@ -69,7 +69,7 @@ async def test_refusals(kit: Kit) -> None:
         await kit.provider.materialize(request(kit, with_packages(kit, kit.image, {"npm": ["left-pad@1.3.0"]})))
     with pytest.raises(SandboxNotFound):
         await kit.provider.materialize(request(kit, kit.profile(image="sha256:" + "0" * 64)))
-    other = kit.provider.target.model_copy(update={"placement": "hosted"})
+    other = kit.target.model_copy(update={"placement": "hosted"})
     with pytest.raises(SandboxIdentityMismatch):
         await kit.provider.materialize(request(kit, kit.profile()).model_copy(update={"target": other}))
 
@@ -80,7 +80,7 @@ async def test_real_apt_and_pip_install_then_cache_hit(kit: Kit, debian_id: str,
     def progress(line: str) -> None:
         seen.append(line.rstrip())  # one str per line, as a console prints it
 
-    provider = create(progress=progress, state_dir=str(kit.provider.state_dir), cache_tag=kit.runner_tag, workers="4")
+    provider = create(progress=progress, state_dir=str(kit.docker.state_dir), cache_tag=kit.runner_tag, workers="4")
     profile = with_packages(kit, debian_id, {"apt": [JQ], "pip": [TOML]})
     digest = materialization_digest(profile, provider.envelope.materialization_revision)
     try:

@@ -105,15 +105,19 @@ async def test_list_allocations_enumerates_by_runner_tag(kit: Kit) -> None:
     half_key, half = await kit.provision("listed-half", mounts=())
     try:
         listing = await p.list_allocations(
-            ListAllocationsRequest(target=p.target, lease=LEASE, runner_tag=kit.runner_tag)
+            ListAllocationsRequest(target=kit.target, lease=LEASE, runner_tag=kit.runner_tag)
         )
         assert listing.runner_tag == kit.runner_tag
         mine = {(a.allocation_key, a.kind) for a in listing.allocations}
         assert (box.key, "instance") in mine and (half_key, "instance") in mine and (box.key, "volume") in mine
         assert sum(1 for a in listing.allocations if a.allocation_key == box.key and a.kind == "volume") == 4
-        other = await p.list_allocations(ListAllocationsRequest(target=p.target, lease=LEASE, runner_tag="nobody-here"))
+        other = await p.list_allocations(
+            ListAllocationsRequest(target=kit.target, lease=LEASE, runner_tag="nobody-here")
+        )
         assert other.allocations == ()
     finally:
         await asyncio.gather(box.release(), Box(kit, half_key, half.instance_id).release())
-    listing = await p.list_allocations(ListAllocationsRequest(target=p.target, lease=LEASE, runner_tag=kit.runner_tag))
+    listing = await p.list_allocations(
+        ListAllocationsRequest(target=kit.target, lease=LEASE, runner_tag=kit.runner_tag)
+    )
     assert not {a for a in listing.allocations if a.allocation_key in (box.key, half_key)}

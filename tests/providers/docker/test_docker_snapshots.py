@@ -34,7 +34,7 @@ FILES = {"/workspace/README": b"hello\n"}
 async def snapshot(kit: Kit, box: Box) -> tuple[str, str]:
     key = kit.key("snap")
     result = await kit.provider.snapshot(SnapshotRequest(**box.call, snapshot_allocation_key=key))
-    check_echo(result, target=kit.provider.target, lease=LEASE, allocation_key=box.key, instance_id=box.instance_id)
+    check_echo(result, target=kit.target, lease=LEASE, allocation_key=box.key, instance_id=box.instance_id)
     assert result.snapshot_allocation_key == key
     return key, result.snapshot_id
 
@@ -64,7 +64,7 @@ async def test_resume_restores_every_writable_area(kit: Kit, client: Any) -> Non
     assert client.images.get(snap_id), "a durable release keeps the snapshot"
     request = resume_request(kit, snap_key, snap_id)
     resumed = await kit.provider.resume(request)
-    check_echo(resumed, target=kit.provider.target, lease=LEASE, allocation_key=request.allocation_key)
+    check_echo(resumed, target=kit.target, lease=LEASE, allocation_key=request.allocation_key)
     assert resumed.state == "provisioning" and resumed.snapshot_id == snap_id
     check_new_identity("instance_id", resumed.instance_id, {source.instance_id})
     box = await activate(kit, request.allocation_key, resumed.instance_id)
@@ -76,7 +76,7 @@ async def test_resume_restores_every_writable_area(kit: Kit, client: Any) -> Non
     finally:
         await box.release()
     delete = DeleteSnapshotRequest(
-        target=kit.provider.target, lease=LEASE, snapshot_allocation_key=snap_key, snapshot_id=snap_id
+        target=kit.target, lease=LEASE, snapshot_allocation_key=snap_key, snapshot_id=snap_id
     )
     assert (await kit.provider.delete_snapshot(delete)).deleted is True
     assert (await kit.provider.delete_snapshot(delete)).deleted is False
@@ -124,20 +124,18 @@ async def test_foreign_or_unknown_snapshots_are_refused(kit: Kit) -> None:
         with pytest.raises(SandboxNotFound):
             await kit.provider.delete_snapshot(
                 DeleteSnapshotRequest(
-                    target=kit.provider.target, lease=LEASE, snapshot_allocation_key=kit.key("x"), snapshot_id=snap_id
+                    target=kit.target, lease=LEASE, snapshot_allocation_key=kit.key("x"), snapshot_id=snap_id
                 )
             )
         listing = await kit.provider.list_allocations(
-            ListAllocationsRequest(target=kit.provider.target, lease=LEASE, runner_tag=kit.runner_tag)
+            ListAllocationsRequest(target=kit.target, lease=LEASE, runner_tag=kit.runner_tag)
         )
         assert {(a.allocation_key, a.kind) for a in listing.allocations} >= {
             (snap_key, "snapshot"),
             (box.key, "instance"),
         }
         reclaimed = await kit.provider.compensate(
-            CompensateRequest(
-                target=kit.provider.target, lease=LEASE, allocation_key=snap_key, runner_tag=kit.runner_tag
-            )
+            CompensateRequest(target=kit.target, lease=LEASE, allocation_key=snap_key, runner_tag=kit.runner_tag)
         )
         assert reclaimed.reclaimed == 1
     finally:

@@ -1,0 +1,632 @@
+"""The client adapter: any provider service as a ``Provider`` the runner drives like an in-tree one.
+
+``RemoteProvider(url, credential)`` turns each member into an HTTP call and each
+answer back into the contract's models, strictly:
+
+- a ``200`` answer is decoded as the member's result (``SandboxResultInvalid``
+  when it does not decode);
+- any other status must carry the wire's error body, rebuilt through the
+  vocabulary's one code-to-class table (an unknown code is
+  ``SandboxProviderFailed`` naming it);
+- a body that is not JSON, one cut short, a dropped connection
+  (``SandboxProtocolViolation``), a service that cannot be reached
+  (``SandboxProviderFailed``) and a call past its deadline
+  (``SandboxProviderTimeout``) are typed too.
+
+``open_process`` speaks the WebSocket frames of ``checkfu.contract.frames``
+through a ``ProcessChannel``; its stream reattaches by operation id when the
+connection drops and resumes from the last byte it received.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import uuid
+from collections import deque
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import Any, Literal, TypeVar
+
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
+
+from checkfu.contract.codec import decode
+from checkfu.contract.envelope import Member
+from checkfu.contract.errors import (
+    ERROR_CLASSES,
+    SandboxError,
+    SandboxProtocolViolation,
+    SandboxProviderFailed,
+    SandboxProviderTimeout,
+    SandboxStateConflict,
+    observed_by_runner,
+)
+from checkfu.contract.frames import (
+    DEFAULT_WINDOW,
+    MAX_DATA,
+    Data,
+    ErrorFrame,
+    ExitFrame,
+    KillFrame,
+    ProcessChannel,
+    ResumePoint,
+    StartedFrame,
+    StartFrame,
+    StdinEndFrame,
+    WindowFrame,
+    error_of,
+    events_of,
+)
+from checkfu.contract.members import (
+    MESSAGES,
+    ActivateRequest,
+    CloneRequest,
+    CloneResult,
+    CompensateRequest,
+    CompensateResult,
+    DeleteSnapshotRequest,
+    DeleteSnapshotResult,
+    DescribeResult,
+    ExecRequest,
+    ExecResult,
+    InspectRequest,
+    InstanceResult,
+    ListAllocationsRequest,
+    ListAllocationsResult,
+    ListDirRequest,
+    ListDirResult,
+    MaterializeRequest,
+    MaterializeResult,
+    OpenProcessRequest,
+    ProcessStarted,
+    ProvisionRequest,
+    ReadFilesRequest,
+    ReadFilesResult,
+    ReleaseRequest,
+    ReleaseResult,
+    ResumeRequest,
+    ResumeResult,
+    SnapshotRequest,
+    SnapshotResult,
+    WriteFileRequest,
+    WriteFileResult,
+)
+from checkfu.contract.model import Model
+from checkfu.contract.process import ProcessEvent, ProcessExit, ProcessOutput
+from checkfu.wire.credentials import Credential
+from checkfu.wire.errors import WireError
+from checkfu.wire.files import FILES_MEDIA_TYPE, REQUEST_HEADER, read_files_body
+from checkfu.wire.http import HttpError, HttpPool
+
+M = TypeVar("M", bound=Model)
+
+DEADLINES: dict[Member, float] = {
+    "describe": 30,
+    "materialize": 1800,
+    "provision": 300,
+    "writeFile": 120,
+    "activate": 120,
+    "exec": 30,
+    "inspect": 30,
+    "release": 120,
+    "compensate": 120,
+    "openProcess": 60,
+    "readFiles": 120,
+    "listAllocations": 60,
+    "listDir": 60,
+    "snapshot": 900,
+    "deleteSnapshot": 120,
+    "clone": 900,
+    "resume": 900,
+}
+"""The client's own bound on each call (``exec`` adds its request's timeout), so none hangs even outside a runner."""
+
+REATTACH_ATTEMPTS = 6
+REATTACH_PAUSE = 0.05
+
+
+def _decoded(model: type[M], body: bytes) -> M:
+    """A result decoded strictly; a failure is the runner's own finding about the answer."""
+    try:
+        return decode(model, body)
+    except SandboxError as exc:
+        raise observed_by_runner(exc) from None
+
+
+def _unexpected(member: str, status: int, body: bytes) -> SandboxError:
+    """A non-200 answer: the wire's error body, or a typed error saying it was not one."""
+    try:
+        return decode(WireError, body).to_exception()
+    except SandboxError:
+        pass
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        return observed_by_runner(
+            SandboxProtocolViolation(f"{member}: HTTP {status} with a body that is not JSON", field="body")
+        )
+    code = doc.get("error", {}).get("code") if isinstance(doc, dict) and isinstance(doc.get("error"), dict) else None
+    if isinstance(code, str) and code not in ERROR_CLASSES:
+        message = str(doc["error"].get("message", ""))[:500]
+        return SandboxProviderFailed(f"{member}: the service answered unknown error code {code[:64]!r}: {message}")
+    return observed_by_runner(
+        SandboxProtocolViolation(f"{member}: HTTP {status} with a body that is not a wire error", field="body")
+    )
+
+
+async def _closed_with_the_loop(pool: HttpPool) -> AsyncGenerator[None, None]:
+    """Held open for the life of an event loop: asyncio closes it (and so the pool) as the loop shuts down."""
+    try:
+        yield
+    finally:
+        pool.close()
+
+
+class RemoteProvider:
+    """A provider service at ``url``, driven as a ``Provider``.
+
+    Args:
+        url: the service's base URL (``http://host:port``).
+        credential: the credential issued at enrollment (``CHECKFU_PROVIDER_CREDENTIAL`` when omitted).
+        window: the credit this side grants an open process's output, in bytes.
+    """
+
+    def __init__(self, url: str, credential: Credential | str | None = None, *, window: int = DEFAULT_WINDOW) -> None:
+        self.url = url.rstrip("/")
+        if credential is None:
+            from checkfu.wire.credentials import read_credential  # noqa: PLC0415
+
+            credential = read_credential()
+        self._credential = Credential(credential) if isinstance(credential, str) else credential
+        self.window = window
+        self._pool: HttpPool | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._keeper: AsyncGenerator[None, None] | None = None
+
+    def __repr__(self) -> str:
+        return f"RemoteProvider({self.url!r})"
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"authorization": self._credential.header} if self._credential is not None else {}
+
+    def _http(self) -> HttpPool:
+        """The connection pool of this event loop (connections cannot outlive the loop they were made in)."""
+        loop = asyncio.get_running_loop()
+        if self._pool is None or self._loop is not loop:
+            try:
+                pool = HttpPool(self.url, self.headers)
+            except HttpError as exc:
+                raise observed_by_runner(SandboxProviderFailed(f"{self.url!r}: {exc}", field="url")) from None
+            keeper = _closed_with_the_loop(pool)
+            with contextlib.suppress(StopIteration):  # started in this loop, which closes it as it shuts down
+                keeper.asend(None).send(None)
+            self._keeper = keeper
+            self._pool, self._loop = pool, loop
+        return self._pool
+
+    async def aclose(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
+        self._pool = None
+
+    # the calls --------------------------------------------------------------------------------
+
+    async def _post(
+        self,
+        member: Member,
+        result: type[M],
+        body: bytes,
+        *,
+        extra: float = 0.0,
+        headers: dict[str, str] | None = None,
+    ) -> M:
+        deadline = DEADLINES[member] + extra
+        try:
+            async with asyncio.timeout(deadline):
+                answer = await self._http().request(
+                    "POST", f"/v1/{member}", body, {"content-type": "application/json", **(headers or {})}
+                )
+        except TimeoutError:
+            raise observed_by_runner(
+                SandboxProviderTimeout(f"{member}: no answer within {deadline:g} s", field=member)
+            ) from None
+        except HttpError as exc:
+            raise self._transport(member, exc) from None
+        if answer.status != 200:
+            raise _unexpected(member, answer.status, answer.body)
+        return _decoded(result, answer.body)
+
+    def _transport(self, member: str, exc: HttpError) -> SandboxError:
+        if exc.connect:
+            error: SandboxError = SandboxProviderFailed(
+                f"{member}: cannot reach the provider service at {self.url}: {exc}"
+            )
+        else:
+            error = SandboxProtocolViolation(f"{member}: {exc}", field="body")
+        return observed_by_runner(error)
+
+    async def _call(self, member: Member, request: Model, *, extra: float = 0.0) -> Any:
+        _, result = MESSAGES[member]
+        return await self._post(member, result, request.model_dump_json().encode(), extra=extra)
+
+    async def describe(self) -> DescribeResult:
+        return await self._post("describe", DescribeResult, b"{}")
+
+    async def materialize(self, request: MaterializeRequest) -> MaterializeResult:
+        return await self._call("materialize", request)  # type: ignore[no-any-return]
+
+    async def provision(self, request: ProvisionRequest) -> InstanceResult:
+        return await self._call("provision", request)  # type: ignore[no-any-return]
+
+    async def write_file(self, request: WriteFileRequest, data: bytes) -> WriteFileResult:
+        header = json.dumps(request.model_dump(mode="json"), ensure_ascii=True, separators=(",", ":"))
+        headers = {"content-type": "application/octet-stream", REQUEST_HEADER: header}
+        return await self._post("writeFile", WriteFileResult, data, headers=headers)
+
+    async def activate(self, request: ActivateRequest) -> InstanceResult:
+        return await self._call("activate", request)  # type: ignore[no-any-return]
+
+    async def exec(self, request: ExecRequest) -> ExecResult:
+        return await self._call("exec", request, extra=request.timeout_ms / 1000)  # type: ignore[no-any-return]
+
+    async def inspect(self, request: InspectRequest) -> InstanceResult:
+        return await self._call("inspect", request)  # type: ignore[no-any-return]
+
+    async def release(self, request: ReleaseRequest) -> ReleaseResult:
+        return await self._call("release", request)  # type: ignore[no-any-return]
+
+    async def compensate(self, request: CompensateRequest) -> CompensateResult:
+        return await self._call("compensate", request)  # type: ignore[no-any-return]
+
+    async def read_files(self, request: ReadFilesRequest) -> ReadFilesResult:
+        deadline = DEADLINES["readFiles"]
+        body = request.model_dump_json().encode()
+        try:
+            async with asyncio.timeout(deadline):
+                pool = self._http()
+                async with pool.stream("POST", "/v1/readFiles", body, {"content-type": "application/json"}) as (
+                    status,
+                    headers,
+                    parts,
+                ):
+                    if status != 200:
+                        buf = bytearray()
+                        async for part in parts:
+                            buf += part
+                            if len(buf) > 1 << 20:
+                                break
+                        raise _unexpected("readFiles", status, bytes(buf))
+                    kind = headers.get("content-type", "").split(";")[0].strip()
+                    if kind != FILES_MEDIA_TYPE:
+                        raise observed_by_runner(
+                            SandboxProtocolViolation(f"readFiles: answered as {kind!r}", field="content-type")
+                        )
+                    try:
+                        return await read_files_body(parts, request.max_bytes)
+                    except SandboxError as exc:
+                        raise observed_by_runner(exc) from None
+        except TimeoutError:
+            raise observed_by_runner(
+                SandboxProviderTimeout(f"readFiles: no answer within {deadline:g} s", field="readFiles")
+            ) from None
+        except HttpError as exc:
+            raise self._transport("readFiles", exc) from None
+
+    async def list_allocations(self, request: ListAllocationsRequest) -> ListAllocationsResult:
+        return await self._call("listAllocations", request)  # type: ignore[no-any-return]
+
+    async def list_dir(self, request: ListDirRequest) -> ListDirResult:
+        return await self._call("listDir", request)  # type: ignore[no-any-return]
+
+    async def snapshot(self, request: SnapshotRequest) -> SnapshotResult:
+        return await self._call("snapshot", request)  # type: ignore[no-any-return]
+
+    async def delete_snapshot(self, request: DeleteSnapshotRequest) -> DeleteSnapshotResult:
+        return await self._call("deleteSnapshot", request)  # type: ignore[no-any-return]
+
+    async def clone(self, request: CloneRequest) -> CloneResult:
+        return await self._call("clone", request)  # type: ignore[no-any-return]
+
+    async def resume(self, request: ResumeRequest) -> ResumeResult:
+        return await self._call("resume", request)  # type: ignore[no-any-return]
+
+    async def open_process(self, request: OpenProcessRequest) -> RemoteProcess:
+        process = RemoteProcess(self, request, operation_id=f"op-{uuid.uuid4().hex}", window=self.window)
+        await process.start()
+        return process
+
+    def ws_url(self) -> str:
+        if self.url.startswith("https://"):
+            return "wss://" + self.url[len("https://") :] + "/v1/openProcess"
+        if self.url.startswith("http://"):
+            return "ws://" + self.url[len("http://") :] + "/v1/openProcess"
+        raise SandboxProtocolViolation(f"openProcess: {self.url!r} is not an http(s) URL", field="url")
+
+
+class RemoteProcess:
+    """An open process across the wire: a ``ProcessStream`` whose output arrives within the granted credit.
+
+    A reader task takes every frame as it comes (grants for stdin, output up to the window) and puts
+    output in the inbox; ``events()`` hands it out and grants the credit back as it is consumed. When
+    the connection drops before the exit, the reader reattaches by operation id, resuming from the
+    bytes it has; it raises ``SandboxProtocolViolation`` only when it cannot.
+    """
+
+    def __init__(
+        self, provider: RemoteProvider, request: OpenProcessRequest, *, operation_id: str, window: int
+    ) -> None:
+        self.provider = provider
+        self.request = request
+        self.operation_id = operation_id
+        self.window = window
+        self._ws: ClientConnection | None = None
+        self._channel = ProcessChannel("client")
+        self._started: ProcessStarted | None = None
+        self._inbox: deque[ProcessEvent | SandboxError] = deque()
+        self._arrived = asyncio.Event()
+        self._credit = asyncio.Event()
+        self._received = {"out": 0, "err": 0}
+        self._ended: list[Literal["out", "err"]] = []
+        self._buffered = 0
+        self._to_grant = 0
+        self._stdin_acked = 0
+        self._stdin_sent = 0
+        self._stdin_unacked = bytearray()
+        self._stdin_ended = False
+        self._exited = False
+        self._reader: asyncio.Task[None] | None = None
+        self._send_lock = asyncio.Lock()
+
+    @property
+    def started(self) -> ProcessStarted:
+        assert self._started is not None, "start() first"
+        return self._started
+
+    # connecting ---------------------------------------------------------------------------
+
+    async def _connect(self, resume: ResumePoint | None) -> StartedFrame:
+        """One connection and its start; the answer is the server's start.
+
+        Raises:
+            SandboxError: the server refused (its error frame), or the conversation broke.
+            ConnectionClosed, OSError: the connection itself failed (the caller may retry).
+        """
+        ws = await connect(
+            self.provider.ws_url(),
+            additional_headers=self.provider.headers,
+            max_size=MAX_DATA + 64 + (64 << 20),
+            max_queue=4,
+            open_timeout=DEADLINES["openProcess"],
+        )
+        channel = ProcessChannel("client")
+        window = max(1, self.window - self._buffered)
+        start = StartFrame(
+            type="start", operation_id=self.operation_id, request=self.request, window=window, resume=resume
+        )
+        await ws.send(channel.send(start))
+        try:
+            frame = channel.receive(await ws.recv())
+        except SandboxError as exc:
+            await ws.close()
+            raise observed_by_runner(exc) from None
+        if isinstance(frame, ErrorFrame):
+            await ws.close()
+            raise error_of(frame)
+        if not isinstance(frame, StartedFrame):
+            await ws.close()
+            raise observed_by_runner(
+                SandboxProtocolViolation("openProcess: the server did not answer start with start", field="type")
+            )
+        self._ws, self._channel = ws, channel
+        return frame
+
+    async def start(self) -> None:
+        """Start the process; a lost reply is retried under the same operation id, which never starts it twice."""
+        last: BaseException | None = None
+        for attempt in range(REATTACH_ATTEMPTS):
+            try:
+                async with asyncio.timeout(DEADLINES["openProcess"]):
+                    frame = await self._connect(None)
+                break
+            except SandboxError:
+                raise
+            except TimeoutError:
+                raise observed_by_runner(
+                    SandboxProviderTimeout("openProcess: the service did not start the process in time")
+                ) from None
+            except (ConnectionClosed, OSError, InvalidHandshake, InvalidURI) as exc:
+                last = exc
+                await asyncio.sleep(REATTACH_PAUSE * (2**attempt))
+        else:
+            raise observed_by_runner(
+                SandboxProtocolViolation(f"openProcess: cannot open the process stream: {last}", field="connection")
+            )
+        self._started = decode(ProcessStarted, frame.started.model_dump_json())
+        self._reader = asyncio.ensure_future(self._read())
+
+    async def _reattach(self) -> bool:
+        for attempt in range(REATTACH_ATTEMPTS):
+            await asyncio.sleep(REATTACH_PAUSE * (2**attempt))
+            resume = ResumePoint(out=self._received["out"], err=self._received["err"], ended=tuple(self._ended))
+            try:
+                frame = await self._connect(resume)
+            except (ConnectionClosed, OSError, InvalidHandshake, TimeoutError):
+                continue
+            await self._resend_stdin(frame.stdin)
+            self._credit.set()
+            return True
+        return False
+
+    # reading ------------------------------------------------------------------------------
+
+    async def _read(self) -> None:
+        try:
+            while True:
+                ws = self._ws
+                assert ws is not None
+                try:
+                    message = await ws.recv()
+                except ConnectionClosed:
+                    if self._exited:
+                        return
+                    try:
+                        reattached = await self._reattach()
+                    except SandboxError as exc:  # the service refused the reattach, or its answer broke a rule
+                        self._put(exc)
+                        return
+                    if not reattached:
+                        lost = SandboxProtocolViolation(
+                            "openProcess: the connection dropped and the process could not be reattached",
+                            field="connection",
+                        )
+                        self._put(observed_by_runner(lost))
+                        return
+                    continue
+                try:
+                    frame = self._channel.receive(message)
+                except SandboxError as exc:
+                    self._put(observed_by_runner(exc))
+                    return
+                if isinstance(frame, WindowFrame):
+                    self._stdin_acked += frame.bytes
+                    del self._stdin_unacked[: frame.bytes]
+                    self._credit.set()
+                    continue
+                if isinstance(frame, ErrorFrame):
+                    self._put(error_of(frame))
+                    return
+                event = events_of(frame)
+                if event is None:
+                    continue
+                if isinstance(event, ProcessOutput):
+                    self._received[event.stream] += len(event.data)
+                    self._buffered += len(event.data)
+                elif not isinstance(event, ProcessExit):
+                    self._ended.append(event.stream)
+                self._put(event)
+                if isinstance(frame, ExitFrame):
+                    self._exited = True
+                    await self._close()  # the server forgets the operation once the client closes normally
+                    return
+        except SandboxError as exc:
+            self._put(exc)
+        except Exception as exc:
+            self._put(
+                observed_by_runner(
+                    SandboxProtocolViolation(f"openProcess: the stream broke: {type(exc).__name__}: {exc}")
+                )
+            )
+        finally:
+            if not self._exited:
+                self._abort()  # cancelled or broken: nothing more will be read on it
+
+    def _put(self, item: ProcessEvent | SandboxError) -> None:
+        self._inbox.append(item)
+        self._arrived.set()
+
+    async def events(self) -> AsyncIterator[ProcessEvent]:
+        while True:
+            while not self._inbox:
+                self._arrived.clear()
+                await self._arrived.wait()
+            item = self._inbox.popleft()
+            if isinstance(item, SandboxError):
+                raise item
+            yield item
+            if isinstance(item, ProcessOutput):
+                self._buffered -= len(item.data)
+                self._to_grant += len(item.data)
+                if self._to_grant >= min(self.window // 8, MAX_DATA) or not self._inbox:
+                    n, self._to_grant = self._to_grant, 0
+                    await self._send_quietly(WindowFrame(type="window", bytes=n))
+            if isinstance(item, ProcessExit):
+                return
+
+    # writing ------------------------------------------------------------------------------
+
+    async def _send(self, frame: Any) -> None:
+        async with self._send_lock:
+            ws = self._ws
+            assert ws is not None
+            await ws.send(self._channel.send(frame))
+
+    async def _send_quietly(self, frame: Any) -> None:
+        """A grant or a kill on a connection that may be gone (a reattach resends what matters)."""
+        with contextlib.suppress(ConnectionClosed, SandboxError, OSError):
+            await self._send(frame)
+
+    async def send_stdin(self, data: bytes) -> None:
+        """Send ``data`` within the stdin credit; waits while the process is not reading."""
+        if self._stdin_ended:
+            raise SandboxStateConflict("stdin: already closed", field="stdin")
+        view = memoryview(data)
+        while view:
+            while self._channel.credit <= 0:
+                self._credit.clear()
+                if self._exited or (self._reader is not None and self._reader.done()):
+                    raise SandboxProtocolViolation(
+                        "openProcess: the process is gone; stdin has nowhere to go", field="stdin"
+                    )
+                await self._credit.wait()
+            n = min(len(view), self._channel.credit, MAX_DATA)
+            piece = bytes(view[:n])
+            try:
+                await self._send(Data("stdin", piece))
+            except ConnectionClosed:
+                await asyncio.sleep(REATTACH_PAUSE)  # the reader reattaches; this piece goes on the new connection
+                continue
+            self._stdin_unacked += piece
+            self._stdin_sent += n
+            view = view[n:]
+
+    async def _resend_stdin(self, server_has: int) -> None:
+        """After a reattach: send again the stdin bytes the server never received, then its end if it was sent.
+
+        What was sent and not acknowledged never exceeds a window, so it fits the server's fresh grant.
+        """
+        pending = bytes(self._stdin_unacked[max(0, server_has - self._stdin_acked) :])
+        if len(pending) > self._channel.credit:
+            raise SandboxProtocolViolation("openProcess: the stdin to resend is over the server's grant", field="stdin")
+        for at in range(0, len(pending), MAX_DATA):
+            await self._send(Data("stdin", pending[at : at + MAX_DATA]))
+        if self._stdin_ended:
+            await self._send(StdinEndFrame(type="stdin_end"))
+
+    async def close_stdin(self) -> None:
+        if not self._stdin_ended:
+            self._stdin_ended = True
+            await self._send_quietly(StdinEndFrame(type="stdin_end"))
+
+    async def kill(self) -> None:
+        """Ask the service to end the process; idempotent, and quiet when the stream is already over."""
+        if not self._exited:
+            await self._send_quietly(KillFrame(type="kill"))
+
+    async def _close(self) -> None:
+        if self._ws is not None:
+            with contextlib.suppress(Exception):
+                await self._ws.close(code=1000)
+
+    def _abort(self) -> None:
+        """Drop the connection at once (the caller is being cancelled); the server keeps the operation."""
+        if self._ws is not None:
+            with contextlib.suppress(Exception):
+                self._ws.transport.abort()
+
+
+def create(url: str, credential_file: str | None = None, **options: Any) -> RemoteProvider:
+    """The adapters-file factory: ``factory = "checkfu.wire.client:create"`` with ``options = {url = ...}``.
+
+    Raises:
+        CredentialError: the credential file cannot be read.
+    """
+    from pathlib import Path  # noqa: PLC0415
+
+    from checkfu.wire.credentials import read_credential  # noqa: PLC0415
+
+    if options:
+        raise ValueError(f"unknown options of a remote provider: {', '.join(sorted(options))}")
+    credential = read_credential(Path(credential_file) if credential_file else None)
+    return RemoteProvider(url, credential)

@@ -1,0 +1,86 @@
+"""The credential every wire request carries, and where both ends read it from.
+
+A request carries it as ``Authorization: Bearer <credential>``. The server compares
+it in constant time with each credential it accepts; a request without a valid
+one is ``SandboxUnauthenticated``. Both ends read it from ``--credential-file
+FILE`` or, failing that, from ``CHECKFU_PROVIDER_CREDENTIAL``. It is never
+printed, logged or journaled: ``Credential``'s ``repr`` hides it.
+"""
+
+from __future__ import annotations
+
+import hmac
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ENV = "CHECKFU_PROVIDER_CREDENTIAL"
+MAX_BYTES = 4096
+
+
+class CredentialError(ValueError):
+    """The credential could not be read, or is not usable; the message says which source and why."""
+
+
+@dataclass(frozen=True)
+class Credential:
+    """A secret shared between a runner and a provider service."""
+
+    secret: str = field(repr=False)
+
+    def __post_init__(self) -> None:
+        if not self.secret or len(self.secret) > MAX_BYTES or not self.secret.isprintable() or " " in self.secret:
+            raise CredentialError("a credential is 1 to 4096 printable characters without spaces")
+
+    def __str__(self) -> str:
+        return "<credential>"
+
+    @property
+    def header(self) -> str:
+        return f"Bearer {self.secret}"
+
+
+def read_credential(path: Path | None = None, *, environ: Mapping[str, str] | None = None) -> Credential | None:
+    """The credential in ``path`` (its first line), else in ``CHECKFU_PROVIDER_CREDENTIAL``, else ``None``.
+
+    Raises:
+        CredentialError: the file cannot be read or holds no usable credential.
+    """
+    env = os.environ if environ is None else environ
+    if path is not None:
+        try:
+            with path.open("rb") as fh:
+                raw = fh.read(MAX_BYTES + 2)
+        except OSError as exc:
+            raise CredentialError(f"cannot read the credential file {path}: {exc.strerror or exc}") from None
+        text = raw.decode("utf-8", "replace").splitlines()[0].strip() if raw.strip() else ""
+        if not text:
+            raise CredentialError(f"the credential file {path} is empty")
+        return Credential(text)
+    value = env.get(ENV, "").strip()
+    return Credential(value) if value else None
+
+
+class Accepted:
+    """The credentials a service accepts; ``check`` compares in constant time with each."""
+
+    def __init__(self, credentials: Iterable[Credential | str]) -> None:
+        self._secrets = [
+            (c.secret if isinstance(c, Credential) else Credential(c).secret).encode() for c in credentials
+        ]
+        if not self._secrets:
+            raise CredentialError("a service needs at least one credential to accept")
+
+    def check(self, authorization: str | None) -> bool:
+        """Whether an ``Authorization`` header value carries an accepted credential."""
+        if not authorization or not authorization.startswith("Bearer "):
+            return False
+        given = authorization[len("Bearer ") :].encode("utf-8", "replace")
+        ok = False
+        for secret in self._secrets:
+            ok |= hmac.compare_digest(given, secret)
+        return ok
+
+    def __repr__(self) -> str:
+        return f"Accepted({len(self._secrets)} credentials)"

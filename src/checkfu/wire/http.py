@@ -1,0 +1,260 @@
+"""A small HTTP/1.1 client over asyncio streams, with keep-alive connections.
+
+The runner makes many small calls to one service, and a general-purpose client
+spends most of such a call in its own layers. This one writes a request in one
+piece and reads the answer's framing as RFC 9112 section 6.3 orders it:
+informational answers are skipped, 204 and 304 have no body, then
+``Transfer-Encoding: chunked``, then ``Content-Length``, else the body runs to
+the close. A reused connection the server had already closed is retried once on
+a fresh one, but only when not one byte of an answer arrived.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+READ_SIZE = 256 << 10
+MAX_HEAD = 64 << 10
+
+
+class HttpError(Exception):
+    """The conversation broke: ``connect`` says whether the service could be reached at all."""
+
+    def __init__(self, message: str, *, connect: bool = False) -> None:
+        super().__init__(message)
+        self.connect = connect
+
+
+@dataclass
+class _Conn:
+    reader: asyncio.StreamReader
+    writer: asyncio.StreamWriter
+    reused: bool = False
+    reusable: bool = True
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.writer.close()
+
+
+@dataclass(frozen=True)
+class Answer:
+    status: int
+    headers: Mapping[str, str]
+    body: bytes
+
+
+class _Stale(Exception):
+    """A reused connection was closed by the server before any answer: safe to try again."""
+
+
+def _token(value: str) -> bool:
+    return bool(value) and all(33 <= ord(c) <= 126 and c not in '"(),/:;<=>?@[\\]{}' for c in value)
+
+
+class HttpPool:
+    """Keep-alive connections to one origin, for one event loop."""
+
+    def __init__(self, url: str, headers: Mapping[str, str], *, max_idle: int = 16) -> None:
+        parts = urlsplit(url)
+        if parts.scheme != "http" or not parts.hostname:
+            raise HttpError(f"{url!r}: only http:// service URLs are supported", connect=True)
+        self.host = parts.hostname
+        self.port = parts.port or 80
+        self.authority = parts.netloc
+        self.base_path = parts.path.rstrip("/")
+        self.headers = "".join(f"{k.lower()}: {v}\r\n" for k, v in headers.items())
+        self.max_idle = max_idle
+        self._idle: list[_Conn] = []
+
+    async def _open(self) -> _Conn:
+        try:
+            reader, writer = await asyncio.open_connection(self.host, self.port, limit=MAX_HEAD)
+        except OSError as exc:
+            raise HttpError(f"cannot connect to {self.authority}: {exc.strerror or exc}", connect=True) from None
+        return _Conn(reader, writer)
+
+    def _give_back(self, conn: _Conn) -> None:
+        if conn.reusable and len(self._idle) < self.max_idle:
+            conn.reused = True
+            self._idle.append(conn)
+        else:
+            conn.close()
+
+    def _head(self, method: str, path: str, size: int, headers: Mapping[str, str]) -> bytes:
+        for k, v in headers.items():
+            if not _token(k) or any(c in v for c in "\r\n\0"):
+                raise HttpError(f"a header that cannot be sent: {k!r}")
+        extra = "".join(f"{k.lower()}: {v}\r\n" for k, v in headers.items())
+        return (
+            f"{method} {self.base_path}{path} HTTP/1.1\r\nhost: {self.authority}\r\ncontent-length: {size}\r\n"
+            f"{self.headers}{extra}\r\n"
+        ).encode("latin-1")
+
+    async def _read_head(self, conn: _Conn) -> tuple[int, dict[str, str]]:
+        """The status and headers of the next final answer.
+
+        Raises:
+            _Stale: the reused connection ended before any byte of an answer.
+        """
+        while True:
+            try:
+                raw = await conn.reader.readuntil(b"\r\n\r\n")
+            except asyncio.IncompleteReadError as exc:
+                if conn.reused and not exc.partial:
+                    raise _Stale from None
+                raise HttpError("the connection closed in the middle of an answer's head") from None
+            except asyncio.LimitOverrunError:
+                raise HttpError(f"an answer's head is over {MAX_HEAD} bytes") from None
+            lines = raw[:-4].decode("latin-1").split("\r\n")
+            version, _, rest = lines[0].partition(" ")
+            code = rest[:3]
+            if not version.startswith("HTTP/1.") or not code.isdigit():
+                raise HttpError(f"not an HTTP/1.1 answer: {lines[0][:80]!r}")
+            headers: dict[str, str] = {}
+            for line in lines[1:]:
+                name, sep, value = line.partition(":")
+                if not sep or not _token(name):
+                    raise HttpError(f"a malformed header line in the answer: {line[:80]!r}")
+                key = name.lower()
+                value = value.strip()
+                headers[key] = f"{headers[key]}, {value}" if key in headers else value
+            status = int(code)
+            if 100 <= status < 200:
+                continue
+            if version == "HTTP/1.0" or "close" in headers.get("connection", "").lower():
+                conn.reusable = False
+            return status, headers
+
+    async def _body(self, conn: _Conn, status: int, headers: Mapping[str, str]) -> AsyncIterator[bytes]:
+        reader = conn.reader
+        try:
+            if status in (204, 304):
+                return
+            coding = headers.get("transfer-encoding", "").lower()
+            if coding:
+                if coding.split(",")[-1].strip() != "chunked":
+                    raise HttpError(f"a transfer coding this client does not read: {coding!r}")
+                while True:
+                    line = await reader.readuntil(b"\r\n")
+                    size_text = line[:-2].split(b";", 1)[0].strip()
+                    try:
+                        size = int(size_text, 16)
+                    except ValueError:
+                        raise HttpError("a malformed chunk size in the answer") from None
+                    if size == 0:
+                        while (await reader.readuntil(b"\r\n")) != b"\r\n":
+                            pass  # trailers are read and dropped
+                        return
+                    left = size
+                    while left:
+                        part = await reader.read(min(left, READ_SIZE))
+                        if not part:
+                            raise asyncio.IncompleteReadError(b"", left)
+                        left -= len(part)
+                        yield part
+                    if await reader.readexactly(2) != b"\r\n":
+                        raise HttpError("a chunk not followed by CRLF")
+            length_text = headers.get("content-length")
+            if length_text is not None:
+                if not length_text.isdigit():
+                    raise HttpError(f"a malformed Content-Length: {length_text[:40]!r}")
+                left = int(length_text)
+                while left:
+                    part = await reader.read(min(left, READ_SIZE))
+                    if not part:
+                        raise asyncio.IncompleteReadError(b"", left)
+                    left -= len(part)
+                    yield part
+                return
+            conn.reusable = False
+            while part := await reader.read(READ_SIZE):
+                yield part
+        except (asyncio.IncompleteReadError, ConnectionError) as exc:
+            conn.reusable = False
+            raise HttpError(f"the body was cut short: {type(exc).__name__}") from None
+        except asyncio.LimitOverrunError:
+            conn.reusable = False
+            raise HttpError("a chunk line that does not end") from None
+
+    @contextlib.asynccontextmanager
+    async def stream(
+        self, method: str, path: str, body: bytes = b"", headers: Mapping[str, str] | None = None
+    ) -> AsyncIterator[tuple[int, Mapping[str, str], AsyncIterator[bytes]]]:
+        """Send one request; yields the status, the headers and the body's chunks as they arrive.
+
+        Raises:
+            HttpError: the connection could not be made, or broke, or the answer is not HTTP.
+        """
+        head = self._head(method, path, len(body), headers or {})
+        conn: _Conn | None = None
+        status, answer_headers = 0, dict[str, str]()
+        for attempt in range(2):
+            conn = self._idle.pop() if self._idle else await self._open()
+            try:
+                conn.writer.write(head + body if len(body) < READ_SIZE else head)
+                if len(body) >= READ_SIZE:
+                    conn.writer.write(body)
+                await conn.writer.drain()
+                status, answer_headers = await self._read_head(conn)
+            except _Stale:
+                conn.close()
+                if attempt == 0:
+                    continue
+                raise HttpError("the service closed the connection without answering") from None
+            except (OSError, asyncio.IncompleteReadError) as exc:
+                conn.close()
+                if attempt == 0 and conn.reused:
+                    continue
+                raise HttpError(f"the connection broke: {type(exc).__name__}: {exc}") from None
+            except BaseException:
+                conn.close()
+                raise
+            break
+        assert conn is not None
+        finished = False
+
+        async def chunks() -> AsyncIterator[bytes]:
+            nonlocal finished
+            async for part in self._body(conn, status, answer_headers):
+                yield part
+            finished = True
+
+        try:
+            yield status, answer_headers, chunks()
+        finally:
+            if finished:
+                self._give_back(conn)
+            else:
+                conn.close()
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        body: bytes = b"",
+        headers: Mapping[str, str] | None = None,
+        *,
+        limit: int = 64 << 20,
+    ) -> Answer:
+        """One whole request and answer; a body over ``limit`` bytes is refused.
+
+        Raises:
+            HttpError: the conversation broke, or the body is over ``limit``.
+        """
+        async with self.stream(method, path, body, headers) as (status, answer_headers, parts):
+            buf = bytearray()
+            async for part in parts:
+                buf += part
+                if len(buf) > limit:
+                    raise HttpError(f"the answer is over {limit} bytes")
+        return Answer(status, answer_headers, bytes(buf))
+
+    def close(self) -> None:
+        for conn in self._idle:
+            conn.close()
+        self._idle.clear()

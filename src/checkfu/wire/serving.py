@@ -1,0 +1,56 @@
+"""Running a provider service: on a port of its own, or beside the caller in its event loop (for tests)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import uvicorn
+
+
+def _config(app: Any, host: str, port: int) -> uvicorn.Config:
+    return uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level="warning",
+        access_log=False,
+        lifespan="on",
+        ws_max_size=96 << 20,
+        ws_ping_interval=None,
+        timeout_graceful_shutdown=5,
+    )
+
+
+class _BesideCaller(uvicorn.Server):
+    """A server that leaves the process's signals to the caller, whose event loop it shares."""
+
+    def capture_signals(self) -> contextlib.AbstractContextManager[None]:  # type: ignore[override]
+        return contextlib.nullcontext()
+
+
+async def serve(app: Any, host: str, port: int) -> None:
+    """Serve ``app`` until cancelled (or until SIGINT/SIGTERM, which uvicorn handles)."""
+    await uvicorn.Server(_config(app, host, port)).serve()
+
+
+@contextlib.asynccontextmanager
+async def served(app: Any, host: str = "127.0.0.1", port: int = 0) -> AsyncIterator[str]:
+    """Serve ``app`` in this event loop on a free loopback port; yields its base URL, stops on the way out."""
+    server = _BesideCaller(_config(app, host, port))
+    task = asyncio.ensure_future(server.serve())
+    try:
+        while not server.started:
+            if task.done():
+                task.result()
+                raise RuntimeError("the provider service stopped before it started")
+            await asyncio.sleep(0.005)
+        sock = server.servers[0].sockets[0]
+        bound_host, bound_port = sock.getsockname()[:2]
+        yield f"http://{bound_host}:{bound_port}"
+    finally:
+        server.should_exit = True
+        with contextlib.suppress(BaseException):
+            await asyncio.wait_for(task, timeout=10)
