@@ -577,3 +577,15 @@ def test_errors_inside_a_request_name_the_nested_path_and_the_owner() -> None:
     refused(
         ProvisionRequest, {k: v for k, v in provision().items() if k != "profile"}, SandboxProtocolViolation, "profile"
     )
+
+
+def test_a_copy_has_its_own_digest_never_the_originals() -> None:
+    """model_copy carries cached attributes over; a profile's digest must not be one of them."""
+    from checkfu.testing import memory_profile  # noqa: PLC0415
+
+    original = memory_profile()
+    stale = original.digest
+    retention = "durable" if original.retention_mode != "durable" else "ephemeral_zdr"
+    copy = original.model_copy(update={"retention_mode": retention})
+    assert copy.digest != stale
+    assert copy.digest == type(copy).model_validate(copy.model_dump()).digest

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import ipaddress
 import re
+from collections.abc import Mapping
 from functools import cached_property
-from typing import Annotated, ClassVar
+from typing import Annotated, Any, ClassVar, Self
 
 from pydantic import AfterValidator, Field, Strict, model_validator
 from pydantic_core import PydanticCustomError
@@ -127,6 +128,12 @@ class SandboxProfile(Model):
     def digest(self) -> str:
         """``sha256:`` of the profile's RFC 8785 canonical JSON; independent of key order."""
         return digest(self)
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
+        """A copy whose digest is its own: the cached digest of the original is never carried over."""
+        copy = super().model_copy(update=update, deep=deep)
+        copy.__dict__.pop("digest", None)
+        return copy
 
     @property
     def package_managers(self) -> tuple[PackageManager, ...]:
