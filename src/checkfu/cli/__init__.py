@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from checkfu.cli import checks, kit, provider, run
+from checkfu.cli import checks, evidence, kit, provider, run
 from checkfu.contract.errors import SandboxError
 
 app = typer.Typer(
@@ -25,6 +25,8 @@ app.add_typer(kit.app, name="kit")
 app.add_typer(run.runs_app, name="runs")
 app.add_typer(run.runner_app, name="runner")
 app.add_typer(provider.provider_app, name="provider")
+app.add_typer(evidence.evidence_app, name="evidence")
+app.add_typer(evidence.keys_app, name="keys")
 app.command("run", context_settings={"allow_interspersed_args": False})(run.run_command)
 
 EXIT_REFUSED = 1

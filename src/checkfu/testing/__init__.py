@@ -13,6 +13,7 @@ from checkfu.testing.memory import (
     MemoryProvider,
     Requests,
     create,
+    day_one_envelope,
     memory_envelope,
     memory_profile,
 )
@@ -67,6 +68,7 @@ __all__ = [
     "corrupting",
     "crash",
     "create",
+    "day_one_envelope",
     "dotdot_path",
     "exec_over_bound",
     "forge_instance_id",

@@ -173,6 +173,13 @@ async def _sleep(ctx: Context, args: list[str]) -> int:
     return 0
 
 
+async def _nc(ctx: Context, args: list[str]) -> int:
+    """A memory sandbox has no network stack at all: every connection is unreachable."""
+    where = ":".join(args[-2:]) if len(args) >= 2 else "?"
+    await ctx.err(f"nc: {where}: Network is unreachable\n")
+    return 1
+
+
 async def _write(ctx: Context, args: list[str]) -> int:
     if not args:
         await ctx.err("write: missing file operand\n")
@@ -195,6 +202,7 @@ COMMANDS: dict[str, Callable[[Context, list[str]], Awaitable[int]]] = {
     "env": _env,
     "false": _false,
     "ls": _ls,
+    "nc": _nc,
     "sha256sum": _sha256sum,
     "sleep": _sleep,
     "true": _true,

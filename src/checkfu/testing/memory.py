@@ -2,8 +2,9 @@
 
 Placement ``test``. No engine, no network, no disk: an instance is a virtual file
 system (``checkfu.testing.vfs``) and ``exec`` runs a few built-in commands (``cat``,
-``echo``, ``env``, ``ls``, ``sha256sum``, ``true``, ``false``, ``sleep``, and ``write
-PATH TEXT`` to create files), so the lifecycle can be exercised without any engine.
+``echo``, ``env``, ``ls``, ``sha256sum``, ``true``, ``false``, ``sleep``, ``write
+PATH TEXT`` to create files, and ``nc``, which always finds the network
+unreachable, because there is none), so the lifecycle can be exercised without any engine.
 It is the contract in code, for provider authors to read:
 
 - every result echoes the request's target and lease, and the allocation key and
@@ -588,6 +589,24 @@ class MemoryProvider:
         snap.state = snapshot_transition(snap.state, "resume")
         inst = self._allocate("resume", request, snap.vfs.copy())
         return ResumeResult(**echo(request, instance_id=inst.id, state=inst.state, snapshot_id=snap.id))
+
+
+def day_one_envelope() -> SandboxProviderCapabilities:
+    """The memory provider as the seed's day-one tier: ``ephemeral_zdr`` only, no snapshots, no ``listDir``,
+    network ``none``, no optional member, a fixed image; nothing else declared. Conformance skips four of nine."""
+    return memory_envelope().model_copy(
+        update={
+            "provider": "memory-day-one",
+            "image_mode": "fixed",
+            "fixed_base_images": (BASE_IMAGE,),
+            "package_managers": (),
+            "retention_modes": ("ephemeral_zdr",),
+            "snapshots": False,
+            "list_dir": False,
+            "operations": (),
+            "lifecycle_assurances": LifecycleAssurances(release_destroys=True),
+        }
+    )
 
 
 def create(envelope: Mapping[str, Any] | None = None) -> MemoryProvider:

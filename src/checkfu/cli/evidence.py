@@ -1,0 +1,80 @@
+"""``checkfu evidence verify`` and ``checkfu keys generate``: signed conformance evidence, checked."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from checkfu.cli.files import load
+from checkfu.conformance.evidence import EvidenceError, generate_keys, load_public_key, verify_evidence
+from checkfu.contract.envelope import SandboxProviderCapabilities
+
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+evidence_app = typer.Typer(help="Signed conformance evidence.", no_args_is_help=True)
+keys_app = typer.Typer(help="Signing keys for conformance evidence.", no_args_is_help=True)
+
+
+@evidence_app.command("verify")
+def evidence_verify(
+    file: Annotated[Path, typer.Argument(help="an evidence file (checkfu provider verify --out)")],
+    pub: Annotated[Path, typer.Option("--pub", help="the signer's Ed25519 public key (PEM)")],
+    envelope: Annotated[
+        Path | None, typer.Option("--envelope", help="also require the evidence to be for this envelope")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
+) -> None:
+    """Check evidence: its signature, its subject, and (with --envelope) that it is for that envelope."""
+    try:
+        public = load_public_key(pub)
+        try:
+            document = file.read_bytes()
+        except OSError as exc:
+            raise EvidenceError(f"cannot read {file}: {exc.strerror or exc}") from None
+        expected = load(SandboxProviderCapabilities, envelope) if envelope is not None else None
+        verified = verify_evidence(document, public, envelope=expected)
+    except EvidenceError as exc:
+        if as_json:
+            print(json.dumps({"ok": False, "error": str(exc)}))
+        else:
+            err.print(f"[bold red]refused[/]: {escape(str(exc))}")
+        raise typer.Exit(1) from None
+    if as_json:
+        print(
+            json.dumps(
+                {
+                    "ok": True,
+                    "execution_target": verified.target.model_dump(),
+                    "envelope_digest": verified.envelope_digest,
+                    "tally": verified.tally,
+                    "suite_version": verified.suite_version,
+                    "finished_at": verified.finished_at,
+                    "key_id": verified.key_id,
+                    "cases": verified.cases,
+                }
+            )
+        )
+        return
+    t = verified.tally
+    err.print(
+        f"[green]verified[/]: {escape(str(verified.target))}, envelope {verified.envelope_digest}\n"
+        f"  signed by key {verified.key_id[:16]}; {t.get('pass', 0)} passed, {t.get('fail', 0)} failed, "
+        f"{t.get('skip', 0)} skipped ({escape(verified.suite_version)}, {escape(verified.finished_at)})"
+    )
+
+
+@keys_app.command("generate")
+def keys_generate(
+    out: Annotated[Path, typer.Option("--out", help="the private key's path; the public key goes to PATH.pub")],
+) -> None:
+    """Make an Ed25519 key pair for signing evidence (the private key is written with mode 0600)."""
+    try:
+        private, public = generate_keys(out)
+    except EvidenceError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--out") from None
+    err.print(f"private key {escape(str(private))}, public key {escape(str(public))}")

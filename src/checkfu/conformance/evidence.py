@@ -1,0 +1,253 @@
+"""Signed conformance evidence: an in-toto Statement in a DSSE envelope, signed with Ed25519.
+
+The Statement's subject is the execution target tuple, with the SHA-256 of the
+envelope's RFC 8785 canonical JSON as its digest; the predicate holds the suite
+version, the envelope itself, each case's outcome and reason, and the time. The
+DSSE envelope and the signature come from ``securesystemslib`` (the in-toto
+project's DSSE implementation), the key from ``cryptography``.
+
+``verify_evidence`` refuses, each with a message that says which: a file that is
+not a DSSE envelope of a Statement, a signature that does not verify with the
+given public key (a changed byte, another key), a subject that does not match the
+envelope in the predicate, and, when asked, another envelope or execution target
+than the one expected.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from cryptography.exceptions import UnsupportedAlgorithm
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from securesystemslib.dsse import Envelope
+from securesystemslib.exceptions import VerificationError
+from securesystemslib.signer import CryptoSigner, SSlibKey
+
+from checkfu.conformance.suite import SUITE_VERSION, Report
+from checkfu.contract.codec import canonical, decode_value
+from checkfu.contract.envelope import SandboxProviderCapabilities
+from checkfu.contract.target import ExecutionTarget
+
+STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
+PAYLOAD_TYPE = "application/vnd.in-toto+json"
+PREDICATE_TYPE = "https://checkfu.dev/conformance/v1"
+
+
+class EvidenceError(Exception):
+    """Evidence that cannot be trusted, or a key that cannot be used; the message says why."""
+
+
+# keys -------------------------------------------------------------------------------------------
+
+
+def generate_keys(path: Path) -> tuple[Path, Path]:
+    """A new Ed25519 key pair: the private key (PEM, mode 0600) at ``path``, the public one at ``path.pub``.
+
+    Raises:
+        EvidenceError: either file already exists (a key is never overwritten).
+    """
+    public_path = path.with_name(path.name + ".pub")
+    for p in (path, public_path):
+        if p.exists():
+            raise EvidenceError(f"{p} exists; a key is never overwritten (choose another --out)")
+    key = Ed25519PrivateKey.generate()
+    private_pem = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+    public_pem = key.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(private_pem)
+    public_path.write_bytes(public_pem)
+    return path, public_path
+
+
+def _read(path: Path, what: str) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise EvidenceError(f"cannot read the {what} {path}: {exc.strerror or exc}") from None
+
+
+def load_private_key(path: Path) -> Ed25519PrivateKey:
+    """Raises EvidenceError: not a PEM Ed25519 private key."""
+    try:
+        key = serialization.load_pem_private_key(_read(path, "private key"), password=None)
+    except (ValueError, TypeError, UnsupportedAlgorithm) as exc:
+        raise EvidenceError(f"{path} is not a PEM private key without a password: {exc}") from None
+    if not isinstance(key, Ed25519PrivateKey):
+        raise EvidenceError(f"{path} is not an Ed25519 key (checkfu keys generate makes one)")
+    return key
+
+
+def load_public_key(path: Path) -> Ed25519PublicKey:
+    """Raises EvidenceError: not a PEM Ed25519 public key."""
+    try:
+        key = serialization.load_pem_public_key(_read(path, "public key"))
+    except (ValueError, UnsupportedAlgorithm) as exc:
+        raise EvidenceError(f"{path} is not a PEM public key: {exc}") from None
+    if not isinstance(key, Ed25519PublicKey):
+        raise EvidenceError(f"{path} is not an Ed25519 public key")
+    return key
+
+
+def key_id(public: Ed25519PublicKey) -> str:
+    raw = public.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    return hashlib.sha256(raw).hexdigest()
+
+
+def _sslib_key(public: Ed25519PublicKey) -> SSlibKey:
+    return SSlibKey.from_crypto(public, keyid=key_id(public), scheme="ed25519")
+
+
+# the statement ----------------------------------------------------------------------------------
+
+
+def subject_name(target: ExecutionTarget) -> str:
+    return str(target)
+
+
+def statement(report: Report) -> dict[str, Any]:
+    """The in-toto Statement of a suite run."""
+    env = report.envelope
+    return {
+        "_type": STATEMENT_TYPE,
+        "subject": [
+            {
+                "name": subject_name(env.target),
+                "digest": {"sha256": report.envelope_digest.removeprefix("sha256:")},
+            }
+        ],
+        "predicateType": PREDICATE_TYPE,
+        "predicate": {
+            "suite_version": report.suite_version,
+            "execution_target": env.target.model_dump(),
+            "envelope": json.loads(canonical(env)),
+            "envelope_digest": report.envelope_digest,
+            "cases": [
+                {"number": c.number, "name": c.name, "outcome": c.outcome, "reason": c.reason} for c in report.cases
+            ],
+            "tally": report.tally(),
+            "started_at": _iso(report.started_at),
+            "finished_at": _iso(report.finished_at),
+        },
+    }
+
+
+def _iso(t: float) -> str:
+    return datetime.fromtimestamp(t, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def sign(report: Report, private: Ed25519PrivateKey) -> dict[str, Any]:
+    """The DSSE envelope (as JSON) of the report's Statement, signed with ``private``."""
+    payload = json.dumps(statement(report), sort_keys=True, separators=(",", ":")).encode()
+    envelope = Envelope(payload=payload, payload_type=PAYLOAD_TYPE, signatures={})
+    envelope.sign(CryptoSigner(private, _sslib_key(private.public_key())))
+    return dict(envelope.to_dict())
+
+
+@dataclass(frozen=True)
+class Verified:
+    """Evidence whose signature, subject and envelope all check."""
+
+    target: ExecutionTarget
+    envelope: SandboxProviderCapabilities
+    envelope_digest: str
+    cases: list[dict[str, Any]]
+    tally: dict[str, int]
+    suite_version: str
+    finished_at: str
+    key_id: str
+
+    @property
+    def failed(self) -> list[dict[str, Any]]:
+        return [c for c in self.cases if c.get("outcome") == "fail"]
+
+
+def verify_evidence(
+    document: bytes,
+    public: Ed25519PublicKey,
+    *,
+    envelope: SandboxProviderCapabilities | None = None,
+    target: ExecutionTarget | None = None,
+) -> Verified:
+    """Check evidence signed by ``public``; with ``envelope`` or ``target``, also that it is for them.
+
+    Raises:
+        EvidenceError: naming what does not hold.
+    """
+    try:
+        doc = json.loads(document)
+        dsse = Envelope.from_dict(doc)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise EvidenceError(f"not a DSSE envelope: {exc}") from None
+    if dsse.payload_type != PAYLOAD_TYPE:
+        raise EvidenceError(f"the payload is {dsse.payload_type!r}, not an in-toto Statement")
+    ours = key_id(public)
+    try:
+        dsse.verify([_sslib_key(public)], 1)
+    except VerificationError:
+        others = sorted({s.keyid for s in dsse.signatures.values()} - {ours})
+        if others and ours not in dsse.signatures:
+            raise EvidenceError(
+                f"signed by another key ({', '.join(k[:16] for k in others)}), not this one ({ours[:16]})"
+            ) from None
+        raise EvidenceError("the signature does not verify with this public key: the file was changed") from None
+    try:
+        stmt = json.loads(dsse.payload)
+        predicate = stmt["predicate"]
+        claimed = decode_value(SandboxProviderCapabilities, predicate["envelope"])
+        (subject,) = stmt["subject"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise EvidenceError(f"the Statement is not conformance evidence: {exc}") from None
+    except Exception as exc:
+        raise EvidenceError(f"the envelope in the evidence does not decode: {exc}") from None
+    if stmt.get("_type") != STATEMENT_TYPE or stmt.get("predicateType") != PREDICATE_TYPE:
+        raise EvidenceError("the Statement is not checkfu conformance evidence")
+    digest = "sha256:" + hashlib.sha256(canonical(claimed)).hexdigest()
+    if (
+        subject.get("digest", {}).get("sha256") != digest.removeprefix("sha256:")
+        or predicate.get("envelope_digest") != digest
+    ):
+        raise EvidenceError(f"the subject's digest is not the digest of the envelope it carries ({digest})")
+    if subject.get("name") != subject_name(claimed.target):
+        raise EvidenceError("the subject's name is not the envelope's execution target")
+    if target is not None and claimed.target != target:
+        raise EvidenceError(f"the evidence is for {claimed.target}, not {target}")
+    if envelope is not None:
+        expected = "sha256:" + hashlib.sha256(canonical(envelope)).hexdigest()
+        if expected != digest:
+            raise EvidenceError(f"the evidence is for envelope {digest}, not this envelope {expected}")
+    return Verified(
+        target=claimed.target,
+        envelope=claimed,
+        envelope_digest=digest,
+        cases=list(predicate.get("cases", [])),
+        tally=dict(predicate.get("tally", {})),
+        suite_version=str(predicate.get("suite_version", "")),
+        finished_at=str(predicate.get("finished_at", "")),
+        key_id=key_id(public),
+    )
+
+
+__all__ = [
+    "SUITE_VERSION",
+    "EvidenceError",
+    "Verified",
+    "generate_keys",
+    "load_private_key",
+    "load_public_key",
+    "sign",
+    "statement",
+    "verify_evidence",
+]
