@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import uuid
 from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator
@@ -94,7 +95,7 @@ from checkfu.contract.members import (
 )
 from checkfu.contract.model import Model
 from checkfu.contract.process import ProcessEvent, ProcessExit, ProcessOutput
-from checkfu.wire.credentials import Credential
+from checkfu.wire.credentials import REDACTED, Credential
 from checkfu.wire.errors import WireError
 from checkfu.wire.files import FILES_MEDIA_TYPE, REQUEST_HEADER, read_files_body
 from checkfu.wire.http import HttpError, HttpPool
@@ -124,6 +125,10 @@ DEADLINES: dict[Member, float] = {
 
 REATTACH_ATTEMPTS = 6
 REATTACH_PAUSE = 0.05
+
+WS_LOG = logging.getLogger("checkfu.wire.websocket")
+"""Where the WebSocket library logs the client's handshakes: with the credential blanked."""
+WS_LOG.addFilter(REDACTED)
 
 
 def _decoded(model: type[M], body: bytes) -> M:
@@ -399,6 +404,7 @@ class RemoteProcess:
             max_size=MAX_DATA + 64 + (64 << 20),
             max_queue=4,
             open_timeout=DEADLINES["openProcess"],
+            logger=WS_LOG,
         )
         channel = ProcessChannel("client")
         window = max(1, self.window - self._buffered)

@@ -10,6 +10,7 @@ printed, logged or journaled: ``Credential``'s ``repr`` hides it.
 from __future__ import annotations
 
 import hmac
+import logging
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -60,6 +61,42 @@ def read_credential(path: Path | None = None, *, environ: Mapping[str, str] | No
         return Credential(text)
     value = env.get(ENV, "").strip()
     return Credential(value) if value else None
+
+
+class Redacted(logging.Filter):
+    """Blanks the credential in a log record of an ``Authorization`` header.
+
+    The ``websockets`` library logs every handshake header at DEBUG (``"> %s: %s"``,
+    name and value as arguments), on the client and, through uvicorn, on the server;
+    this filter, on the loggers they log to, keeps the credential out of those lines.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if isinstance(args, tuple):
+            if len(args) == 2 and isinstance(args[0], str) and args[0].lower() == "authorization":
+                record.args = (args[0], "<credential>")
+            elif any(_bearer(a) for a in args):
+                record.args = tuple("Bearer <credential>" if _bearer(a) else a for a in args)
+        return True
+
+
+def _bearer(value: object) -> bool:
+    return isinstance(value, str) and value[:7].lower() == "bearer "
+
+
+REDACTED = Redacted()
+
+SERVER_LOGGERS = ("uvicorn.error", "websockets.server")
+"""Where a served provider's WebSocket handshakes are logged."""
+
+
+def redact_logs(*names: str) -> None:
+    """Put the ``Redacted`` filter on the named loggers (once each)."""
+    for name in names:
+        logger = logging.getLogger(name)
+        if REDACTED not in logger.filters:
+            logger.addFilter(REDACTED)
 
 
 class Accepted:

@@ -41,6 +41,7 @@ from checkfu.contract.envelope import MEMBERS, Member, SandboxProviderCapabiliti
 from checkfu.contract.errors import (
     ERROR_CLASSES,
     SandboxError,
+    SandboxOperationUnsupported,
     SandboxProtocolViolation,
     SandboxProviderFailed,
     SandboxUnauthenticated,
@@ -61,20 +62,25 @@ from checkfu.contract.frames import (
 )
 from checkfu.contract.members import MESSAGES, METHOD_NAMES, DescribeResult, WriteFileRequest
 from checkfu.contract.provider import Provider
-from checkfu.wire.credentials import Accepted, Credential
+from checkfu.wire.credentials import SERVER_LOGGERS, Accepted, Credential, redact_logs
 from checkfu.wire.errors import WireError, status_of
 from checkfu.wire.files import FILES_MEDIA_TYPE, REQUEST_HEADER, stream_files
 from checkfu.wire.openapi import openapi_document
 from checkfu.wire.operations import Operation
 
 STDIN_WINDOW = DEFAULT_WINDOW
+HTTP_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+"""Every method a ``/v1`` path answers: a wrong one gets a typed refusal, after the credential."""
 MAX_WRITE_BYTES = 1 << 40
 """No single staged file may be larger than this (1 TiB); the provider's own disk limit binds long before."""
 
 
-def _error_response(exc: SandboxError) -> Response:
+def _error_response(exc: SandboxError, status: int | None = None, headers: dict[str, str] | None = None) -> Response:
     return Response(
-        WireError.of(exc).model_dump_json(exclude_none=True), status_code=status_of(exc), media_type="application/json"
+        WireError.of(exc).model_dump_json(exclude_none=True),
+        status_code=status or status_of(exc),
+        media_type="application/json",
+        headers=headers,
     )
 
 
@@ -122,6 +128,7 @@ def create_app(
         CredentialError: no credential to accept (a service that accepts nothing would serve nobody).
     """
     accepted = credentials if isinstance(credentials, Accepted) else Accepted(credentials)
+    redact_logs(*SERVER_LOGGERS)
     operations: dict[str, Operation] = {}
 
     def authorized(headers: Any) -> None:
@@ -134,13 +141,12 @@ def create_app(
 
         async def endpoint(request: Request) -> Response:
             try:
-                authorized(request.headers)
                 if member == "writeFile":
                     return await write_file(request)
                 body = await _read_body(request, MAX_DOCUMENT_BYTES)
                 if member == "describe":
-                    if body.strip() not in (b"", b"{}"):
-                        raise SandboxProtocolViolation("describe takes no request body", field="body")
+                    if body.strip():
+                        decode(request_type, body)  # an empty object, strictly, or nothing at all
                     result = await method()
                     if attest_enforcement and isinstance(result, DescribeResult):
                         result = DescribeResult(envelope=attested(result.envelope))
@@ -154,6 +160,26 @@ def create_app(
                 return _error_response(_as_error(member, exc))
 
         return endpoint
+
+    endpoints = {m: member_route(m) for m in MEMBERS if m != "openProcess"}
+
+    async def v1(request: Request) -> Response:
+        """Every ``/v1`` HTTP request: the credential first, then the member, then its method."""
+        try:
+            authorized(request.headers)
+            name = request.path_params["member"]
+            endpoint = endpoints.get(name)
+            if endpoint is None:
+                if name == "openProcess":
+                    raise SandboxProtocolViolation("openProcess is a WebSocket: GET it with an Upgrade", field="method")
+                raise SandboxOperationUnsupported(f"no member {name[:64]!r} on this service", field="path")
+            if request.method != "POST":
+                allow = {"allow": "POST"}
+                wrong = SandboxProtocolViolation(f"{name} takes POST, not {request.method[:16]}", field="method")
+                return _error_response(wrong, 405, allow)
+        except SandboxError as exc:
+            return _error_response(exc)
+        return await endpoint(request)
 
     async def write_file(request: Request) -> Response:
         header = request.headers.get(REQUEST_HEADER)
@@ -305,14 +331,16 @@ def create_app(
                 await op.close()
             operations.clear()
 
-    return Starlette(
+    app = Starlette(
         routes=[
-            *(Route(f"/v1/{m}", member_route(m), methods=["POST"]) for m in MEMBERS if m != "openProcess"),
             WebSocketRoute("/v1/openProcess", open_process),
             Route("/openapi.json", openapi, methods=["GET"]),
+            Route("/v1/{member:path}", v1, methods=HTTP_METHODS),
         ],
         lifespan=lifespan,
     )
+    app.state.operations = operations  # the open processes, for whoever runs the app to look at
+    return app
 
 
 async def _receive(ws: WebSocket) -> str | bytes:

@@ -9,9 +9,11 @@ from typing import Any
 
 import uvicorn
 
+from checkfu.wire.credentials import SERVER_LOGGERS, redact_logs
+
 
 def _config(app: Any, host: str, port: int) -> uvicorn.Config:
-    return uvicorn.Config(
+    config = uvicorn.Config(
         app,
         host=host,
         port=port,
@@ -22,6 +24,8 @@ def _config(app: Any, host: str, port: int) -> uvicorn.Config:
         ws_ping_interval=None,
         timeout_graceful_shutdown=5,
     )
+    redact_logs(*SERVER_LOGGERS)  # after uvicorn configured its loggers
+    return config
 
 
 class _BesideCaller(uvicorn.Server):
