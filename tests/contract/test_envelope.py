@@ -26,9 +26,12 @@ from checkfu.contract import (
     SandboxProviderCapabilities,
     assess,
     authority_rank,
+    canonical,
     counts_as_enforcement,
     decode,
     decode_value,
+    digest,
+    encode,
 )
 from checkfu.contract import examples as ex
 from checkfu.contract.codec import build
@@ -65,7 +68,7 @@ def refused(doc: dict[str, Any], field: str | None) -> SandboxEnvelopeInvalid:
     return info.value
 
 
-# A minimal durable-only envelope: no ephemeral_zdr, so no lifecycle assurance is required.
+# A minimal durable-only envelope: no ephemeral_zdr, so release_destroys defaults to false.
 def durable_only(**changes: Any) -> dict[str, Any]:
     doc = without(day_one(), "lifecycle_assurances")
     doc.update(retention_modes=["durable"], snapshots=True)
@@ -103,24 +106,32 @@ VIOLATIONS: list[tuple[str, dict[str, Any], str]] = [
     # 5. max_mounts non-negative
     ("5 negative max_mounts", day_one(max_mounts=-1), "max_mounts"),
     ("5 max_mounts beyond 2^53-1", day_one(max_mounts=2**53), "max_mounts"),
-    # 6. egress grade other than unsupported <=> allowlist
+    # 6. egress grade other than unsupported => allowlist (one way only)
     ("6 advisory grade without allowlist", day_one(egress_certification="advisory_filter"), "egress_certification"),
     ("6 boundary grade without allowlist", day_one(egress_certification="security_boundary"), "egress_certification"),
-    ("6 allowlist without a grade", day_one(network_modes=["none", "allowlist"]), "egress_certification"),
     (
-        "6 allowlist with unsupported stated",
-        day_one(network_modes=["allowlist"], egress_certification="unsupported"),
+        "6 advisory grade with unrestricted only",
+        day_one(network_modes=["unrestricted"], egress_certification="advisory_filter"),
         "egress_certification",
     ),
-    # 7. ephemeral_zdr => release_destroys
+    # 7. ephemeral_zdr: release_destroys absent is true, explicit false is refused
     (
         "7 zdr with release_destroys false",
         day_one(lifecycle_assurances={"release_destroys": False}),
         "lifecycle_assurances.release_destroys",
     ),
     (
-        "7 zdr with assurances omitted",
-        without(day_one(), "lifecycle_assurances"),
+        "7 zdr with release_destroys false beside other assurances",
+        day_one(lifecycle_assurances={"cold_compensation": True, "release_destroys": False}),
+        "lifecycle_assurances.release_destroys",
+    ),
+    (
+        "7 durable and zdr with release_destroys false",
+        day_one(
+            retention_modes=["durable", "ephemeral_zdr"],
+            snapshots=True,
+            lifecycle_assurances={"release_destroys": False},
+        ),
         "lifecycle_assurances.release_destroys",
     ),
     # 8. enumerates_allocations => listAllocations in operations
@@ -179,8 +190,17 @@ SATISFIED: list[tuple[str, dict[str, Any]]] = [
     ("6 allowlist boundary", day_one(network_modes=["none", "allowlist"], egress_certification="security_boundary")),
     ("6 none unsupported stated", day_one(egress_certification="unsupported")),
     ("6 unrestricted unsupported", day_one(network_modes=["unrestricted"])),
+    ("6 uncertified allowlist, grade omitted", day_one(network_modes=["none", "allowlist"])),
+    (
+        "6 uncertified allowlist, unsupported stated",
+        day_one(network_modes=["allowlist"], egress_certification="unsupported"),
+    ),
     ("7 zdr with release_destroys", day_one(lifecycle_assurances={"release_destroys": True})),
+    ("7 zdr with assurances omitted", without(day_one(), "lifecycle_assurances")),
+    ("7 zdr with release_destroys absent", day_one(lifecycle_assurances={"cold_compensation": True})),
+    ("7 zdr with empty assurances", day_one(lifecycle_assurances={})),
     ("7 durable only with no assurances", durable_only()),
+    ("7 durable only with release_destroys false", durable_only(lifecycle_assurances={"release_destroys": False})),
     (
         "8 enumerates with listAllocations",
         day_one(
@@ -207,6 +227,107 @@ def test_rule_satisfied_decodes(doc: dict[str, Any]) -> None:
 def test_the_examples_decode() -> None:
     assert ok(ex.day_one_envelope()).provider == "acme-sandbox"
     assert ok(ex.parity_envelope()).provider == "example-parity"
+    assert ok(ex.seed_day_one_envelope()).provider == "acme-sandbox"
+    assert ok(ex.uncertified_allowlist_envelope()).egress_certification == "unsupported"
+
+
+# --- rules 6 and 7 as contract.md section 2 now states them -------------------------------------
+
+
+def test_rule6_allowlist_without_a_grade_is_an_uncertified_allowlist() -> None:
+    env = ok(without(day_one(network_modes=["none", "allowlist"]), "egress_certification"))
+    assert "allowlist" in env.network_modes
+    assert env.egress_certification == "unsupported"
+    assert "certified egress" in assess(env).cannot_serve
+
+
+def test_rule6_a_grade_still_needs_allowlist() -> None:
+    err = refused(day_one(egress_certification="advisory_filter"), "egress_certification")
+    assert "allowlist" in err.message
+
+
+def test_rule7_an_envelope_from_the_seed_alone_decodes() -> None:
+    # The seed's day-one tier states no optional field at all: no lifecycle_assurances,
+    # no list_dir, snapshot_custody, egress_certification, operations or user_namespace.
+    doc = ex.seed_day_one_envelope()
+    assert not set(doc) & set(OPTIONAL_FIELDS)
+    env = ok(doc)
+    assert env.retention_modes == ("ephemeral_zdr",)
+    assert env.lifecycle_assurances.release_destroys is True
+    assert env.lifecycle_assurances.model_dump() == {
+        "release_destroys": True,
+        "release_idempotent": False,
+        "reaps_process_tree": False,
+        "cold_compensation": False,
+        "enumerates_allocations": False,
+    }
+    assert (env.list_dir, env.snapshot_custody, env.egress_certification, env.operations, env.user_namespace) == (
+        False,
+        "runner",
+        "unsupported",
+        (),
+        False,
+    )
+    assert assess(env).tier == "day_one"
+
+
+@pytest.mark.parametrize(
+    "assurances",
+    [None, {}, {"cold_compensation": True}, {"release_idempotent": True, "reaps_process_tree": False}],
+    ids=["object omitted", "empty object", "key absent", "key absent among others"],
+)
+def test_rule7_absent_release_destroys_beside_zdr_is_true(assurances: dict[str, Any] | None) -> None:
+    doc = without(day_one(), "lifecycle_assurances")
+    if assurances is not None:
+        doc["lifecycle_assurances"] = assurances
+    env = ok(doc)
+    assert env.lifecycle_assurances.release_destroys is True
+    for name, value in (assurances or {}).items():
+        assert getattr(env.lifecycle_assurances, name) is value
+    assert env == ok({**doc, "lifecycle_assurances": {**(assurances or {}), "release_destroys": True}})
+
+
+@pytest.mark.parametrize("assurances", [None, {}, {"cold_compensation": True}])
+def test_rule7_without_zdr_release_destroys_still_defaults_false(assurances: dict[str, Any] | None) -> None:
+    doc = durable_only()
+    if assurances is not None:
+        doc["lifecycle_assurances"] = assurances
+    assert ok(doc).lifecycle_assurances.release_destroys is False
+
+
+def test_rule7_only_an_explicit_false_beside_zdr_is_refused() -> None:
+    err = refused(day_one(lifecycle_assurances={"release_destroys": False}), "lifecycle_assurances.release_destroys")
+    assert "ephemeral_zdr" in err.message
+    assert ok(day_one(lifecycle_assurances={"release_destroys": True})).lifecycle_assurances.release_destroys
+
+
+def test_rule7_the_default_is_stable_through_encode_canonical_and_digest() -> None:
+    seed = ok(ex.seed_day_one_envelope())
+    stated = ok({**ex.seed_day_one_envelope(), "lifecycle_assurances": {"release_destroys": True}})
+    assert seed == stated
+    assert encode(seed) == encode(stated)
+    assert digest(seed) == digest(stated)
+    wire = encode(seed)
+    assert json.loads(wire)["lifecycle_assurances"]["release_destroys"] is True
+    again = decode(E, wire)
+    assert again == seed
+    assert encode(again) == wire
+    assert canonical(again) == canonical(seed)
+
+
+def test_rule7_applies_to_python_construction_too() -> None:
+    doc = without(ex.seed_day_one_envelope(), "lifecycle_assurances")
+    assert build(E, **doc).lifecycle_assurances.release_destroys is True
+    built = build(E, **doc, lifecycle_assurances=LifecycleAssurances(cold_compensation=True))
+    assert built.lifecycle_assurances.release_destroys is True
+    assert built.lifecycle_assurances.cold_compensation is True
+    with pytest.raises(SandboxEnvelopeInvalid) as info:
+        build(E, **doc, lifecycle_assurances=LifecycleAssurances(release_destroys=False))
+    assert info.value.field == "lifecycle_assurances.release_destroys"
+    durable = {**doc, "retention_modes": ("durable",), "snapshots": True}
+    assert (
+        build(E, **durable, lifecycle_assurances=LifecycleAssurances()).lifecycle_assurances.release_destroys is False
+    )
 
 
 # --- the seed's three rules, in its own words --------------------------------------------------

@@ -417,8 +417,9 @@ def valid_envelopes(draw: st.DrawFn) -> dict[str, Any]:
     snapshots = True if "durable" in retention_modes else draw(st.booleans())
     operations = draw(unique_any(OPTIONAL_OPERATIONS))
     low, high = draw(resource_pairs())
+    zdr = "ephemeral_zdr" in retention_modes
     assurances = {
-        "release_destroys": True if "ephemeral_zdr" in retention_modes else draw(st.booleans()),
+        "release_destroys": True if zdr else draw(st.booleans()),
         "release_idempotent": draw(st.booleans()),
         "reaps_process_tree": draw(st.booleans()),
         "cold_compensation": draw(st.booleans()),
@@ -462,12 +463,15 @@ def valid_envelopes(draw: st.DrawFn) -> dict[str, Any]:
         "egress_certification": "unsupported",
         "list_dir": False,
         "operations": [],
-        "lifecycle_assurances": dict.fromkeys(assurances, False),
+        # beside ephemeral_zdr an absent release_destroys is true (rule 7); elsewhere false
+        "lifecycle_assurances": {**dict.fromkeys(assurances, False), "release_destroys": zdr},
     }
     for key, value in optional.items():
         # an optional field at its weakest value may be omitted: silence means exactly that
         if value != weakest[key] or draw(st.booleans()):
             doc[key] = value
+    if zdr and "lifecycle_assurances" in doc and draw(st.booleans()):
+        del doc["lifecycle_assurances"]["release_destroys"]  # absent beside ephemeral_zdr: decodes to true
     return doc
 
 
@@ -522,6 +526,10 @@ def _round_trip(model: type[Model], doc: dict[str, Any]) -> None:
 @given(doc=valid_envelopes())
 def test_generated_envelopes_decode_and_round_trip(doc: dict[str, Any]) -> None:
     _round_trip(SandboxProviderCapabilities, doc)
+    env = decode(SandboxProviderCapabilities, json.dumps(doc))
+    stated = doc.get("lifecycle_assurances", {}).get("release_destroys")
+    zdr = "ephemeral_zdr" in doc["retention_modes"]
+    assert env.lifecycle_assurances.release_destroys is (zdr if stated is None else stated)
 
 
 @SINGLE

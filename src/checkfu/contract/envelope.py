@@ -1,20 +1,38 @@
 """``SandboxProviderCapabilities``: the one value selection knows about a provider.
 
 Every field, cross-field rule and downward default of the seed's table, plus the
-two optional fields of contract.md section 2 (``operations`` and
-``lifecycle_assurances``). Silence is never read as a capability claim: each
-optional field decodes to its weakest legal value.
+three optional fields of contract.md section 2 (``operations``,
+``lifecycle_assurances`` and ``user_namespace``). Silence is never read as a
+capability claim: each optional field decodes to its weakest legal value, with
+one exception the seed itself makes: beside ``ephemeral_zdr`` retention an absent
+``release_destroys`` is true, because that retention means release always
+destroys (rule 7).
+
+The cross-field rules live twice from one place: the ``model_validator`` below
+enforces them and ``ENVELOPE_RULES`` states every one of them JSON Schema can
+express as ``if``/``then`` clauses of the published schema. Rule 4 (minimum at
+most maximum, per dimension) compares two values and is beyond JSON Schema.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
 from checkfu.contract.enforcement import EnforcementStatement
 from checkfu.contract.errors import SandboxEnvelopeInvalid, SandboxError
-from checkfu.contract.model import NONEMPTY, UNIQUE, UNIQUE_ITEMS, Bool, Model, NonNegInt, rule_error
+from checkfu.contract.model import (
+    NONEMPTY,
+    UNIQUE,
+    UNIQUE_ITEMS,
+    Bool,
+    Model,
+    NonNegInt,
+    rule_error,
+    schema_rules,
+    without_default,
+)
 from checkfu.contract.profile import ImageRef
 from checkfu.contract.target import ExecutionTarget, ProviderName, Revision
 from checkfu.contract.vocabulary import (
@@ -78,18 +96,102 @@ MEMBERS: tuple[Member, ...] = REQUIRED_MEMBERS + OPTIONAL_MEMBERS
 SNAPSHOT_MEMBERS: tuple[Member, ...] = ("snapshot", "deleteSnapshot", "clone", "resume")
 
 
-class LifecycleAssurances(Model):
-    """Five promises about reclamation; each defaults to ``false``."""
+RELEASE_DESTROYS_DEFAULT = (
+    "when omitted, true if the envelope's retention_modes include 'ephemeral_zdr' "
+    "(that retention means release always destroys) and false otherwise"
+)
 
-    release_destroys: Bool = False
+
+class LifecycleAssurances(Model):
+    """Five promises about reclamation; each defaults to ``false``, except ``release_destroys`` (rule 7)."""
+
+    release_destroys: Bool = Field(
+        default=False,
+        description="after release, nothing of the instance survives; " + RELEASE_DESTROYS_DEFAULT,
+        json_schema_extra=without_default,
+    )
     release_idempotent: Bool = False
     reaps_process_tree: Bool = False
     cold_compensation: Bool = False
     enumerates_allocations: Bool = False
 
 
+def _has(field: str, item: str) -> dict[str, Any]:
+    """JSON Schema: the array ``field`` is present and holds ``item``."""
+    return {"required": [field], "properties": {field: {"type": "array", "contains": {"const": item}}}}
+
+
+def _is(field: str, *values: Any) -> dict[str, Any]:
+    """JSON Schema: ``field`` is present and one of ``values``."""
+    return {"required": [field], "properties": {field: {"enum": list(values)}}}
+
+
+def _where(field: str, schema: dict[str, Any], *, required: bool = False) -> dict[str, Any]:
+    """JSON Schema: ``field``, where present (or, with ``required``, present and), matches ``schema``."""
+    return {**({"required": [field]} if required else {}), "properties": {field: schema}}
+
+
+_ALL_FALSE = dict.fromkeys(LifecycleAssurances.model_fields, False)
+
+ENVELOPE_RULES: list[dict[str, Any]] = [
+    {
+        "$comment": "rule 1: image_mode fixed <=> fixed_base_images non-empty",
+        "if": _is("image_mode", "fixed"),
+        "then": _where("fixed_base_images", {"type": "array", "minItems": 1}),
+        "else": _where("fixed_base_images", {"type": "array", "maxItems": 0}),
+    },
+    {
+        "$comment": "rule 2: durable in retention_modes => snapshots true",
+        "if": _has("retention_modes", "durable"),
+        "then": _where("snapshots", {"const": True}),
+    },
+    {
+        "$comment": "rule 3: snapshot_custody provider => snapshots true",
+        "if": _is("snapshot_custody", "provider"),
+        "then": _where("snapshots", {"const": True}),
+    },
+    {
+        "$comment": "rule 6: an egress grade other than unsupported => allowlist in network_modes (not conversely)",
+        "if": _is("egress_certification", "advisory_filter", "security_boundary"),
+        "then": _where("network_modes", {"type": "array", "contains": {"const": "allowlist"}}),
+    },
+    {
+        "$comment": "rule 7: beside ephemeral_zdr, release_destroys may be omitted (it is then true) but not false",
+        "if": _has("retention_modes", "ephemeral_zdr"),
+        "then": _where(
+            "lifecycle_assurances",
+            {
+                "type": "object",
+                "default": {"release_destroys": True},
+                "properties": {"release_destroys": {"const": True, "default": True}},
+            },
+        ),
+        "else": _where(
+            "lifecycle_assurances",
+            {"type": "object", "default": _ALL_FALSE, "properties": {"release_destroys": {"default": False}}},
+        ),
+    },
+    {
+        "$comment": "rule 8: enumerates_allocations true => listAllocations in operations",
+        "if": _where(
+            "lifecycle_assurances",
+            {"required": ["enumerates_allocations"], "properties": {"enumerates_allocations": {"const": True}}},
+            required=True,
+        ),
+        "then": _where("operations", {"type": "array", "contains": {"const": "listAllocations"}}, required=True),
+    },
+]
+"""Every cross-field rule of contract.md section 2 that JSON Schema can express, as the schema states it.
+
+Rule 4 compares two numbers and is beyond JSON Schema; rules 5 and 9 are plain
+field constraints; a decoder's ``model_validator`` below enforces all of them.
+"""
+
+
 class SandboxProviderCapabilities(Model):
     """The capability envelope a provider advertises. Decoded strictly; rules fire at decode."""
+
+    model_config = ConfigDict(json_schema_extra=schema_rules(*ENVELOPE_RULES))
 
     decode_error: ClassVar[type[SandboxError]] = SandboxEnvelopeInvalid
 
@@ -115,11 +217,40 @@ class SandboxProviderCapabilities(Model):
     operations: Annotated[tuple[OptionalOperation, ...], UNIQUE, UNIQUE_ITEMS] = Field(
         default=(), description="optional members served, besides those governed by list_dir and snapshots"
     )
-    lifecycle_assurances: LifecycleAssurances = LifecycleAssurances()
+    lifecycle_assurances: LifecycleAssurances = Field(
+        default=LifecycleAssurances(),
+        description="five promises about reclamation, each false when omitted except release_destroys: "
+        + RELEASE_DESTROYS_DEFAULT,
+        json_schema_extra=without_default,
+    )
     user_namespace: Bool = Field(
         default=False,
         description="each sandbox runs in a user namespace of its own, so root inside is not root on the host",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _zdr_release_destroys_unless_said(cls, data: Any) -> Any:
+        """Rule 7's default: beside ``ephemeral_zdr``, an absent ``release_destroys`` is true.
+
+        Absent means the whole ``lifecycle_assurances`` omitted or the key missing from
+        it (or, in Python, a ``LifecycleAssurances`` built without it). An explicit value
+        is left as written, so an explicit ``false`` reaches the rule below and is refused.
+        Everything else defaults downward as before.
+        """
+        if not isinstance(data, dict):
+            return data
+        modes = data.get("retention_modes")
+        if not isinstance(modes, list | tuple) or "ephemeral_zdr" not in modes:
+            return data
+        if "lifecycle_assurances" not in data:
+            return {**data, "lifecycle_assurances": {"release_destroys": True}}
+        given = data["lifecycle_assurances"]
+        if isinstance(given, dict) and "release_destroys" not in given:
+            return {**data, "lifecycle_assurances": {**given, "release_destroys": True}}
+        if isinstance(given, LifecycleAssurances) and "release_destroys" not in given.model_fields_set:
+            return {**data, "lifecycle_assurances": given.model_copy(update={"release_destroys": True})}
+        return data
 
     @model_validator(mode="after")
     def _cross_field_rules(self) -> SandboxProviderCapabilities:
@@ -138,19 +269,18 @@ class SandboxProviderCapabilities(Model):
         if lows:
             dim = lows[0].split(":", 1)[0]
             raise refuse(f"minimum_resources.{dim}", f"exceeds maximum_resources.{dim}")
-        certifies = self.egress_certification != "unsupported"
-        if certifies != ("allowlist" in self.network_modes):
-            if certifies:
-                raise refuse(
-                    "egress_certification",
-                    f"{self.egress_certification!r} certifies a destination selector, "
-                    "but network_modes does not include 'allowlist'",
-                )
-            raise refuse("egress_certification", "'allowlist' in network_modes needs a grade other than 'unsupported'")
+        if self.egress_certification != "unsupported" and "allowlist" not in self.network_modes:
+            raise refuse(
+                "egress_certification",
+                f"{self.egress_certification!r} certifies a destination selector, "
+                "but network_modes does not include 'allowlist'",
+            )
+        # The converse does not hold: 'allowlist' without a grade is an uncertified allowlist.
         if "ephemeral_zdr" in self.retention_modes and not self.lifecycle_assurances.release_destroys:
+            # Only an explicit false gets here: an absent release_destroys was made true above.
             raise refuse(
                 "lifecycle_assurances.release_destroys",
-                "'ephemeral_zdr' retention requires release_destroys: true",
+                "false contradicts 'ephemeral_zdr' retention, under which release always destroys",
             )
         if self.lifecycle_assurances.enumerates_allocations and "listAllocations" not in self.operations:
             raise refuse(

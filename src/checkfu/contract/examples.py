@@ -69,6 +69,25 @@ def day_one_envelope() -> dict[str, Any]:
     }
 
 
+def seed_day_one_envelope() -> dict[str, Any]:
+    """The day-one tier written from the seed's text alone: every required field, no optional one.
+
+    ``lifecycle_assurances`` is omitted, so beside ``ephemeral_zdr`` its
+    ``release_destroys`` decodes to true (rule 7); every other optional field
+    decodes to its weakest value.
+    """
+    env = day_one_envelope()
+    del env["lifecycle_assurances"]
+    return env
+
+
+def uncertified_allowlist_envelope() -> dict[str, Any]:
+    """``allowlist`` egress without a grade: an uncertified allowlist, legal under rule 6."""
+    env = day_one_envelope()
+    env.update(provider="acme-allowlist", network_modes=["none", "allowlist"])
+    return env
+
+
 def parity_envelope() -> dict[str, Any]:
     """Everything declared: the shape of an in-tree Docker-parity envelope."""
     env = day_one_envelope()
@@ -107,6 +126,36 @@ def profile() -> dict[str, Any]:
     }
 
 
+def minimal_profile() -> dict[str, Any]:
+    """A profile with every optional field omitted: no ``packages``, no ``allowlist``.
+
+    Its digest is taken with both filled in (an empty map and an empty list), as
+    the author kit's README works through byte by byte.
+    """
+    return {
+        "tier": "microvm",
+        "base_image": IMAGE_ID,
+        "network_policy": {"mode": "none"},
+        "resource_limits": resources(1),
+        "retention_mode": "ephemeral_zdr",
+    }
+
+
+def allowlist_profile() -> dict[str, Any]:
+    """A profile with ``allowlist`` egress: a DNS name, an IPv4 and a bracketed IPv6 destination."""
+    return {
+        "tier": "container",
+        "base_image": "registry.example/tools@" + IMAGE_ID,
+        "packages": {"npm": ["left-pad@1.3.0"], "go": ["golang.org/x/tools@v0.1.0"]},
+        "network_policy": {
+            "mode": "allowlist",
+            "allowlist": ["api.example.com:443", "10.0.0.7:8080", "[2001:db8::1]:65535"],
+        },
+        "resource_limits": resources(4),
+        "retention_mode": "durable",
+    }
+
+
 def mount() -> dict[str, Any]:
     return {
         "target": "/workspace",
@@ -141,8 +190,8 @@ def _echo() -> dict[str, Any]:
     return {"target": target(), "lease": lease()}
 
 
-def _profile_bound() -> dict[str, Any]:
-    prof = profile()
+def _profile_bound(prof: dict[str, Any] | None = None) -> dict[str, Any]:
+    prof = profile() if prof is None else prof
     return {
         **_call(),
         "profile": prof,
@@ -167,14 +216,43 @@ def _process() -> dict[str, Any]:
 
 def messages() -> dict[str, list[dict[str, Any]]]:
     """At least one valid example of every wire message, by message name."""
+    return {name: [doc for _, doc in docs] for name, docs in described().items()}
+
+
+ENVELOPE_EXAMPLES = {
+    "the day-one tier of the seed, with two lifecycle assurances stated": day_one_envelope,
+    "everything declared: the shape of a Docker-parity envelope": parity_envelope,
+    "the day-one tier from the seed's text alone, no optional field (release_destroys decodes to true)": (
+        seed_day_one_envelope
+    ),
+    "an uncertified allowlist: allowlist in network_modes, egress_certification omitted": (
+        uncertified_allowlist_envelope
+    ),
+}
+
+
+def described() -> dict[str, list[tuple[str, dict[str, Any]]]]:
+    """Every valid example of every wire message with a line saying what it shows, by message name."""
+    out: dict[str, list[tuple[str, dict[str, Any]]]] = {}
+    for name, docs in _plain().items():
+        out[name] = [(f"valid example {i}", doc) for i, doc in enumerate(docs)]
+    out["SandboxProviderCapabilities"] = [(what, make()) for what, make in ENVELOPE_EXAMPLES.items()]
+    return out
+
+
+def _plain() -> dict[str, list[dict[str, Any]]]:
     ic = instance_call()
     return {
-        "SandboxProviderCapabilities": [day_one_envelope(), parity_envelope()],
-        "SandboxProfile": [profile()],
+        "SandboxProviderCapabilities": [],
+        "SandboxProfile": [profile(), minimal_profile(), allowlist_profile()],
         "MountPlan": [mount()],
         "DescribeRequest": [{}],
         "DescribeResult": [{"envelope": day_one_envelope()}],
-        "MaterializeRequest": [_profile_bound()],
+        "MaterializeRequest": [
+            _profile_bound(),
+            _profile_bound(minimal_profile()),
+            _profile_bound(allowlist_profile()),
+        ],
         "MaterializeResult": [
             {
                 **_echo(),

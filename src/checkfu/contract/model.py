@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import base64
 import binascii
-from collections.abc import Hashable, Sequence
-from typing import Annotated, ClassVar, TypeVar
+from collections.abc import Callable, Hashable, Sequence
+from typing import Annotated, Any, ClassVar, TypeVar
 
 from pydantic import (
     AfterValidator,
@@ -90,6 +90,25 @@ def rule_error(error: type[SandboxError], field: str, message: str) -> PydanticC
     (prefixed by wherever the message sits inside an outer one).
     """
     return PydanticCustomError("contract_rule", "{message}", {"message": message, "code": error.code, "field": field})
+
+
+def schema_rules(*rules: dict[str, Any]) -> Callable[[dict[str, Any]], None]:
+    """A ``json_schema_extra`` that states a model's cross-field rules in its JSON Schema, as ``allOf``.
+
+    Each rule is a JSON Schema (usually ``if``/``then``) saying what the model's
+    ``model_validator`` enforces, so the published schema and the decoder are
+    written side by side; the author kit's tests hold them to the same vectors.
+    """
+
+    def extra(schema: dict[str, Any]) -> None:
+        schema["allOf"] = [*schema.get("allOf", []), *rules]
+
+    return extra
+
+
+def without_default(schema: dict[str, Any]) -> None:
+    """A ``json_schema_extra`` that drops a field's unconditional ``default`` (a rule states a conditional one)."""
+    schema.pop("default", None)
 
 
 class Model(BaseModel):

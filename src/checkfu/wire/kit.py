@@ -199,18 +199,11 @@ RULES: dict[str, list[Invalid]] = {
             _envelope(egress_certification="advisory_filter"),
         ),
         Invalid(
-            "rule6-allowlist-without-grade",
-            "allowlist needs an egress grade",
-            ENV,
-            "egress_certification",
-            _envelope(network_modes=["none", "allowlist"]),
-        ),
-        Invalid(
-            "rule7-zdr-without-release-destroys",
-            "ephemeral_zdr needs release_destroys",
+            "rule7-zdr-release-destroys-false",
+            "an explicit release_destroys false contradicts ephemeral_zdr (an absent one is true)",
             ENV,
             "lifecycle_assurances.release_destroys",
-            _envelope(lifecycle_assurances={}),
+            _envelope(lifecycle_assurances={"release_destroys": False, "cold_compensation": True}),
         ),
         Invalid(
             "rule8-enumerates-without-operation",
@@ -423,14 +416,15 @@ def build_kit() -> dict[str, Any]:
         "members": {m: {"request": req.__name__, "result": res.__name__} for m, (req, res) in MESSAGES.items()},
         "messages": {},
     }
-    examples = ex.messages()
+    examples = ex.described()
     for name, model in message_types().items():
         files[f"schemas/{name}.schema.json"] = schema(model)
         entry: dict[str, Any] = {"schema": f"schemas/{name}.schema.json", **member_of(name), "vectors": []}
-        docs = examples.get(name) or ([ex.wire_error()] if name == "WireError" else [])
-        for i, doc in enumerate(docs):
+        described = examples.get(name) or ([("valid example 0", ex.wire_error())] if name == "WireError" else [])
+        docs = [doc for _, doc in described]
+        for i, (what, doc) in enumerate(described):
             path = f"vectors/{name}/valid-{i}.json"
-            files[path] = {"message": name, "valid": True, "description": f"valid example {i}", "document": doc}
+            files[path] = {"message": name, "valid": True, "description": what, "document": doc}
             entry["vectors"].append(path)
         if docs:
             for inv in invalid_vectors(name, model, docs[0]):
