@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import Field, Strict, model_validator
+from pydantic import ConfigDict, Field, Strict, model_validator
 
 from checkfu.contract.envelope import MOUNT_CEILING, Member, SandboxProviderCapabilities
 from checkfu.contract.errors import SandboxDigestMismatch, SandboxError, SandboxPathRejected, SandboxResultInvalid
@@ -30,9 +30,9 @@ from checkfu.contract.model import (
     Sha256Digest,
     Str,
     rule_error,
+    schema_rules,
 )
-from checkfu.contract.mounts import MountPlan, overlapping_targets
-from checkfu.contract.paths import SandboxPath
+from checkfu.contract.mounts import AbsolutePath, MountPlan, overlapping_targets
 from checkfu.contract.profile import ImageRef, SandboxProfile
 from checkfu.contract.target import AllocationKey, ExecutionTarget, Lease, Revision, RunnerTag
 from checkfu.contract.vocabulary import Platform
@@ -176,7 +176,7 @@ class ResumeResult(InstanceResult):
 class WriteFileRequest(InstanceCall):
     """Stage bytes at ``path`` during ``provisioning``; the bytes travel beside the request."""
 
-    path: SandboxPath
+    path: AbsolutePath
     mode: Annotated[int, Strict(), Field(ge=0, le=0o777)] = 0o644
     size: NonNegInt
     digest: Sha256Digest
@@ -217,9 +217,10 @@ class _ProcessSpec(InstanceCall):
     argv: Annotated[tuple[Arg, ...], NONEMPTY, Field(max_length=4096)]
     env: dict[EnvName, Arg] = Field(
         default_factory=dict,
-        json_schema_extra={"additionalProperties": False},  # a name outside EnvName is refused by the schema too
+        # a name outside EnvName is refused by the schema too; omitted, env is empty
+        json_schema_extra={"additionalProperties": False, "default": {}},
     )
-    cwd: SandboxPath | None = None
+    cwd: AbsolutePath | None = None
 
 
 class ExecRequest(_ProcessSpec):
@@ -257,7 +258,7 @@ class ProcessStarted(Result):
 
 
 class ReadFilesRequest(InstanceCall):
-    paths: Annotated[tuple[SandboxPath, ...], NONEMPTY, Field(max_length=1024), UNIQUE, UNIQUE_ITEMS]
+    paths: Annotated[tuple[AbsolutePath, ...], NONEMPTY, Field(max_length=1024), UNIQUE, UNIQUE_ITEMS]
     max_bytes: PosInt = Field(description="cap on the bytes of all files together")
 
 
@@ -276,7 +277,7 @@ class ReadFilesResult(Result):
 
 
 class ListDirRequest(InstanceCall):
-    path: SandboxPath
+    path: AbsolutePath
     recursive: Bool = False
     max_entries: PosInt
 
@@ -300,6 +301,16 @@ class ListDirResult(Result):
     ``symlink`` or ``other`` when it is not a directory; a final symlink is never
     followed. Only a ``dir`` has ``entries`` or can be ``truncated``.
     """
+
+    model_config = ConfigDict(
+        json_schema_extra=schema_rules(
+            {
+                "$comment": "only a dir has entries or can be truncated",
+                "if": {"required": ["kind"], "properties": {"kind": {"not": {"const": "dir"}}}},
+                "then": {"properties": {"entries": {"type": "array", "maxItems": 0}, "truncated": {"const": False}}},
+            }
+        )
+    )
 
     allocation_key: AllocationKey
     instance_id: Identifier

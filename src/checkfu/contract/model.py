@@ -48,11 +48,14 @@ def _bytes_in(value: object) -> bytes:
     raise PydanticCustomError("bytes_type", "should be base64 text")
 
 
+BASE64_PATTERN = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
+"""Standard padded base64 as the schema states it: whole quanta, padding only at the end."""
+
 Bytes = Annotated[
     bytes,
     PlainValidator(_bytes_in, json_schema_input_type=str),
     PlainSerializer(lambda b: base64.b64encode(b).decode("ascii"), return_type=str, when_used="json"),
-    WithJsonSchema({"type": "string", "contentEncoding": "base64"}),
+    WithJsonSchema({"type": "string", "contentEncoding": "base64", "pattern": BASE64_PATTERN}),
 ]
 """Bytes travel as standard, padded base64 (what Go's ``encoding/json`` does for ``[]byte``)."""
 

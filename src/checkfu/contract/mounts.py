@@ -8,7 +8,37 @@ from pydantic import Field, Strict, model_validator
 
 from checkfu.contract.errors import SandboxError, SandboxPathRejected, SandboxProfileInvalid
 from checkfu.contract.model import Model, NonNegInt, rule_error
-from checkfu.contract.paths import RelativePath, SandboxPath, is_within
+from checkfu.contract.paths import MAX_PATH_BYTES, RelativePath, SandboxPath, is_within
+
+# The path rule of ``checkfu.contract.paths`` as the published schema states it. A segment
+# is neither empty, ``.`` nor ``..`` and holds no ``/`` or NUL; an absolute path is ``/``
+# or ``/``-prefixed segments (so no trailing slash). ``maxLength`` counts characters, so
+# it is a necessary bound only: the 4096 UTF-8 bytes are a rule beyond JSON Schema.
+# The tests hold these patterns to ``path_problem`` exhaustively over short strings.
+_SEGMENT = r"(?:[^/\x00.][^/\x00]*|\.[^/\x00.][^/\x00]*|\.\.[^/\x00]+)"
+ABSOLUTE_PATH_PATTERN = rf"^(?:/|(?:/{_SEGMENT})+)$"
+RELATIVE_PATH_PATTERN = rf"^{_SEGMENT}(?:/{_SEGMENT})*$"
+MOUNT_TARGET_PATTERN = rf"^(?:/{_SEGMENT})+$"
+"""An absolute path other than ``/``: a mount may not cover the root."""
+
+AbsolutePath = Annotated[
+    SandboxPath,
+    Field(json_schema_extra={"pattern": ABSOLUTE_PATH_PATTERN, "maxLength": MAX_PATH_BYTES}),
+]
+"""``SandboxPath`` with its rule in the schema too (the decoder's own check is unchanged)."""
+
+MountTarget = Annotated[
+    SandboxPath,
+    Field(
+        description="an absolute sandbox path other than /",
+        json_schema_extra={"pattern": MOUNT_TARGET_PATTERN, "maxLength": MAX_PATH_BYTES},
+    ),
+]
+
+MountPath = Annotated[
+    RelativePath,
+    Field(json_schema_extra={"pattern": RELATIVE_PATH_PATTERN, "maxLength": MAX_PATH_BYTES}),
+]
 
 ContentDigest = Annotated[str, Strict(), Field(pattern=r"^(?:sha256:[0-9a-f]{64}|git:(?:[0-9a-f]{40}|[0-9a-f]{64}))$")]
 """``sha256:<hex>`` of the bytes, or ``git:<blob id>`` for immutable Git content."""
@@ -24,7 +54,7 @@ class MountFile(Model):
 
     decode_error: ClassVar[type[SandboxError]] = SandboxProfileInvalid
 
-    path: RelativePath
+    path: MountPath
     mode: Annotated[int, Strict(), Field(ge=0, le=0o777, description="permission bits only")] = 0o644
     size: Annotated[NonNegInt, Field(le=MAX_FILE_BYTES)]
     digest: ContentDigest
@@ -35,7 +65,7 @@ class MountPlan(Model):
 
     decode_error: ClassVar[type[SandboxError]] = SandboxProfileInvalid
 
-    target: SandboxPath
+    target: MountTarget
     files: Annotated[tuple[MountFile, ...], Field(max_length=MAX_FILES_PER_MOUNT)]
 
     @model_validator(mode="after")

@@ -8,12 +8,12 @@ from collections.abc import Mapping
 from functools import cached_property
 from typing import Annotated, Any, ClassVar, Self
 
-from pydantic import AfterValidator, Field, Strict, model_validator
+from pydantic import AfterValidator, ConfigDict, Field, Strict, model_validator
 from pydantic_core import PydanticCustomError
 
 from checkfu.contract.codec import digest
 from checkfu.contract.errors import SandboxError, SandboxProfileInvalid
-from checkfu.contract.model import UNIQUE, UNIQUE_ITEMS, Model, rule_error
+from checkfu.contract.model import UNIQUE, UNIQUE_ITEMS, Model, rule_error, schema_rules
 from checkfu.contract.vocabulary import NetworkMode, PackageManager, Resources, RetentionMode, Tier
 
 HOST_IMAGE = "host"
@@ -63,14 +63,40 @@ def _port_in_range(value: str) -> str:
     return value
 
 
+def _ipv6_pattern() -> str:
+    """RFC 3986's ``IPv6address`` in lowercase hex, IPv4 tails without leading zeros, as ``ipaddress`` reads it."""
+    h = r"[0-9a-f]{1,4}"
+    octet = r"(?:25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9]?[0-9])"
+    ls32 = rf"(?:{h}:{h}|{octet}(?:\.{octet}){{3}})"
+    return (
+        "(?:"
+        + "|".join(
+            (
+                rf"(?:{h}:){{6}}{ls32}",
+                rf"::(?:{h}:){{5}}{ls32}",
+                rf"(?:{h})?::(?:{h}:){{4}}{ls32}",
+                rf"(?:(?:{h}:){{0,1}}{h})?::(?:{h}:){{3}}{ls32}",
+                rf"(?:(?:{h}:){{0,2}}{h})?::(?:{h}:){{2}}{ls32}",
+                rf"(?:(?:{h}:){{0,3}}{h})?::{h}:{ls32}",
+                rf"(?:(?:{h}:){{0,4}}{h})?::{ls32}",
+                rf"(?:(?:{h}:){{0,5}}{h})?::{h}",
+                rf"(?:(?:{h}:){{0,6}}{h})?::",
+            )
+        )
+        + ")"
+    )
+
+
+_DNS_NAME = r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?(?:\.[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?)*"
+_PORT = r"(?:[1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5])"
+DESTINATION_PATTERN = rf"^(?:{_DNS_NAME}|\[{_ipv6_pattern()}\]):{_PORT}$"
+"""``host:port`` with the whole rule in the pattern (port 1..65535, a valid bracketed IPv6), so the
+published schema refuses what the decoder refuses; ``_port_in_range`` checks the same again."""
+
 Destination = Annotated[
     str,
     Strict(),
-    Field(
-        pattern=r"^(?:[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?(?:\.[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?)*"
-        r"|\[[0-9a-f:.]{2,45}\]):[1-9][0-9]{0,4}$",
-        max_length=260,
-    ),
+    Field(pattern=DESTINATION_PATTERN, max_length=260),
     AfterValidator(_port_in_range),
 ]
 """``host:port``: a lowercase DNS name, an IPv4 address, or a bracketed IPv6 address."""
@@ -78,6 +104,17 @@ Destination = Annotated[
 
 class NetworkPolicy(Model):
     """The profile's network: a mode and, for ``allowlist`` only, its destinations."""
+
+    model_config = ConfigDict(
+        json_schema_extra=schema_rules(
+            {
+                "$comment": "mode allowlist names at least one destination; any other mode names none",
+                "if": {"required": ["mode"], "properties": {"mode": {"const": "allowlist"}}},
+                "then": {"required": ["allowlist"], "properties": {"allowlist": {"type": "array", "minItems": 1}}},
+                "else": {"properties": {"allowlist": {"type": "array", "maxItems": 0}}},
+            }
+        )
+    )
 
     decode_error: ClassVar[type[SandboxError]] = SandboxProfileInvalid
 
@@ -106,7 +143,14 @@ class SandboxProfile(Model):
     base_image: ImageRef
     packages: dict[
         PackageManager, Annotated[tuple[Annotated[str, Strict(), Field(max_length=256)], ...], UNIQUE, UNIQUE_ITEMS]
-    ] = Field(default_factory=dict, description="pinned names per package manager")
+    ] = Field(
+        default_factory=dict,
+        description="pinned names per package manager",
+        json_schema_extra={
+            "default": {},
+            "properties": {m: {"items": {"pattern": p.pattern}} for m, p in PIN_PATTERNS.items()},
+        },
+    )
     network_policy: NetworkPolicy
     resource_limits: Resources
     retention_mode: RetentionMode
