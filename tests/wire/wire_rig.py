@@ -214,18 +214,16 @@ async def peer(handle: Handler) -> AsyncIterator[Peer]:
     async def on_connect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         made.connections += 1
         writers.add(writer)
-        task = asyncio.current_task()
-        assert task is not None
+        task = asyncio.ensure_future(handle(reader, writer))
         tasks.add(task)
-        try:
-            await handle(reader, writer)
-        except (ConnectionError, asyncio.IncompleteReadError):
-            pass
-        finally:
-            writer.close()
-            with contextlib.suppress(Exception):
-                await writer.wait_closed()
-            tasks.discard(task)
+        await asyncio.wait({task})  # a handler cancelled on the way out ends this callback quietly
+        tasks.discard(task)
+        if not task.cancelled():
+            with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):
+                task.result()
+        writer.close()
+        with contextlib.suppress(Exception):
+            await writer.wait_closed()
 
     server = await asyncio.start_server(on_connect, "127.0.0.1", 0)
     made = Peer(server)

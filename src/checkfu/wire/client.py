@@ -123,6 +123,12 @@ DEADLINES: dict[Member, float] = {
 }
 """The client's own bound on each call (``exec`` adds its request's timeout), so none hangs even outside a runner."""
 
+_REPEATABLE: tuple[Member, ...] = ("describe", "materialize", "writeFile", "inspect", "compensate", "readFiles")
+REPEATABLE: frozenset[Member] = frozenset((*_REPEATABLE, "listAllocations", "listDir", "deleteSnapshot"))
+"""Members a service may be asked twice without harm (the contract makes each idempotent). Only these are
+sent again when a reused connection ends after the request went out and before any answer: the service
+may have acted on it, and an allocation, an exec or an activation must not happen twice."""
+
 REATTACH_ATTEMPTS = 6
 REATTACH_PAUSE = 0.05
 
@@ -231,7 +237,11 @@ class RemoteProvider:
         try:
             async with asyncio.timeout(deadline):
                 answer = await self._http().request(
-                    "POST", f"/v1/{member}", body, {"content-type": "application/json", **(headers or {})}
+                    "POST",
+                    f"/v1/{member}",
+                    body,
+                    {"content-type": "application/json", **(headers or {})},
+                    retry=member in REPEATABLE,
                 )
         except TimeoutError:
             raise observed_by_runner(
@@ -291,11 +301,9 @@ class RemoteProvider:
         try:
             async with asyncio.timeout(deadline):
                 pool = self._http()
-                async with pool.stream("POST", "/v1/readFiles", body, {"content-type": "application/json"}) as (
-                    status,
-                    headers,
-                    parts,
-                ):
+                async with pool.stream(
+                    "POST", "/v1/readFiles", body, {"content-type": "application/json"}, retry=True
+                ) as (status, headers, parts):
                     if status != 200:
                         buf = bytearray()
                         async for part in parts:

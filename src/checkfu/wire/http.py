@@ -5,8 +5,14 @@ spends most of such a call in its own layers. This one writes a request in one
 piece and reads the answer's framing as RFC 9112 section 6.3 orders it:
 informational answers are skipped, 204 and 304 have no body, then
 ``Transfer-Encoding: chunked``, then ``Content-Length``, else the body runs to
-the close. A reused connection the server had already closed is retried once on
-a fresh one, but only when not one byte of an answer arrived.
+the close. Chunk sizes and lengths are read strictly (ASCII digits, bounded).
+
+An idle connection the server has closed is never used: it is dropped before a
+request is written on it. A reused connection that ends without one byte of an
+answer is ambiguous (the server may have closed it as the request went out, or
+read the request and died), so the request is sent again, once and on a fresh
+connection, only when the caller says it may be (``retry``): a request that
+allocates or runs something must not be acted on twice.
 """
 
 from __future__ import annotations
@@ -19,6 +25,8 @@ from urllib.parse import urlsplit
 
 READ_SIZE = 256 << 10
 MAX_HEAD = 64 << 10
+MAX_LENGTH_DIGITS = 18
+"""A Content-Length, or a chunk size in hex, with more digits than this is refused (an exabyte is enough)."""
 
 
 class HttpError(Exception):
@@ -56,6 +64,24 @@ def _token(value: str) -> bool:
     return bool(value) and all(33 <= ord(c) <= 126 and c not in '"(),/:;<=>?@[\\]{}' for c in value)
 
 
+def _length(text: str) -> int:
+    """A Content-Length: ASCII decimal digits only."""
+    if not (0 < len(text) <= MAX_LENGTH_DIGITS and text.isascii() and text.isdigit()):
+        raise HttpError(f"a malformed Content-Length: {text[:40]!r}")
+    return int(text)
+
+
+_HEX = frozenset(b"0123456789abcdefABCDEF")
+
+
+def _chunk_size(line: bytes) -> int:
+    """The size of a chunk from its size line (extensions dropped): ASCII hex digits only."""
+    text = line.split(b";", 1)[0].strip(b" \t")
+    if not (0 < len(text) <= MAX_LENGTH_DIGITS and all(c in _HEX for c in text)):
+        raise HttpError(f"a malformed chunk size in the answer: {text[:40]!r}")
+    return int(text, 16)
+
+
 class HttpPool:
     """Keep-alive connections to one origin, for one event loop."""
 
@@ -77,6 +103,16 @@ class HttpPool:
         except OSError as exc:
             raise HttpError(f"cannot connect to {self.authority}: {exc.strerror or exc}", connect=True) from None
         return _Conn(reader, writer)
+
+    async def _checkout(self) -> _Conn:
+        """An idle connection the server has not closed, or a new one."""
+        while self._idle:
+            conn = self._idle.pop()
+            if conn.reader.at_eof() or conn.writer.is_closing() or conn.reader.exception() is not None:
+                conn.close()  # the server closed it while it was idle
+                continue
+            return conn
+        return await self._open()
 
     def _give_back(self, conn: _Conn) -> None:
         if conn.reusable and len(self._idle) < self.max_idle:
@@ -141,11 +177,7 @@ class HttpPool:
                     raise HttpError(f"a transfer coding this client does not read: {coding!r}")
                 while True:
                     line = await reader.readuntil(b"\r\n")
-                    size_text = line[:-2].split(b";", 1)[0].strip()
-                    try:
-                        size = int(size_text, 16)
-                    except ValueError:
-                        raise HttpError("a malformed chunk size in the answer") from None
+                    size = _chunk_size(line[:-2])
                     if size == 0:
                         while (await reader.readuntil(b"\r\n")) != b"\r\n":
                             pass  # trailers are read and dropped
@@ -161,9 +193,7 @@ class HttpPool:
                         raise HttpError("a chunk not followed by CRLF")
             length_text = headers.get("content-length")
             if length_text is not None:
-                if not length_text.isdigit():
-                    raise HttpError(f"a malformed Content-Length: {length_text[:40]!r}")
-                left = int(length_text)
+                left = _length(length_text)
                 while left:
                     part = await reader.read(min(left, READ_SIZE))
                     if not part:
@@ -183,9 +213,18 @@ class HttpPool:
 
     @contextlib.asynccontextmanager
     async def stream(
-        self, method: str, path: str, body: bytes = b"", headers: Mapping[str, str] | None = None
+        self,
+        method: str,
+        path: str,
+        body: bytes = b"",
+        headers: Mapping[str, str] | None = None,
+        *,
+        retry: bool = False,
     ) -> AsyncIterator[tuple[int, Mapping[str, str], AsyncIterator[bytes]]]:
         """Send one request; yields the status, the headers and the body's chunks as they arrive.
+
+        ``retry``: the request may be acted on twice, so a reused connection that ended without
+        an answer may be replaced by a fresh one and the request sent again (once).
 
         Raises:
             HttpError: the connection could not be made, or broke, or the answer is not HTTP.
@@ -194,7 +233,7 @@ class HttpPool:
         conn: _Conn | None = None
         status, answer_headers = 0, dict[str, str]()
         for attempt in range(2):
-            conn = self._idle.pop() if self._idle else await self._open()
+            conn = await self._checkout() if attempt == 0 else await self._open()
             try:
                 conn.writer.write(head + body if len(body) < READ_SIZE else head)
                 if len(body) >= READ_SIZE:
@@ -203,12 +242,12 @@ class HttpPool:
                 status, answer_headers = await self._read_head(conn)
             except _Stale:
                 conn.close()
-                if attempt == 0:
+                if attempt == 0 and retry:
                     continue
                 raise HttpError("the service closed the connection without answering") from None
             except (OSError, asyncio.IncompleteReadError) as exc:
                 conn.close()
-                if attempt == 0 and conn.reused:
+                if attempt == 0 and conn.reused and retry:
                     continue
                 raise HttpError(f"the connection broke: {type(exc).__name__}: {exc}") from None
             except BaseException:
@@ -240,13 +279,14 @@ class HttpPool:
         headers: Mapping[str, str] | None = None,
         *,
         limit: int = 64 << 20,
+        retry: bool = False,
     ) -> Answer:
-        """One whole request and answer; a body over ``limit`` bytes is refused.
+        """One whole request and answer; a body over ``limit`` bytes is refused. ``retry`` as for ``stream``.
 
         Raises:
             HttpError: the conversation broke, or the body is over ``limit``.
         """
-        async with self.stream(method, path, body, headers) as (status, answer_headers, parts):
+        async with self.stream(method, path, body, headers, retry=retry) as (status, answer_headers, parts):
             buf = bytearray()
             async for part in parts:
                 buf += part

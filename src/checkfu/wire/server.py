@@ -106,7 +106,7 @@ async def _read_body(request: Request, limit: int) -> bytes:
         SandboxProtocolViolation: the body is larger than ``limit``.
     """
     declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
+    if declared is not None and declared.isascii() and declared.isdigit() and int(declared) > limit:
         raise SandboxProtocolViolation(f"the body of {declared} bytes is over the {limit} allowed", field="body")
     buf = bytearray()
     async for chunk in request.stream():
