@@ -56,7 +56,9 @@ TYPES: dict[str, type[Model]] = message_types()
 NAMES = sorted(TYPES)
 EXAMPLES: list[tuple[str, int, dict[str, Any]]] = [
     (name, i, doc)
-    for name, docs in sorted({**ex.messages(), "WireError": [ex.wire_error()]}.items())
+    for name, docs in sorted(
+        {**ex.messages(), "WireError": [ex.wire_error()], "ReadFilesHead": [ex.read_files_head()]}.items()
+    )
     for i, doc in enumerate(docs)
 ]
 VOCABULARY = tuple(ERROR_CLASSES.values())

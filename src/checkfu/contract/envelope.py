@@ -110,10 +110,18 @@ class LifecycleAssurances(Model):
         description="after release, nothing of the instance survives; " + RELEASE_DESTROYS_DEFAULT,
         json_schema_extra=without_default,
     )
-    release_idempotent: Bool = False
-    reaps_process_tree: Bool = False
-    cold_compensation: Bool = False
-    enumerates_allocations: Bool = False
+    release_idempotent: Bool = Field(
+        default=False, description="a second release of the same instance succeeds and returns the same identity"
+    )
+    reaps_process_tree: Bool = Field(default=False, description="release ends every process the instance started")
+    cold_compensation: Bool = Field(
+        default=False,
+        description="compensate(allocation_key) reclaims an allocation even when the provider lost every record of it",
+    )
+    enumerates_allocations: Bool = Field(
+        default=False,
+        description="listAllocations lists everything held for a runner tag (needs listAllocations in operations)",
+    )
 
 
 def _has(field: str, item: str) -> dict[str, Any]:
@@ -207,10 +215,17 @@ class SandboxProviderCapabilities(Model):
     network_modes: Annotated[tuple[NetworkMode, ...], NONEMPTY, UNIQUE, UNIQUE_ITEMS]
     retention_modes: Annotated[tuple[RetentionMode, ...], NONEMPTY, UNIQUE, UNIQUE_ITEMS]
     snapshots: Bool
-    snapshot_custody: SnapshotCustody = "runner"
+    snapshot_custody: SnapshotCustody = Field(
+        default="runner",
+        description="who holds snapshot bytes: runner (they die with the runner host) or provider (needs snapshots)",
+    )
     enforcement: EnforcementStatement
-    egress_certification: EgressGrade = "unsupported"
-    list_dir: Bool = False
+    egress_certification: EgressGrade = Field(
+        default="unsupported",
+        description="the egress grade; a grade other than unsupported needs allowlist in network_modes, "
+        "and allowlist without one is an uncertified allowlist",
+    )
+    list_dir: Bool = Field(default=False, description="whether listDir is served")
     minimum_resources: Resources
     maximum_resources: Resources
     max_mounts: NonNegInt

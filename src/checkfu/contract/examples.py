@@ -357,3 +357,51 @@ def wire_error() -> dict[str, Any]:
             "field": "instance_id",
         }
     }
+
+
+def read_files_head() -> dict[str, Any]:
+    """The first line of a ``readFiles`` response body: everything but the bytes, which follow it."""
+    return {
+        **instance_call(),
+        "files": [{"path": "/workspace/README", "mode": 0o644, "digest": HELLO_SHA256, "size": len(HELLO)}],
+        "missing": ["/workspace/out"],
+    }
+
+
+def client_frames() -> list[tuple[str, dict[str, Any]]]:
+    """Text frames of ``openProcess`` a client sends, each with what it shows."""
+    return [
+        ("start: a new operation, granting 8 MiB of out and err credit", _start()),
+        (
+            "start: reattach after a dropped connection, resuming after 6 bytes of out, err already ended",
+            {**_start(), "resume": {"out": 6, "err": 0, "ended": ["err"]}},
+        ),
+        ("stdin_end: no more stdin", {"type": "stdin_end"}),
+        ("window: 65536 more bytes of credit (and as many consumed)", {"type": "window", "bytes": 65536}),
+        ("kill: end the process and everything it started", {"type": "kill"}),
+    ]
+
+
+def server_frames() -> list[tuple[str, dict[str, Any]]]:
+    """Text frames of ``openProcess`` a server sends, each with what it shows."""
+    return [
+        (
+            "start: the process runs; 8 MiB of stdin credit, no stdin received yet",
+            {
+                "type": "start",
+                "operation_id": "op-1",
+                "started": {**instance_call(), "process_id": "p-1"},
+                "window": 8 << 20,
+                "stdin": 0,
+            },
+        ),
+        ("out_end: stdout is over", {"type": "out_end"}),
+        ("err_end: stderr is over", {"type": "err_end"}),
+        ("exit: the process exited 0 (after out_end and err_end)", {"type": "exit", "exit_code": 0}),
+        ("window: 4096 more bytes of stdin credit", {"type": "window", "bytes": 4096}),
+        ("error: the conversation ends with a vocabulary error", {"type": "error", **wire_error()}),
+    ]
+
+
+def _start() -> dict[str, Any]:
+    return {"type": "start", "operation_id": "op-1", "request": _process(), "window": 8 << 20}

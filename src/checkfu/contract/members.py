@@ -124,7 +124,9 @@ class MaterializeResult(Result):
 class _Allocating(_ProfileBound):
     allocation_key: AllocationKey
     runner_tag: RunnerTag
-    mounts: Annotated[tuple[MountPlan, ...], Field(max_length=MOUNT_CEILING)] = ()
+    mounts: Annotated[tuple[MountPlan, ...], Field(max_length=MOUNT_CEILING)] = Field(
+        default=(), description="what the runner stages before activation; none when omitted"
+    )
     root_image: ImageRef
 
     @model_validator(mode="after")
@@ -177,7 +179,9 @@ class WriteFileRequest(InstanceCall):
     """Stage bytes at ``path`` during ``provisioning``; the bytes travel beside the request."""
 
     path: AbsolutePath
-    mode: Annotated[int, Strict(), Field(ge=0, le=0o777)] = 0o644
+    mode: Annotated[int, Strict(), Field(ge=0, le=0o777)] = Field(
+        default=0o644, description="permission bits of the staged file (420 is octal 0644)"
+    )
     size: NonNegInt
     digest: Sha256Digest
 
@@ -217,16 +221,19 @@ class _ProcessSpec(InstanceCall):
     argv: Annotated[tuple[Arg, ...], NONEMPTY, Field(max_length=4096)]
     env: dict[EnvName, Arg] = Field(
         default_factory=dict,
+        description="the process's whole environment, name to value; none when omitted",
         # a name outside EnvName is refused by the schema too; omitted, env is empty
         json_schema_extra={"additionalProperties": False, "default": {}},
     )
-    cwd: AbsolutePath | None = None
+    cwd: AbsolutePath | None = Field(
+        default=None, description="the working directory; null or omitted: the instance's default"
+    )
 
 
 class ExecRequest(_ProcessSpec):
     """Run one process to completion."""
 
-    stdin: Bytes = b""
+    stdin: Bytes = Field(default=b"", description="all of the process's stdin, then end of file")
     timeout_ms: PosInt
     max_output_bytes: PosInt = Field(description="cap per stream; more is dropped and flagged")
 
@@ -273,12 +280,12 @@ class ReadFilesResult(Result):
     allocation_key: AllocationKey
     instance_id: Identifier
     files: tuple[FileContent, ...]
-    missing: tuple[ResultPath, ...] = ()
+    missing: tuple[ResultPath, ...] = Field(default=(), description="asked-for paths with no file there")
 
 
 class ListDirRequest(InstanceCall):
     path: AbsolutePath
-    recursive: Bool = False
+    recursive: Bool = Field(default=False, description="list everything below, not only the entries of path")
     max_entries: PosInt
 
 

@@ -55,7 +55,9 @@ class MountFile(Model):
     decode_error: ClassVar[type[SandboxError]] = SandboxProfileInvalid
 
     path: MountPath
-    mode: Annotated[int, Strict(), Field(ge=0, le=0o777, description="permission bits only")] = 0o644
+    mode: Annotated[int, Strict(), Field(ge=0, le=0o777, description="permission bits only (420 is octal 0644)")] = (
+        0o644
+    )
     size: Annotated[NonNegInt, Field(le=MAX_FILE_BYTES)]
     digest: ContentDigest
 

@@ -119,7 +119,9 @@ class NetworkPolicy(Model):
     decode_error: ClassVar[type[SandboxError]] = SandboxProfileInvalid
 
     mode: NetworkMode
-    allowlist: Annotated[tuple[Destination, ...], UNIQUE, UNIQUE_ITEMS] = ()
+    allowlist: Annotated[tuple[Destination, ...], UNIQUE, UNIQUE_ITEMS] = Field(
+        default=(), description="host:port destinations, only (and at least one) with mode allowlist"
+    )
 
     @model_validator(mode="after")
     def _allowlist_matches_mode(self) -> NetworkPolicy:

@@ -1,0 +1,458 @@
+"""The author kit's README: how a stranger builds a conforming provider from the kit alone.
+
+``readme(files)`` writes it from the kit's own files and the code's constants, so its
+tables (defaults, error codes and statuses, frame tags, the digest's worked example)
+cannot drift from what the runner does. The prose is the contract's; where it names a
+limit or a rule, the constant it comes from is used.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from checkfu.contract.codec import MAX_DOCUMENT_BYTES
+from checkfu.contract.frames import DEFAULT_WINDOW, MAX_DATA, TAG_ERR, TAG_OUT, TAG_STDIN
+from checkfu.contract.model import MAX_SAFE_INT, Model
+from checkfu.contract.paths import MAX_PATH_BYTES
+from checkfu.wire.client import DEADLINES
+from checkfu.wire.errors import STATUS
+from checkfu.wire.files import FILES_MEDIA_TYPE, MAX_HEAD_BYTES, REQUEST_HEADER
+from checkfu.wire.kit import BEYOND_SCHEMA, JSON_RULES, KIT_VERSION, frame_models, message_types
+from checkfu.wire.operations import OPERATION_TTL
+
+BEYOND_SCHEMA_TEXT: dict[str, str] = {
+    "minimum-not-above-maximum": (
+        "In `SandboxProviderCapabilities`, for each dimension in the order `cpu_millis`, `memory_mib`, "
+        "`disk_mib`, `pids`: if `minimum_resources.D` is greater than `maximum_resources.D`, refuse with "
+        "`SandboxEnvelopeInvalid`, field `minimum_resources.D` (the first such dimension). Equal is fine. "
+        "JSON Schema cannot compare two values of one document."
+    ),
+    "path-staged-once": (
+        "In a `MountPlan` (alone, or at `mounts.K` of a provision, clone or resume request), walk `files` in "
+        "order, remembering each file's path and every directory above it (each proper prefix that ends "
+        "before a `/`). A file whose path is an earlier file's path, or a directory above an earlier file, is "
+        "refused with `SandboxPathRejected`, field `files.I.path`. After the walk, a path that is both a file "
+        "and a directory above a later file is refused with `SandboxPathRejected`, field `files`. "
+        "(`uniqueItems` compares whole file objects, so it cannot see two files with one path.)"
+    ),
+    "mount-targets-apart": (
+        "In a provision, clone or resume request, for each pair of mounts `I < J` (I outer, J inner, in order), "
+        "if one target is the other or below it (`a == b` or `a` starts with `b + '/'`), refuse with "
+        "`SandboxPathRejected`, field `mounts.J.target`, for the first such pair."
+    ),
+    "profile-digest": (
+        "In a materialize, provision, clone or resume request, `profile_digest` must equal the digest of "
+        "`profile` as the section *The profile digest* below computes it (defaults filled in); otherwise "
+        "refuse with `SandboxDigestMismatch`, field `profile_digest`. Check it after the profile itself decodes."
+    ),
+    "path-utf8-bytes": (
+        f"Every sandbox path (a path, a `cwd`, a mount target, a mount file's path) is at most {MAX_PATH_BYTES} "
+        f"bytes once encoded as UTF-8. The schema's `maxLength: {MAX_PATH_BYTES}` counts characters, so it "
+        "admits a path of up to four times as many bytes; count the bytes and refuse a longer path with "
+        "`SandboxPathRejected`, field the path's. (A byte count is a weighted sum over characters, which no "
+        "practical pattern expresses.)"
+    ),
+    "integers-written-as-integers": (
+        'Where the schema says `"type": "integer"`, the JSON number must be written as an integer: digits '
+        "with an optional leading `-`, no fraction and no exponent. `8.0`, `8e0` and `8E+0` are refused as the "
+        "wrong type, with the code of the message that owns the field and the field's path. JSON Schema 2020-12 "
+        "counts `8.0` as an integer, and a validator working on parsed values cannot tell `8.0` from `8` (in "
+        "JavaScript they are the same value), so check the number as written, in your JSON parser."
+    ),
+}
+
+JSON_RULES_TEXT: dict[str, str] = {
+    "not-json": "the body is exactly one JSON value, in UTF-8",
+    "nan": "`NaN`, `Infinity` and `-Infinity` are not JSON and are refused",
+    "duplicate-key": "a key written twice in one object, at any depth, is refused, even with the same value",
+    "lone-surrogate": "a `\\uD800`-`\\uDFFF` escape that is not half of a pair is refused",
+}
+
+
+def _code(value: Any) -> str:
+    return f"`{json.dumps(value, ensure_ascii=False)}`"
+
+
+def _defaults(files: dict[str, Any]) -> list[str]:
+    """One row per optional field of every message and every object inside one."""
+    rows: dict[tuple[str, str], str] = {}
+    for path, doc in sorted(files.items()):
+        if not path.startswith("schemas/"):
+            continue
+        objects = [doc, *doc.get("$defs", {}).values()]
+        for obj in objects:
+            title = obj.get("title")
+            props = obj.get("properties")
+            if not title or not isinstance(props, dict):
+                continue
+            required = set(obj.get("required", []))
+            for name, prop in props.items():
+                if name in required:
+                    continue
+                default = _code(prop["default"]) if "default" in prop else "see *meaning*"
+                meaning = prop.get("description", "")
+                if not meaning and "$ref" in prop:
+                    meaning = f"a `{prop['$ref'].rsplit('/', 1)[1]}` object"
+                rows[(title, name)] = f"| `{title}` | `{name}` | {default} | {meaning} |"
+    return [rows[k] for k in sorted(rows)]
+
+
+def _owners() -> list[str]:
+    """Each model whose decode failures carry a code of its own."""
+    models: dict[str, type[Model]] = {**message_types(), **frame_models()}
+    seen: dict[str, str] = {}
+
+    def walk(model: type[Model]) -> None:
+        if model.__name__ in seen:
+            return
+        seen[model.__name__] = model.decode_error.code
+        for info in model.model_fields.values():
+            for inner in _models_in(info.annotation):
+                walk(inner)
+
+    for model in models.values():
+        walk(model)
+    default = Model.decode_error.code
+    return [f"| `{name}` | `{code}` |" for name, code in sorted(seen.items()) if code != default]
+
+
+def _models_in(annotation: Any) -> list[type[Model]]:
+    if isinstance(annotation, type) and issubclass(annotation, Model):
+        return [annotation]
+    return [m for arg in getattr(annotation, "__args__", ()) for m in _models_in(arg)]
+
+
+def _envelope_rules(files: dict[str, Any]) -> list[str]:
+    """The envelope's nine rules: those in its schema by their ``$comment``, and the others."""
+    stated = {
+        int(r["$comment"].split(":")[0].removeprefix("rule ")): r["$comment"].split(": ", 1)[1]
+        for r in files["schemas/SandboxProviderCapabilities.schema.json"]["allOf"]
+    }
+    others = {
+        4: "`minimum_resources` <= `maximum_resources` on every dimension, all positive: positivity in the "
+        "schema, the comparison beyond it (`minimum-not-above-maximum`)",
+        5: "`max_mounts` is a non-negative integer (more than 64 is accepted; 64 is the effective ceiling): "
+        "in the schema",
+        9: "`platforms`: `os` is `linux`, `architecture` `amd64` or `arm64`: in the schema",
+    }
+    assert set(stated) | set(others) == set(range(1, 10)), stated
+    return [
+        f"{n}. {stated[n]}: an `if`/`then` clause of the schema" if n in stated else f"{n}. {others[n]}"
+        for n in range(1, 10)
+    ]
+
+
+def _statuses() -> list[str]:
+    return [f"| `{code}` | {status} |" for code, status in sorted(STATUS.items(), key=lambda kv: (kv[1], kv[0]))]
+
+
+def readme(files: dict[str, Any]) -> str:
+    """The README of the kit whose files are ``files`` (as ``build_kit`` returns them)."""
+    assert set(BEYOND_SCHEMA_TEXT) == set(BEYOND_SCHEMA)
+    assert set(JSON_RULES_TEXT) == set(JSON_RULES)
+    example = files["digest-example.json"]
+    written = json.dumps(example["profile_as_written"], indent=2)
+    decoded = json.dumps(example["profile_decoded"], indent=2)
+    beyond = "\n".join(
+        f"{i}. **`{name}`**: {BEYOND_SCHEMA[name]}.\n   {BEYOND_SCHEMA_TEXT[name]}"
+        for i, name in enumerate(BEYOND_SCHEMA, 1)
+    )
+    json_rules = "\n".join(f"- **`{name}`**: {JSON_RULES_TEXT[name]}." for name in JSON_RULES)
+    deadlines = ", ".join(f"`{m}` {s:g} s" for m, s in DEADLINES.items())
+    envelope_rules = "\n".join(_envelope_rules(files))
+    return f"""# checkfu provider author kit ({KIT_VERSION})
+
+Everything a provider written in any language needs, without Python: the JSON Schema of
+every wire message, golden vectors (valid and invalid, each invalid one with the error code
+and field a conforming decoder reports), the rules no schema can express, the profile
+digest worked byte by byte, and the wire form (HTTP for the members, a WebSocket for
+`openProcess`). The schemas and vectors are generated from the models the runner decodes
+with; the project's tests run every vector through its decoders and through Ajv, a JSON
+Schema validator of another language, so the kit and the code cannot disagree.
+
+## How to use it
+
+1. Read `index.json`. `members` maps each of the seventeen lifecycle members to its request
+   and result message. `messages` lists every message: its schema, the member and role it
+   belongs to, and its vectors. `ClientFrame` and `ServerFrame` are the `openProcess` text
+   frames each side sends (`frame_types` names the schema of each frame type;
+   `frame_schemas` lists them). `beyond_schema` and `json_rules` name the rules of the two
+   sections below; `digest_example` names the digest's worked example.
+2. Decode every message in three steps, in this order: the **JSON text rules**, then the
+   **schema**, then the **rules beyond the schema**. Then fill in every **default** (the
+   table below): that is the decoded value.
+3. Run the vectors (below) against your decoder until all pass: each valid document
+   decodes, each invalid one is refused with exactly `expect.code` and `expect.field`.
+4. Compute profile digests as *The profile digest* says, and check yours against
+   `digest-example.json` and every valid vector that carries a `profile_digest`.
+5. Serve the members as *The HTTP wire form* says, and `openProcess` (if your envelope
+   declares it) as *openProcess* says. Advertise an envelope that decodes under these rules.
+
+## Files
+
+- `schemas/NAME.schema.json`: JSON Schema, draft 2020-12 (`$schema` says so; `$id` is
+  `urn:checkfu:{KIT_VERSION}:NAME`). Every `$ref` is local; nothing needs fetching. Each
+  schema states every field constraint and every cross-field rule JSON Schema can express
+  (as `allOf` of `if`/`then` clauses, each with a `$comment` naming the rule).
+- `vectors/NAME/valid-N.json`: `{{"message", "valid": true, "description", "document"}}`: a
+  document your decoder must accept.
+- `vectors/NAME/invalid-SLUG.json`: `{{"message", "valid": false, "description", "expect":
+  {{"code", "field"}}, "refused_by", ...}}` and either `document` (a JSON value) or
+  `document_text` (the exact text, for what a JSON value cannot carry: a duplicate key, `NaN`,
+  `8.0`, an unpaired surrogate). Each has exactly one fault. `refused_by` says which step
+  refuses it:
+  - `"json"`: a JSON text rule, named in `json_rule`;
+  - `"schema"`: the schema alone;
+  - `"rule"`: a rule beyond the schema, named in `beyond_schema` (the schema accepts the
+    document: only that rule refuses it).
+- `digest-example.json`: one profile as written, as decoded, its canonical bytes and digest.
+
+`expect.field` is the dotted path of the value at fault from the top of the message: object
+keys by name, array items by index (`platforms.0.os`, `mounts.1.target`, `env.NOT-A-NAME`);
+a missing or unknown field is named by its own name; `null` when the document as a whole is
+at fault (a JSON text rule, or not an object). Report the first fault you find; every
+vector has only one.
+
+## Step 1: the JSON text rules
+
+Every message (and every `openProcess` text frame) is I-JSON (RFC 7493), at most
+{MAX_DOCUMENT_BYTES} bytes ({MAX_DOCUMENT_BYTES >> 20} MiB). A document that breaks one of
+these is refused with the message's own code (table below), field `null`:
+
+{json_rules}
+
+Integers are within +/-(2^53 - 1) = +/-{MAX_SAFE_INT} (the schemas say so with `minimum` and
+`maximum`) and are written as integers (a rule beyond the schema, below). Bytes travel as
+standard, padded base64 (RFC 4648 section 4; the schemas' `pattern` says exactly which
+strings are base64).
+
+## Step 2: the schema
+
+Validate with any draft 2020-12 validator. Two things to know about validators:
+
+- Patterns are ECMA-262 regular expressions, as JSON Schema specifies: `$` is the end of the
+  string. Python's `re.search` (which some Python validators use) lets `$` match before a
+  final newline, so `"acme\\n"` would pass `^[a-z0-9][a-z0-9._-]{{0,254}}$` there; use
+  `\\Z` or `fullmatch`, or a validator that follows ECMA-262. The vector
+  `SandboxProviderCapabilities/invalid-provider-trailing-newline` catches this.
+- `uniqueItems` compares items by value, objects included (`platforms` holds objects).
+
+A document the schema refuses is refused with the code of the innermost message that owns
+the field at fault, and that field's path. Most messages refuse with their own code:
+requests and frames `SandboxProtocolViolation`, results `SandboxResultInvalid`. These own a
+code of their own, wherever they sit (a bad field inside the profile of a provision request
+is `SandboxProfileInvalid`; the profile missing from it is the request's own
+`SandboxProtocolViolation`):
+
+| message | code |
+| --- | --- |
+{chr(10).join(_owners())}
+
+Two faults have a code of their own wherever they are: a path that breaks the path rule
+(absolute, normalized, no `.` or `..` or empty segment, no NUL; the schemas' path
+`pattern`) is `SandboxPathRejected`; and each rule of an `if`/`then` clause is refused with
+the code and field its vectors show (for example `SandboxEnvelopeInvalid`,
+`lifecycle_assurances.release_destroys`).
+
+## Step 3: the rules beyond the schema
+
+Exactly these rules cannot be expressed in JSON Schema; a conforming decoder applies each
+after the schema passes. Every vector with `"refused_by": "rule"` names one of them in
+`beyond_schema`:
+
+{beyond}
+
+Every other rule the runner applies is in the schemas.
+
+### The capability envelope's cross-field rules
+
+The nine rules of the envelope (`SandboxProviderCapabilities`), and where each is stated:
+
+{envelope_rules}
+
+## Step 4: defaults
+
+A field left out decodes to its default, and the decoded value holds it (so it is in the
+canonical form and the digest). Silence is never a capability claim: each optional field of
+the envelope defaults to its weakest value. One default is conditional:
+`lifecycle_assurances.release_destroys` is **true** when the envelope's `retention_modes`
+include `ephemeral_zdr` (that retention means release always destroys) and **false**
+otherwise, whether the whole `lifecycle_assurances` object or only that key is left out; an
+explicit `false` beside `ephemeral_zdr` is a contradiction and is refused. Every optional
+field of every message and every object inside one:
+
+| object | field | default | meaning |
+| --- | --- | --- | --- |
+{chr(10).join(_defaults(files))}
+
+The envelope's optional fields, in words: `snapshot_custody` (`runner`: snapshot bytes die
+with the runner host, or `provider`), `egress_certification` (your egress grade;
+`unsupported` unless your envelope includes `allowlist`: an `allowlist` with the grade left
+out is an uncertified allowlist, which is legal and graded as such), `list_dir` (whether you
+serve `listDir`), `operations` (which of `openProcess`, `readFiles`, `listAllocations` you
+serve), `lifecycle_assurances` (five promises about reclamation: `release_destroys`,
+`release_idempotent`, `reaps_process_tree`, `cold_compensation`, `enumerates_allocations`)
+and `user_namespace` (whether each sandbox runs in a user namespace of its own, so uid 0
+inside is not uid 0 on the host).
+
+## The profile digest
+
+`profile_digest` is `sha256:` and the lowercase hex SHA-256 of the RFC 8785 (JCS) canonical
+JSON of the **decoded** profile: the profile with **every default filled in**, including an
+empty `packages` map and an empty `network_policy.allowlist`. Two spellings of one profile
+(keys in another order, a default written out or left out) therefore share a digest. A
+manager listed with an empty list stays in `packages` as written (`{{"apt": []}}` is not
+`{{}}`). In the canonical form, object keys are sorted by their UTF-16 code units, there is
+no whitespace, strings use the shortest JSON escapes, and integers are plain digits.
+
+The example in `digest-example.json`, as written:
+
+```json
+{written}
+```
+
+decoded, every default filled in:
+
+```json
+{decoded}
+```
+
+canonical bytes (UTF-8, exactly these, no trailing newline):
+
+```
+{example["canonical"]}
+```
+
+digest:
+
+```
+{example["digest"]}
+```
+
+Taking the digest of the profile as written (without `packages` and `allowlist`) gives
+another digest; the vector `ProvisionRequest/invalid-profile-digest-of-the-profile-as-written`
+is refused for exactly that.
+
+## The HTTP wire form
+
+One HTTP service per provider, at a base URL the runner is given (`http://host:port` or
+`https://...`).
+
+- **Members**: `POST <base>/v1/<member>` for each of the seventeen members except
+  `openProcess`, with `Content-Type: application/json` and the member's request message as the
+  body (`describe`: an empty body or `{{}}`). Success is `200` with `Content-Type:
+  application/json` and the member's result message.
+- **Credential**: every `/v1` request, the `openProcess` upgrade included, carries
+  `Authorization: Bearer <credential>`, the credential issued at enrollment (1 to 4096
+  printable characters, no spaces). Compare it in constant time. A request without an
+  accepted credential is answered `401` with `SandboxUnauthenticated`, field
+  `authorization`, before anything else is looked at.
+- **writeFile** carries raw bytes: the body is the file's bytes (`Content-Type:
+  application/octet-stream`), exactly `size` of them, and the `WriteFileRequest` travels as
+  one line of ASCII JSON (non-ASCII escaped as `\\uXXXX`) in the `{REQUEST_HEADER}` header.
+  A missing header is `SandboxProtocolViolation`, field `{REQUEST_HEADER}`; bytes that do
+  not have the stated size or SHA-256 are `SandboxDigestMismatch`. The result is JSON as usual.
+- **readFiles** answers `200` with `Content-Type: {FILES_MEDIA_TYPE}`: one line of JSON, a
+  `ReadFilesHead` (schema `schemas/ReadFilesHead.schema.json`: the result without the bytes,
+  each file with `path`, `mode`, `digest` and `size`), then `\\n`, then each file's bytes in
+  the head's order, exactly `size` of each, and nothing after. The runner refuses a head
+  line over {MAX_HEAD_BYTES >> 20} MiB or one whose sizes add up to more than the request's
+  `max_bytes` (`SandboxResultInvalid`, field `files`), a body cut short or running on
+  (`SandboxProtocolViolation`, field `files`), and a file whose bytes do not have its digest.
+- **Errors**: any status but `200` carries the error body `{{"error": {{"code", "message",
+  "retryable", "field"?}}}}` (schema `schemas/WireError.schema.json`; `field` is left out when
+  there is none) with `Content-Type: application/json`. The receiver rebuilds the error from
+  `code` (an unknown code is `SandboxProviderFailed`), never from the status; a non-`200`
+  answer without this body is `SandboxProtocolViolation`. Statuses, by code (a retryable
+  error that would be `500` is sent as `503`):
+
+| code | status |
+| --- | --- |
+{chr(10).join(_statuses())}
+
+  A path under `/v1` that names no member is `501` `SandboxOperationUnsupported` (field
+  `path`); a method other than `POST` is `405` with `Allow: POST` and
+  `SandboxProtocolViolation` (field `method`); a body over {MAX_DOCUMENT_BYTES >> 20} MiB is
+  `SandboxProtocolViolation` (field `body`). A member your envelope does not declare answers
+  `SandboxOperationUnsupported`.
+- **Deadlines**: the runner bounds each call ({deadlines}; `exec` adds its request's
+  `timeout_ms`); a call past its deadline is `SandboxProviderTimeout`.
+- `GET <base>/openapi.json` serves the OpenAPI 3.1 document of the service.
+
+## openProcess
+
+`GET <base>/v1/openProcess` upgraded to a WebSocket (`ws://` or `wss://`), with the
+`Authorization` header. One WebSocket message is one frame.
+
+### Text frames
+
+JSON objects with a `type`; `schemas/ClientFrame.schema.json` and
+`schemas/ServerFrame.schema.json` are the frames each side may send (exactly one frame
+schema matches a valid frame).
+
+- client: `start` (the client-chosen `operation_id`, the `OpenProcessRequest`, `window`: the
+  first credit for out and err together, and `resume` when reattaching), `stdin_end`,
+  `window`, `kill`;
+- server: `start` (the `ProcessStarted` result, `window`: the first stdin credit, `stdin`:
+  how many stdin bytes it has received for this operation), `out_end`, `err_end`, `exit`
+  (`exit_code`), `window`, `error` (a vocabulary error, as in the HTTP error body; it ends the
+  conversation).
+
+A frame of an unknown type, a type the sender may not send, or with a bad field is refused
+with `SandboxProtocolViolation` naming the field (`type` for the type); the receiver sends an
+`error` frame and closes.
+
+### Binary data frames
+
+The bytes of stdin, stdout and stderr travel as binary messages: one tag byte, then the
+bytes (the payload, possibly empty):
+
+| tag | stream | sent by |
+| --- | --- | --- |
+| `0x{TAG_STDIN:02x}` | stdin | client |
+| `0x{TAG_OUT:02x}` | out (stdout) | server |
+| `0x{TAG_ERR:02x}` | err (stderr) | server |
+
+An empty binary message or an unknown tag is `SandboxProtocolViolation` (field `frame`); a
+tag the sender may not send is `SandboxProtocolViolation` naming the stream. A payload over
+{MAX_DATA} bytes ({MAX_DATA >> 20} MiB) is `SandboxBoundExceeded` (field `data`). There are no
+`stdin`, `out` or `err` text frames.
+
+### Order
+
+The client's first frame is `start`; the server answers `start` (or `error`). Nothing comes
+before `start` or after `exit` or `error`; there is one `start` per connection. No data after
+its stream's end (`stdin_end`, `out_end`, `err_end`), no end twice, and `exit` only after both
+`out_end` and `err_end`. Any breach is `SandboxProtocolViolation`. `kill` asks the server to
+end the process and everything it started; the ends and `exit` follow as usual. After
+`exit` the client closes the WebSocket with code 1000.
+
+### Credit and windows
+
+Data flows within credit, separately in each direction, counted in payload bytes (the tag
+byte does not count):
+
+- the server may send out and err data (together) up to the credit the client granted: first
+  the client's `start.window`, then each client `window` frame adds its `bytes`;
+- the client may send stdin data up to the server's `start.window` plus each server `window`.
+
+Each data frame spends its payload size. A frame over the remaining credit is
+`SandboxProtocolViolation` (field `window`): a sender splits data to fit and waits for a
+grant. A grant also acknowledges: the receiver grants as it consumes what arrived, so a
+`window` of `n` says that `n` more bytes were consumed. The runner's clients grant
+{DEFAULT_WINDOW} bytes ({DEFAULT_WINDOW >> 20} MiB) at start.
+
+### Reattaching
+
+An operation outlives its connection. If the connection drops before `exit`, the client
+opens a new one and sends `start` with the same `operation_id` and request and `resume`
+(`ResumePoint`: `out` and `err`, the bytes of each it has received, and `ended`, the streams
+whose end it has received). The server attaches to the running process (a `start` never
+starts a process twice; one naming a known `operation_id` with another request is
+`SandboxProtocolViolation`, field `operation_id`), sends again everything after the resume
+point, and answers `start` with `stdin`: the stdin bytes it holds, so the client resends only
+the rest (and `stdin_end` if it had sent it). The server keeps an operation whose client went
+away without closing for {OPERATION_TTL:g} s, and forgets it once the client closes normally
+after `exit`.
+"""
