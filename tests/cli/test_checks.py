@@ -94,8 +94,9 @@ def test_valid_envelope_prints_ok_with_every_default_filled(tmp_path: Path) -> N
     result = invoke("envelope", "check", str(write(tmp_path, "env.json", doc)), "--json")
     assert result.exit_code == 0, result.stderr
     body = json.loads(result.stdout)
-    assert sorted(body) == ["envelope", "ok"]
+    assert sorted(body) == ["assessment", "envelope", "ok"]
     assert body["ok"] is True
+    assert body["assessment"]["tier"] == "day_one" and body["assessment"]["over_ceiling"] == []
     env = body["envelope"]
     assert env["list_dir"] is False
     assert env["snapshot_custody"] == "runner"
@@ -259,14 +260,46 @@ def test_human_summary_of_the_day_one_tier(tmp_path: Path) -> None:
     assert "short of the next tier: snapshots, clone and resume" in out
 
 
-def test_human_summary_of_docker_parity(tmp_path: Path) -> None:
+def test_an_envelope_claiming_what_only_in_tree_may_is_not_blessed(tmp_path: Path) -> None:
+    """The kit's parity example claims runner_enforced on all nine axes and keeps snapshots in the runner's
+    custody: as a third party's it is durable, not Docker parity, and every claim a ceiling would refuse is named."""
     result = invoke("envelope", "check", str(write(tmp_path, "env.json", ex.parity_envelope())))
     assert result.exit_code == 0
     out = flat(result.stdout)
-    assert "tier Docker parity" in out
-    assert "all nine axes count as enforcement" in out
-    assert "short of the next tier" not in out
+    assert "tier durable (as a third party's)" in out
+    assert "short of the next tier: provider snapshot custody" in out
+    for axis in ex.parity_envelope()["enforcement"]:
+        assert f"a third party's ceiling would refuse enforcement.{axis}: claims runner_enforced" in out
     assert "cannot serve: - network modes unrestricted - package managers cargo, gem, go, npm" in out
+    result = invoke("envelope", "check", str(write(tmp_path, "env.json", ex.parity_envelope())), "--json")
+    assessment = json.loads(result.stdout)["assessment"]
+    assert assessment["tier"] == "durable"
+    assert len(assessment["over_ceiling"]) == 9
+
+
+def test_a_third_party_at_docker_parity(tmp_path: Path) -> None:
+    doc = {
+        **ex.parity_envelope(),
+        "snapshot_custody": "provider",
+        "enforcement": dict.fromkeys(ex.parity_envelope()["enforcement"], "provider_attested"),
+    }
+    result = invoke("envelope", "check", str(write(tmp_path, "env.json", doc)))
+    assert result.exit_code == 0
+    out = flat(result.stdout)
+    assert "tier Docker parity (as a third party's)" in out
+    assert "all nine axes count as enforcement" in out
+    assert "short of the next tier" not in out and "warning" not in out
+
+
+def test_security_boundary_from_a_provider_is_named(tmp_path: Path) -> None:
+    doc = {
+        **ex.parity_envelope(),
+        "enforcement": dict.fromkeys(ex.parity_envelope()["enforcement"], "provider_attested"),
+        "egress_certification": "security_boundary",
+    }
+    out = flat(invoke("envelope", "check", str(write(tmp_path, "env.json", doc))).stdout)
+    assert "would refuse egress_certification: claims security_boundary" in out
+    assert "operator's own matrix" in out
 
 
 def test_human_summary_below_day_one(tmp_path: Path) -> None:

@@ -16,6 +16,8 @@ from typing import Any
 
 import pytest
 
+from checkfu.contract.ceiling import THIRD_PARTY
+from checkfu.contract.codec import digest
 from checkfu.contract.envelope import SandboxProviderCapabilities
 from checkfu.contract.profile import SandboxProfile
 from checkfu.contract.provider import Provider
@@ -88,6 +90,19 @@ class Rig:
 RigFactory = Callable[..., Rig]
 
 
+def enroll_for_tests(journal: Journal, envelope: SandboxProviderCapabilities) -> None:
+    """Record ``envelope`` as enrolled, as ``checkfu provider enroll`` would after checking its evidence."""
+    journal.record_enrollment(
+        envelope.target,
+        source="test rig",
+        kind="evidence",
+        envelope_digest=digest(envelope),
+        envelope=envelope.model_dump_json(),
+        ceiling=THIRD_PARTY.model_dump_json(),
+        now=0.0,
+    )
+
+
 @pytest.fixture
 def transport() -> str:
     """How the rig's runner reaches its provider: in-process here; lifecycle test modules add ``wire``."""
@@ -118,6 +133,8 @@ def make_rig(tmp_path: Path, transport: str) -> Iterator[RigFactory]:
             driven = provider if transport == "in-process" else services.enter_context(serve_in_thread(provider))
             registry.add(Adapter(envelope=memory.envelope, provider=driven, source=f"test rig ({transport})"))
             runner = Runner(registry, journal, runner_tag=runner_tag, clock=clock, limits=limits, lease_ttl=lease_ttl)
+            if memory.target.placement != "test":  # the rig stands for a provider already enrolled
+                enroll_for_tests(journal, memory.envelope)
             memory.calls.clear()
             return Rig(memory, provider, journal, clock, registry, runner)
 

@@ -59,6 +59,7 @@ EXPECTED: dict[str, type[SandboxError]] = {
     "hang": SandboxProviderTimeout,
     "crash": SandboxProviderFailed,
     "wrong_state": SandboxStateConflict,
+    "release_keeps": SandboxResultInvalid,  # the envelope promises release_destroys
 }
 ALLOCATING: frozenset[Member] = frozenset({"provision", "clone", "resume"})
 DRIVEN: tuple[Member, ...] = (

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from checkfu.contract import examples as ex
-from checkfu.contract.codec import decode_value
+from checkfu.contract.codec import decode_value, digest
 from checkfu.contract.enforcement import AXES, EnforcementStatement
 from checkfu.contract.envelope import SandboxProviderCapabilities
 from checkfu.contract.errors import (
@@ -242,6 +242,22 @@ def journal(tmp_path: Path) -> Any:
     j.close()
 
 
+def enrolled_runner(registry: Registry, journal: Journal) -> Runner:
+    """A runner over ``registry`` whose adapters are all enrolled, as ``checkfu provider enroll`` leaves them:
+    these tests are about selection and the capability check, which come after enrollment."""
+    for adapter in registry.adapters:
+        journal.record_enrollment(
+            adapter.target,
+            source=adapter.source,
+            kind="evidence",
+            envelope_digest=digest(adapter.envelope),
+            envelope=adapter.envelope.model_dump_json(),
+            ceiling=adapter.ceiling.model_dump_json(),
+            now=0.0,
+        )
+    return Runner(registry, journal, runner_tag="t", clock=ManualClock())
+
+
 def registry_of(*envelopes: SandboxProviderCapabilities) -> tuple[Registry, list[MemoryProvider]]:
     registry = Registry()
     providers = []
@@ -267,7 +283,7 @@ async def test_exactly_one_adapter_is_selected(journal: Journal) -> None:
     env = memory_envelope()
     other = env.model_copy(update={"placement": "local"})
     registry, (mem, mem_local) = registry_of(env, other)
-    runner = Runner(registry, journal, runner_tag="t", clock=ManualClock())
+    runner = enrolled_runner(registry, journal)
     assert runner.select(env.target, memory_profile(), platform=AMD64, mount_count=0).provider is mem
     assert runner.select(other.target, memory_profile(), platform=AMD64, mount_count=0).provider is mem_local
     assert mem.calls == [] and mem_local.calls == []
@@ -277,7 +293,7 @@ async def test_exactly_one_adapter_is_selected(journal: Journal) -> None:
 async def test_no_fallback_on_any_coordinate(journal: Journal, which: int) -> None:
     env = memory_envelope()
     registry, (mem,) = registry_of(env)
-    runner = Runner(registry, journal, runner_tag="t", clock=ManualClock())
+    runner = enrolled_runner(registry, journal)
     wanted = variants(env.target)[which]
     with pytest.raises(SandboxAdapterUnavailable) as caught:
         runner.start(wanted, memory_profile(), platform=AMD64)
@@ -289,7 +305,7 @@ async def test_no_fallback_on_any_coordinate(journal: Journal, which: int) -> No
 async def test_two_adapters_for_one_target_are_ambiguous(journal: Journal) -> None:
     env = memory_envelope()
     registry, providers = registry_of(env, env)
-    runner = Runner(registry, journal, runner_tag="t", clock=ManualClock())
+    runner = enrolled_runner(registry, journal)
     with pytest.raises(SandboxAdapterAmbiguous) as caught:
         runner.start(env.target, memory_profile(), platform=AMD64)
     assert "adapter 0" in caught.value.message and "adapter 1" in caught.value.message
@@ -339,7 +355,7 @@ def unmet_fields(exc: SandboxCapabilityUnavailable) -> list[str]:
 async def test_every_unmet_requirement_is_listed_in_one_error(journal: Journal) -> None:
     env = narrow_envelope()
     registry, (mem,) = registry_of(env)
-    runner = Runner(registry, journal, runner_tag="t", clock=ManualClock())
+    runner = enrolled_runner(registry, journal)
     everything_wrong = SandboxProfile(
         tier="microvm",
         base_image=memory_profile().base_image,
@@ -375,7 +391,7 @@ async def test_every_unmet_requirement_is_listed_in_one_error(journal: Journal) 
 async def test_fixed_base_images(journal: Journal) -> None:
     env = fixed_envelope()
     registry, (mem,) = registry_of(env)
-    runner = Runner(registry, journal, runner_tag="t", clock=ManualClock())
+    runner = enrolled_runner(registry, journal)
     with pytest.raises(SandboxCapabilityUnavailable) as caught:
         runner.select(env.target, profile(packages={"apt": ("curl=7.88.1-10",)}), platform=AMD64, mount_count=0)
     assert sorted(unmet_fields(caught.value)) == ["profile.base_image", "profile.packages.apt"]
@@ -411,7 +427,7 @@ async def test_each_requirement_alone(
 ) -> None:
     env = narrow_envelope()
     registry, (mem,) = registry_of(env)
-    runner = Runner(registry, journal, runner_tag="t", clock=ManualClock())
+    runner = enrolled_runner(registry, journal)
     with pytest.raises(SandboxCapabilityUnavailable) as caught:
         runner.start(env.target, profile(**change), platform=platform, mount_count=mounts)
     assert set(unmet_fields(caught.value)) == {field}
@@ -424,7 +440,7 @@ async def test_each_requirement_alone(
 async def test_the_mount_ceiling_is_64_whatever_max_mounts_says(journal: Journal) -> None:
     env = memory_envelope().model_copy(update={"max_mounts": 1000})
     registry, (mem,) = registry_of(env)
-    runner = Runner(registry, journal, runner_tag="t", clock=ManualClock())
+    runner = enrolled_runner(registry, journal)
     runner.select(env.target, memory_profile(), platform=AMD64, mount_count=64)
     with pytest.raises(SandboxCapabilityUnavailable) as caught:
         runner.select(env.target, memory_profile(), platform=AMD64, mount_count=65)
@@ -449,11 +465,39 @@ async def test_refusals_through_run_job_make_no_provider_call(rig: Any, workspac
 async def test_a_loud_tier_is_named_at_selection(journal: Journal) -> None:
     env = narrow_envelope()
     registry, _ = registry_of(env)
-    attempt = Runner(registry, journal, runner_tag="t", clock=ManualClock()).start(
-        env.target, memory_profile(), platform=AMD64
-    )
+    attempt = enrolled_runner(registry, journal).start(env.target, memory_profile(), platform=AMD64)
     assert attempt.not_enforced == ("root_read_only", "non_root", "no_new_privileges", "capabilities_dropped")
     warning = attempt.warning()
     assert warning is not None and "non_root (guest_observed)" in warning
     (select,) = journal.events_for_run(attempt.session.run_id)
     assert (select.member, select.outcome, select.detail) == ("select", "warning", warning)
+
+
+# Enrollment: only enrolled adapters are selected ---------------------------------------------------------
+
+
+async def test_an_adapter_that_is_not_enrolled_is_never_selected(journal: Journal) -> None:
+    env = narrow_envelope()  # hosted: a third party, not a test placement
+    registry, (mem,) = registry_of(env)
+    runner = Runner(registry, journal, runner_tag="t", clock=ManualClock())
+    with pytest.raises(SandboxAdapterUnavailable) as caught:
+        runner.start(env.target, profile(), platform=AMD64)
+    assert "is not enrolled" in caught.value.message and mem.calls == []
+    assert journal.list_runs() == []
+
+
+async def test_an_adapter_enrolled_for_another_envelope_must_enroll_again(journal: Journal) -> None:
+    enrolled, changed = narrow_envelope(), narrow_envelope().model_copy(update={"max_mounts": 2})
+    registry, _ = registry_of(enrolled)
+    enrolled_runner(registry, journal)
+    registry, _ = registry_of(changed)  # the same target, advertising another envelope
+    with pytest.raises(SandboxAdapterUnavailable) as caught:
+        Runner(registry, journal, runner_tag="t", clock=ManualClock()).start(changed.target, profile(), platform=AMD64)
+    assert "enroll again with new evidence" in caught.value.message
+
+
+async def test_this_packages_own_adapters_are_enrolled_when_a_runner_starts(journal: Journal) -> None:
+    registry = await load_registry(entry_point_names=["host-process"])
+    Runner(registry, journal, runner_tag="t", clock=ManualClock())
+    (row,) = journal.enrollments()
+    assert row.kind == "in_tree" and row.target.provider == "host-process"

@@ -16,6 +16,7 @@ from checkfu.contract.errors import SandboxError
 from checkfu.contract.model import Model
 from checkfu.contract.profile import SandboxProfile
 from checkfu.contract.tiers import assess
+from checkfu.control.grading import grade_envelope
 
 envelope_app = typer.Typer(help="Capability envelopes (SandboxProviderCapabilities).", no_args_is_help=True)
 profile_app = typer.Typer(help="Sandbox profiles.", no_args_is_help=True)
@@ -28,7 +29,7 @@ def _refusal(exc: SandboxError) -> dict[str, object]:
     return {"ok": False, "error": {"code": exc.code, "message": exc.message, "field": exc.field}}
 
 
-def _check(model: type[Model], key: str, file: Path, as_json: bool) -> Model:
+def _check(model: type[Model], key: str, file: Path, as_json: bool, *, quiet: bool = False) -> Model:
     out = Console(highlight=False)
     try:
         value = load(model, file)
@@ -41,6 +42,8 @@ def _check(model: type[Model], key: str, file: Path, as_json: bool) -> Model:
                 f"[bold red]refused[/] {exc.code}{where}: {escape(exc.message)}"
             )
         raise typer.Exit(1) from None
+    if quiet:
+        return value
     if as_json:
         print(json.dumps({"ok": True, key: dump(value)}))
     else:
@@ -50,28 +53,50 @@ def _check(model: type[Model], key: str, file: Path, as_json: bool) -> Model:
 
 @envelope_app.command("check")
 def envelope_check(file: FileArg, as_json: JsonOpt = False) -> None:
-    """Decode an envelope strictly; summarize the tier it amounts to and what it cannot serve."""
-    env = _check(SandboxProviderCapabilities, "envelope", file, as_json)
-    if as_json:
-        return
+    """Decode an envelope strictly; grade it as a third party's: its tier, what it cannot serve, and a warning
+    for every claim a third party's ceiling would refuse."""
+    env = _check(SandboxProviderCapabilities, "envelope", file, as_json, quiet=as_json)
     assert isinstance(env, SandboxProviderCapabilities)
+    card = grade_envelope(env)
     a = assess(env)
+    if as_json:
+        assessment = {
+            "tier": card.tier,
+            "short_of_next": card.short_of_next,
+            "not_enforced": list(a.not_counting),
+            "cannot_serve": list(a.cannot_serve),
+            "egress_certification": card.egress_certification,
+            "uncertified_allowlist": card.uncertified_allowlist,
+            "over_ceiling": card.over_ceiling,
+            "warnings": card.warnings,
+        }
+        print(json.dumps({"ok": True, "envelope": dump(env), "assessment": assessment}))
+        return
     out = Console(highlight=False)
     out.print(f"adapter   {escape(str(env.target))}")
-    colour = "yellow" if a.tier == "below_day_one" else "green"
-    out.print(f"tier      [bold {colour}]{a.label}[/]")
-    if a.short_of_next:
-        out.print("          short of the next tier: " + escape("; ".join(a.short_of_next)))
+    colour = "yellow" if card.tier == "below_day_one" else "green"
+    out.print(f"tier      [bold {colour}]{escape(card.as_json()['tier_label'])}[/] (as a third party's)")
+    if card.short_of_next:
+        out.print("          short of the next tier: " + escape("; ".join(card.short_of_next)))
     if a.not_counting:
         out.print("[yellow]not enforced[/]:")
         for axis in a.not_counting:
             out.print(f"  - {axis} ({env.enforcement.authority(axis)})")
     else:
         out.print("enforced  all nine axes count as enforcement")
+    if card.uncertified_allowlist:
+        out.print("[yellow]egress[/]    an uncertified allowlist (egress_certification 'unsupported')")
     if a.cannot_serve:
         out.print("cannot serve:")
         for item in a.cannot_serve:
             out.print(f"  - {escape(item)}")
+    for claim in card.over_ceiling:
+        out.print(f"[bold red]warning[/]   a third party's ceiling would refuse {escape(claim)}")
+    if card.over_ceiling:
+        out.print(
+            "          only this package's own providers may claim runner_enforced, and security_boundary "
+            "egress comes only from the operator's own matrix"
+        )
 
 
 @profile_app.command("check")

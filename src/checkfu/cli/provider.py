@@ -13,13 +13,19 @@ from rich.markup import escape
 from rich.table import Table
 
 from checkfu.cli.files import load
-from checkfu.cli.state import client_credential
+from checkfu.cli.state import client_credential, open_journal, runner_tag, state_dir
 from checkfu.conformance.cases import CASES, Case, CaseResult
-from checkfu.conformance.evidence import EvidenceError, load_private_key, sign
-from checkfu.conformance.suite import Report, run_suite
+from checkfu.conformance.evidence import EvidenceError, load_private_key, load_public_key, sign
+from checkfu.conformance.suite import Report, resolve_target, run_suite
+from checkfu.contract.ceiling import RunnerProviderCapability
+from checkfu.contract.codec import decode
+from checkfu.contract.envelope import SandboxProviderCapabilities
 from checkfu.contract.errors import SandboxAdapterUnavailable
 from checkfu.contract.profile import SandboxProfile
-from checkfu.runner.registry import load_registry
+from checkfu.control.enrollment import enroll
+from checkfu.control.grading import GradeCard, grade, grade_envelope, render_html, render_text
+from checkfu.runner.registry import Adapter, Registry, load_registry
+from checkfu.runner.runner import Runner
 from checkfu.wire.credentials import Credential, CredentialError
 from checkfu.wire.server import create_app
 from checkfu.wire.serving import serve
@@ -185,3 +191,198 @@ def _private_key(path: Path) -> Any:
         return load_private_key(path)
     except EvidenceError as exc:
         raise typer.BadParameter(str(exc), param_hint="--key") from None
+
+
+DbOpt = Annotated[str | None, typer.Option("--db", help="journal URL (default: SQLite in the state directory)")]
+
+
+def _public_key(path: Path, option: str) -> Any:
+    try:
+        return load_public_key(path)
+    except EvidenceError as exc:
+        raise typer.BadParameter(str(exc), param_hint=option) from None
+
+
+def _read_file(path: Path, option: str) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise typer.BadParameter(f"cannot read {path}: {exc.strerror or exc}", param_hint=option) from None
+
+
+@provider_app.command("enroll")
+def provider_enroll(
+    target: TargetArg,
+    evidence: Annotated[Path, typer.Option("--evidence", help="signed conformance evidence for this provider")],
+    pub: Annotated[
+        Path | None,
+        typer.Option(
+            "--pub", help="the conformance key that signed it (default: the state directory's keys/conformance.pub)"
+        ),
+    ] = None,
+    matrix_evidence: Annotated[
+        Path | None,
+        typer.Option("--matrix-evidence", help="evidence from the operator's own matrix, for security_boundary"),
+    ] = None,
+    matrix_pub: Annotated[
+        Path | None,
+        typer.Option("--matrix-pub", help="the operator's matrix key (default: the state directory's keys/matrix.pub)"),
+    ] = None,
+    credential: SecretOpt = None,
+    credential_file: CredentialOpt = None,
+    db: DbOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
+) -> None:
+    """Admit a provider for selection: verify its evidence, hold its envelope to the ceiling, issue a credential."""
+    keys = state_dir() / "keys"
+    conformance_pub = pub or keys / "conformance.pub"
+    if pub is None and not conformance_pub.exists():
+        raise typer.BadParameter(
+            f"give the key that signed the evidence with --pub (or keep it at {conformance_pub})", param_hint="--pub"
+        )
+    key = _public_key(conformance_pub, "--pub")
+    matrix_doc = _read_file(matrix_evidence, "--matrix-evidence") if matrix_evidence is not None else None
+    matrix_path = matrix_pub or keys / "matrix.pub"
+    matrix_key = _public_key(matrix_path, "--matrix-pub") if matrix_doc is not None and matrix_path.exists() else None
+    document = _read_file(evidence, "--evidence")
+    journal = open_journal(db)
+    try:
+        enrolled = asyncio.run(
+            enroll(
+                journal,
+                target,
+                document,
+                key,
+                credential=_credential(credential, credential_file),
+                credentials_dir=state_dir() / "credentials",
+                matrix_evidence=matrix_doc,
+                matrix_key=matrix_key,
+            )
+        )
+    finally:
+        journal.close()
+    t = enrolled.evidence.tally
+    if as_json:
+        print(
+            json.dumps(
+                {
+                    "ok": True,
+                    "execution_target": enrolled.adapter.target.model_dump(),
+                    "envelope_digest": enrolled.evidence.envelope_digest,
+                    "tally": t,
+                    "credential_file": str(enrolled.credential_path) if enrolled.credential_path else None,
+                }
+            )
+        )
+        return
+    err.print(
+        f"[green]enrolled[/] {escape(str(enrolled.adapter.target))}: {t.get('pass', 0)} passed, "
+        f"{t.get('skip', 0)} skipped, within its ceiling"
+    )
+    if enrolled.credential_path is not None:
+        err.print(
+            f"credential issued to {escape(str(enrolled.credential_path))} (mode 0600): configure the service with it "
+            "(its --credential-file or CHECKFU_PROVIDER_CREDENTIAL); checkfu run --provider URL uses it from now on"
+        )
+
+
+@provider_app.command("list")
+def provider_list(
+    db: DbOpt = None, as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = False
+) -> None:
+    """Every adapter: installed providers and enrolled services, with tuple, ceiling and grade."""
+    journal = open_journal(db)
+    try:
+        registry = asyncio.run(load_registry())
+        Runner(registry, journal, runner_tag=runner_tag())  # records this package's own adapters, as a runner does
+        rows = {r.target.model_dump_json(): r for r in journal.enrollments()}
+    finally:
+        journal.close()
+    listed: list[dict[str, Any]] = []
+    for adapter in registry.adapters:
+        card = grade(adapter, enrollment=rows.pop(adapter.target.model_dump_json(), None))
+        listed.append(_listing(adapter.source, card))
+    for row in rows.values():
+        env = decode(SandboxProviderCapabilities, row.envelope)
+        card = grade_envelope(
+            env, in_tree=row.kind == "in_tree", ceiling=decode(RunnerProviderCapability, row.ceiling), enrollment=row
+        )
+        listed.append(_listing(row.source, card))
+    if as_json:
+        print(json.dumps({"adapters": listed, "unavailable": dict(registry.unavailable)}))
+        return
+    table = Table("adapter", "enrolled", "ceiling", "tier", "enforced", "egress")
+    for a in listed:
+        table.add_row(
+            escape(a["target"]),
+            escape(a["enrolled"]),
+            "in-tree" if a["in_tree"] else "third party",
+            escape(a["tier_label"]),
+            f"{a['enforced']}/9",
+            escape(a["egress_certification"]),
+        )
+    Console().print(table)
+    for source, why in registry.unavailable.items():
+        err.print(f"[yellow]unavailable[/] {escape(source)}: {escape(why)}")
+
+
+def _listing(source: str, card: GradeCard) -> dict[str, Any]:
+    enr = card.enrollment
+    enrolled = "in-tree" if card.in_tree else ("no" if enr is None else ("yes" if enr["current"] else "stale"))
+    if not card.in_tree and enr is None and card.target.endswith("[test]"):
+        enrolled = "test placement"
+    return {
+        "target": card.target,
+        "source": source,
+        "in_tree": card.in_tree,
+        "enrolled": enrolled,
+        "tier": card.tier,
+        "tier_label": card.as_json()["tier_label"],
+        "enforced": sum(1 for a in card.axes.values() if a["counts"]),
+        "egress_certification": card.egress_certification,
+        "ceiling": card.ceiling,
+    }
+
+
+@provider_app.command("grade")
+def provider_grade(
+    target: TargetArg,
+    as_json: Annotated[bool, typer.Option("--json", help="print the card as one JSON object")] = False,
+    html_out: Annotated[Path | None, typer.Option("--html", help="write the card as one self-contained page")] = None,
+    test: Annotated[bool, typer.Option("--test", help="run the conformance cases now and show their tally")] = False,
+    credential: SecretOpt = None,
+    credential_file: CredentialOpt = None,
+    db: DbOpt = None,
+) -> None:
+    """The grade card: tier, each axis and who enforces it, egress, ceiling, conformance, warnings, faults."""
+    cred = _credential(credential, credential_file)
+    journal = open_journal(db)
+    try:
+        adapter = asyncio.run(resolve_target(target, cred))
+        Runner(_registry_of(adapter), journal, runner_tag=runner_tag())
+        report = _run_cases(target, cred, None, None, quiet=as_json) if test else None
+        card = grade(
+            adapter,
+            enrollment=journal.enrollment(adapter.target),
+            history=journal.provider_faults(adapter.target),
+            conformance=report.as_json() if report is not None else None,
+        )
+    finally:
+        journal.close()
+    if html_out is not None:
+        html_out.write_text(render_html(card), encoding="utf-8")
+    if as_json:
+        print(json.dumps(card.as_json()))
+        return
+    out = Console(highlight=False)
+    for line in render_text(card):
+        style = "bold red" if line.startswith(("warning", "fault")) else ""
+        out.print(f"[{style}]{escape(line)}[/]" if style else escape(line))
+    if html_out is not None:
+        err.print(f"page written to {escape(str(html_out))}")
+
+
+def _registry_of(adapter: Adapter) -> Registry:
+    registry = Registry()
+    registry.add(adapter)
+    return registry

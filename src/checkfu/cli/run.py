@@ -18,7 +18,7 @@ from rich.progress import DownloadColumn, Progress, TaskID
 from rich.table import Table
 
 from checkfu.cli.files import load
-from checkfu.cli.state import client_credential, is_url, open_journal, runner_tag
+from checkfu.cli.state import client_credential, enrolled_credential, is_url, open_journal, runner_tag
 from checkfu.contract.codec import decode_value
 from checkfu.contract.errors import SandboxAdapterUnavailable, SandboxProfileInvalid
 from checkfu.contract.profile import SandboxProfile
@@ -200,6 +200,8 @@ def run_command(
         raise typer.BadParameter(f"{capture_dir} exists and is not a directory", param_hint="--capture-dir")
     prof = profile if remote else _read_profile(profile, name)
     journal = open_journal(db)
+    if remote and credential is None:
+        credential = enrolled_credential(journal, name)
     try:
         code = asyncio.run(
             _run(

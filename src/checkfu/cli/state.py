@@ -65,3 +65,14 @@ def client_credential(path: Path | None) -> Credential | None:
         return read_credential(path)
     except CredentialError as exc:
         raise typer.BadParameter(str(exc), param_hint="--credential-file") from None
+
+
+def enrolled_credential(journal: Journal, url: str) -> Credential | None:
+    """The credential issued when the service at ``url`` was enrolled, if it was and its file is readable."""
+    for row in journal.enrollments():
+        if row.source.rstrip("/") == url.rstrip("/") and row.credential_path:
+            try:
+                return read_credential(Path(row.credential_path))
+            except CredentialError:
+                return None
+    return None

@@ -26,13 +26,15 @@ from checkfu.contract.envelope import SandboxProviderCapabilities
 from checkfu.contract.errors import SandboxError, SandboxProviderFailed
 from checkfu.contract.members import ListAllocationsResult
 from checkfu.contract.profile import NetworkPolicy, SandboxProfile
+from checkfu.contract.requirements import require_capabilities
 from checkfu.contract.vocabulary import Platform
 from checkfu.runner.clock import SystemClock
 from checkfu.runner.driver import Instance, RunSession, Snapshot
 from checkfu.runner.journal import Journal
+from checkfu.runner.leases import LeaseStore
 from checkfu.runner.mounts import GitSource, MountSpec, ResolvedMount, resolve_mount
-from checkfu.runner.registry import Adapter, Registry, in_tree_refusal
-from checkfu.runner.runner import Runner
+from checkfu.runner.registry import Adapter, in_tree_refusal
+from checkfu.runner.runner import new_run_id
 
 Verdict = Literal["pass", "fail", "skip"]
 
@@ -94,7 +96,6 @@ class Context:
     runner_tag: str = field(default_factory=lambda: f"conformance-{uuid.uuid4().hex[:10]}")
     evidence: list[str] = field(default_factory=list)
     _journal: Journal | None = None
-    _runner: Runner | None = None
 
     @property
     def envelope(self) -> SandboxProviderCapabilities:
@@ -107,13 +108,10 @@ class Context:
         return self.chosen_profile
 
     @property
-    def runner(self) -> Runner:
-        if self._runner is None:
+    def journal(self) -> Journal:
+        if self._journal is None:
             self._journal = Journal("sqlite://")
-            registry = Registry()
-            registry.add(self.adapter)
-            self._runner = Runner(registry, self._journal, runner_tag=self.runner_tag, clock=SystemClock())
-        return self._runner
+        return self._journal
 
     def close(self) -> None:
         if self._journal is not None:
@@ -127,22 +125,45 @@ class Context:
 
     @contextlib.asynccontextmanager
     async def session(self, *, mounts: int = 0, profile: SandboxProfile | None = None) -> AsyncIterator[RunSession]:
-        """A Run of its own; everything it allocated is released (or compensated) on the way out."""
-        attempt = self.runner.start(
-            self.adapter.target,
-            profile or self.profile,
-            platform=self.platform,
-            mount_count=mounts,
+        """A Run of its own, through the runner's checked session and door; everything it allocated is released
+        (or compensated) on the way out.
+
+        The suite examines a provider before anyone selects it (enrollment needs the evidence it makes), so it
+        holds the provider to the capability check a selection makes, but not to enrollment or a ceiling.
+        """
+        prof = profile or self.profile
+        require_capabilities(self.envelope, prof, platform=self.platform, mount_count=mounts)
+        clock = SystemClock()
+        leases = LeaseStore(self.journal, clock)
+        run_id = new_run_id()
+        self.journal.start_run(
+            run_id,
+            runner_tag=self.runner_tag,
+            target=self.adapter.target,
+            now=clock.now(),
+            profile_digest=prof.digest,
             command=["conformance"],
         )
-        session = attempt.session
+        lease = leases.acquire(run_id)
+        session = RunSession(
+            provider=self.adapter.provider,
+            envelope=self.envelope,
+            journal=self.journal,
+            leases=leases,
+            lease=lease,
+            run_id=run_id,
+            runner_tag=self.runner_tag,
+            clock=clock,
+            door=self.adapter.door,
+        )
         status = "failed"
         try:
             yield session
             status = "succeeded"
         finally:
             await session.release_all()
-            self.runner.finish(attempt, status=status)
+            self.journal.finish_run(run_id, status=status, now=clock.now())
+            leases.end(lease)
 
     async def active(
         self, session: RunSession, mounts: list[ResolvedMount] | None = None, profile: SandboxProfile | None = None

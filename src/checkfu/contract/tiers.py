@@ -2,9 +2,9 @@
 
 The seed names three tiers for a provider: day one (ephemeral, network ``none``,
 mounts staged by the runner), durable (adds snapshots, clone, resume and
-enumeration) and Docker parity (adds physically-contained file reads and
-``allowlist`` egress). An envelope short of day one is ``below_day_one``: it may
-be allowed, but never quietly.
+enumeration) and Docker parity (adds physically-contained file reads,
+``allowlist`` egress and, for a third party, provider snapshot custody). An
+envelope short of day one is ``below_day_one``: it may be allowed, but never quietly.
 """
 
 from __future__ import annotations
@@ -62,23 +62,30 @@ def _durable_gaps(env: SandboxProviderCapabilities) -> list[str]:
     return gaps
 
 
-def _parity_gaps(env: SandboxProviderCapabilities) -> list[str]:
+def _parity_gaps(env: SandboxProviderCapabilities, *, in_tree: bool) -> list[str]:
     gaps = []
     if "readFiles" not in env.operations:
         gaps.append("physically-contained file reads (readFiles)")
     if "allowlist" not in env.network_modes:
         gaps.append("'allowlist' egress")
+    if not in_tree and env.snapshot_custody != "provider":
+        gaps.append("provider snapshot custody")
     return gaps
 
 
-def assess(env: SandboxProviderCapabilities) -> Assessment:
-    """The tier ``env`` reaches, what it lacks for the next, and what it cannot serve."""
+def assess(env: SandboxProviderCapabilities, *, in_tree: bool = False) -> Assessment:
+    """The tier ``env`` reaches, what it lacks for the next, and what it cannot serve.
+
+    Docker parity is measured against the in-tree Docker tier, which keeps its snapshots in the
+    runner's custody; a third party reaches it only with provider snapshot custody as well, as the
+    seed's tier table says.
+    """
     tier: TierName = "below_day_one"
     short = _day_one_gaps(env)
     if not short:
         tier, short = "day_one", _durable_gaps(env)
         if not short:
-            tier, short = "durable", _parity_gaps(env)
+            tier, short = "durable", _parity_gaps(env, in_tree=in_tree)
             if not short:
                 tier = "docker_parity"
     return Assessment(

@@ -104,6 +104,25 @@ events = sa.Table(
     sa.Column("detail", sa.Text, nullable=True),
 )
 
+enrollments = sa.Table(
+    "enrollments",
+    metadata,
+    sa.Column("target", sa.Text, primary_key=True),
+    sa.Column("provider", sa.String(256), nullable=False, index=True),
+    sa.Column("source", sa.Text, nullable=False),
+    sa.Column("kind", sa.String(16), nullable=False),
+    sa.Column("envelope_digest", sa.String(80), nullable=False),
+    sa.Column("envelope", sa.Text, nullable=False),
+    sa.Column("ceiling", sa.Text, nullable=False),
+    sa.Column("evidence", sa.Text, nullable=True),
+    sa.Column("credential_path", sa.Text, nullable=True),
+    sa.Column("credential_fingerprint", sa.String(80), nullable=True),
+    sa.Column("enrolled_at", sa.Float, nullable=False),
+)
+"""Who may be selected, within which ceiling, on what evidence. ``kind`` is ``in_tree`` (this package's own
+providers, recorded when a runner starts) or ``evidence`` (a third party enrolled with signed conformance
+evidence). The credential itself is never stored here: only the file it was issued to and its fingerprint."""
+
 
 # Statements built once: executing a prebuilt statement with parameters skips the per-call
 # construction and cache-key work of ``.values(...)``, the larger part of a small write's cost.
@@ -129,6 +148,20 @@ class AllocationRow:
     object_id: str | None
     parent_key: str | None
     created_at: float
+
+
+@dataclass(frozen=True)
+class EnrollmentRow:
+    target: ExecutionTarget
+    source: str
+    kind: str
+    envelope_digest: str
+    envelope: str
+    ceiling: str
+    evidence: dict[str, Any] | None
+    credential_path: str | None
+    credential_fingerprint: str | None
+    enrolled_at: float
 
 
 @dataclass(frozen=True)
@@ -364,10 +397,88 @@ class Journal:
             detail=call.detail,
         )
 
+    # enrollments --------------------------------------------------------------------------------
+
+    def record_enrollment(
+        self,
+        target: ExecutionTarget,
+        *,
+        source: str,
+        kind: str,
+        envelope_digest: str,
+        envelope: str,
+        ceiling: str,
+        now: float,
+        evidence: dict[str, Any] | None = None,
+        credential_path: str | None = None,
+        credential_fingerprint: str | None = None,
+    ) -> None:
+        """Record (or replace) the enrollment of ``target``."""
+        key = target_text(target)
+        values = {
+            "target": key,
+            "provider": target.provider,
+            "source": source,
+            "kind": kind,
+            "envelope_digest": envelope_digest,
+            "envelope": envelope,
+            "ceiling": ceiling,
+            "evidence": json.dumps(evidence) if evidence is not None else None,
+            "credential_path": credential_path,
+            "credential_fingerprint": credential_fingerprint,
+            "enrolled_at": now,
+        }
+        with self.tx() as c:
+            c.execute(enrollments.delete().where(enrollments.c.target == key))
+            c.execute(enrollments.insert().values(**values))
+
+    def enrollment(self, target: ExecutionTarget) -> EnrollmentRow | None:
+        with self.tx() as c:
+            row = c.execute(enrollments.select().where(enrollments.c.target == target_text(target))).mappings().first()
+        return _enrollment_row(row) if row else None
+
+    def enrollments(self) -> list[EnrollmentRow]:
+        with self.tx() as c:
+            rows = c.execute(enrollments.select().order_by(enrollments.c.provider)).mappings().all()
+        return [_enrollment_row(r) for r in rows]
+
+    def provider_faults(self, target: ExecutionTarget, limit: int = 20) -> list[EventRow]:
+        """The most recent provider calls of Runs on ``target`` that ended in an error, newest first."""
+        q = (
+            sa.select(events)
+            .join(runs, runs.c.run_id == events.c.run_id)
+            .where(runs.c.target == target.model_dump_json(), events.c.outcome == "error")
+            .order_by(events.c.id.desc())
+            .limit(limit)
+        )
+        with self.tx() as c:
+            rows = c.execute(q).mappings().all()
+        return [EventRow(**{k: r[k] for k in EventRow.__dataclass_fields__}) for r in rows]
+
     def events_for_run(self, run_id: str) -> list[EventRow]:
         with self.tx() as c:
             rows = c.execute(events.select().where(events.c.run_id == run_id).order_by(events.c.id)).mappings().all()
         return [EventRow(**{k: r[k] for k in EventRow.__dataclass_fields__}) for r in rows]
+
+
+def target_text(target: ExecutionTarget) -> str:
+    """The one spelling of a target in the journal: its canonical JSON."""
+    return json.dumps(target.model_dump(), sort_keys=True, separators=(",", ":"))
+
+
+def _enrollment_row(r: Any) -> EnrollmentRow:
+    return EnrollmentRow(
+        target=_target(r["target"]),
+        source=r["source"],
+        kind=r["kind"],
+        envelope_digest=r["envelope_digest"],
+        envelope=r["envelope"],
+        ceiling=r["ceiling"],
+        evidence=json.loads(r["evidence"]) if r["evidence"] else None,
+        credential_path=r["credential_path"],
+        credential_fingerprint=r["credential_fingerprint"],
+        enrolled_at=r["enrolled_at"],
+    )
 
 
 def _target(raw: str) -> ExecutionTarget:

@@ -7,13 +7,15 @@ placement)`` equals the attempt's target. None is ``SandboxAdapterUnavailable``,
 two are ``SandboxAdapterAmbiguous``; neither falls back.
 
 Trust is declared, never guessed. ``IN_TREE_PROVIDERS`` lists this package's own
-providers; only they may claim ``runner_enforced``, because only there did this
-runner's own code set the control. An adapter is in-tree when it came from this
-distribution's own entry point of that name and its provider is exactly the
-declared class. Test doubles (``memory``, the misbehaving providers) are never
-in-tree; anything from an adapters file or from another distribution is a third
-party, whatever module its factory lives in. A ``Registry`` only grows through
-its checked ``add``.
+providers. An adapter is in-tree when it came from this distribution's own entry
+point of that name and its provider is exactly the declared class; test doubles
+(``memory``, the misbehaving providers) never are, and anything from an adapters
+file, another distribution or a URL is a third party, whatever module its
+factory lives in. Each adapter is held to a server-owned ceiling
+(``checkfu.contract.ceiling``): the in-tree one admits ``runner_enforced``; the
+third-party one does not, nor an egress grade above ``advisory_filter``. A
+``Registry`` only grows through its checked ``add``, which refuses, by name, every
+claim above the adapter's ceiling.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from checkfu.contract.ceiling import IN_TREE, THIRD_PARTY, RunnerProviderCapability, overreach
 from checkfu.contract.envelope import SandboxProviderCapabilities
 from checkfu.contract.errors import (
     SandboxAdapterAmbiguous,
@@ -86,6 +89,11 @@ class Adapter:
     def target(self) -> ExecutionTarget:
         return self.envelope.target
 
+    @property
+    def ceiling(self) -> RunnerProviderCapability:
+        """The ceiling this adapter is held to (a claim of in-tree trust is checked by ``Registry.add``)."""
+        return IN_TREE if self.in_tree else THIRD_PARTY
+
 
 def _declared_class(name: str) -> type | None:
     entry = IN_TREE_PROVIDERS.get(name)
@@ -125,24 +133,29 @@ class Registry:
         return MappingProxyType(self._unavailable)
 
     def add(self, adapter: Adapter) -> None:
-        """Register an adapter, after checking the trust it claims.
+        """Register an adapter, after checking the trust it claims and every claim against its ceiling.
 
         Raises:
-            SandboxEnrollmentRefused: it claims to be in-tree and is not; or a third party claims
-                ``runner_enforced`` (naming every such axis).
+            SandboxEnrollmentRefused: it claims to be in-tree and is not; or its envelope claims more than its
+                ceiling allows (a third party claiming ``runner_enforced``, say), naming every axis and field.
         """
         if adapter.in_tree:
             why = in_tree_refusal(adapter)
             if why is not None:
                 raise SandboxEnrollmentRefused(f"{adapter.source}: claims to be in-tree, but {why}", field="provider")
-        else:
-            claimed = adapter.envelope.enforcement.runner_enforced()
-            if claimed:
-                raise SandboxEnrollmentRefused(
-                    f"{adapter.source}: a provider that is not in-tree may not claim runner_enforced "
-                    f"(claimed on {', '.join(claimed)})",
-                    field=f"enforcement.{claimed[0]}",
-                )
+        over = overreach(adapter.envelope, adapter.ceiling)
+        if over:
+            who = "an in-tree provider" if adapter.in_tree else "a provider that is not in-tree"
+            lead = (
+                f"{who} may not claim runner_enforced (claimed on "
+                f"{', '.join(o.field.removeprefix('enforcement.') for o in over if o.claimed == 'runner_enforced')}); "
+                if any(o.claimed == "runner_enforced" for o in over)
+                else ""
+            )
+            raise SandboxEnrollmentRefused(
+                f"{adapter.source}: {lead}claims more than its ceiling allows: {'; '.join(map(str, over))}",
+                field=over[0].field,
+            )
         self._adapters.append(adapter)
         self._index.setdefault(target_key(adapter.target), []).append(adapter)
 

@@ -11,7 +11,9 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 
+from checkfu.contract.codec import digest
 from checkfu.contract.enforcement import Axis
+from checkfu.contract.errors import SandboxAdapterUnavailable
 from checkfu.contract.profile import SandboxProfile
 from checkfu.contract.requirements import require_capabilities
 from checkfu.contract.target import ExecutionTarget
@@ -59,6 +61,7 @@ class Runner:
         self.clock = clock or SystemClock()
         self.limits = limits or Limits()
         self.leases = LeaseStore(journal, self.clock, ttl=lease_ttl)
+        self.record_in_tree()
 
     def select(
         self, target: ExecutionTarget, profile: SandboxProfile, *, platform: Platform, mount_count: int
@@ -71,8 +74,50 @@ class Runner:
             SandboxCapabilityUnavailable: listing every requirement the envelope does not meet.
         """
         adapter = self.registry.select(target)
+        self._admit(adapter)
         require_capabilities(adapter.envelope, profile, platform=platform, mount_count=mount_count)
         return adapter
+
+    def _admit(self, adapter: Adapter) -> None:
+        """Only enrolled adapters are selected: this package's own, a test double at placement ``test``, or a
+        third party enrolled with evidence for exactly this target and envelope.
+
+        Raises:
+            SandboxAdapterUnavailable: the adapter is not enrolled, or was enrolled for another envelope.
+        """
+        if adapter.in_tree or adapter.target.placement == "test":
+            return
+        row = self.journal.enrollment(adapter.target)
+        how = f"checkfu provider enroll {adapter.source} --evidence FILE --pub KEY"
+        if row is None:
+            raise SandboxAdapterUnavailable(
+                f"{adapter.target} is not enrolled, so it cannot be selected: enroll it with signed conformance "
+                f"evidence ({how})",
+                field="target",
+            )
+        if row.envelope_digest != digest(adapter.envelope):
+            raise SandboxAdapterUnavailable(
+                f"{adapter.target} was enrolled for envelope {row.envelope_digest}, but now advertises "
+                f"{digest(adapter.envelope)}: enroll again with new evidence ({how})",
+                field="target",
+            )
+
+    def record_in_tree(self) -> None:
+        """Enroll this package's own adapters with their own ceiling, as a runner does when it starts."""
+        for adapter in self.registry.adapters:
+            if not adapter.in_tree:
+                continue
+            row = self.journal.enrollment(adapter.target)
+            if row is None or row.envelope_digest != digest(adapter.envelope):  # evidence already attached stays
+                self.journal.record_enrollment(
+                    adapter.target,
+                    source=adapter.source,
+                    kind="in_tree",
+                    envelope_digest=digest(adapter.envelope),
+                    envelope=adapter.envelope.model_dump_json(),
+                    ceiling=adapter.ceiling.model_dump_json(),
+                    now=self.clock.now(),
+                )
 
     def start(
         self,

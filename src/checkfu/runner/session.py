@@ -44,6 +44,7 @@ from checkfu.contract.errors import (
     SandboxEnvelopeInvalid,
     SandboxError,
     SandboxOperationUnsupported,
+    SandboxResultInvalid,
 )
 from checkfu.contract.lifecycle import (
     RowEvent,
@@ -94,7 +95,7 @@ from checkfu.contract.paths import admit_path
 from checkfu.contract.profile import SandboxProfile
 from checkfu.contract.provider import ProcessStream
 from checkfu.contract.target import ExecutionTarget, Lease
-from checkfu.contract.vocabulary import Platform
+from checkfu.contract.vocabulary import Platform, RetentionMode
 from checkfu.runner.deadlines import DEFAULT_DEADLINES
 
 V = TypeVar("V")
@@ -190,15 +191,23 @@ class Instance:
     Its state moves only through ``TRANSITIONS``, by the core that holds it.
     """
 
-    __slots__ = ("_state", "allocation_key", "instance_id", "kind", "mount_roots")
+    __slots__ = ("_state", "allocation_key", "instance_id", "kind", "mount_roots", "retention")
 
     def __init__(
-        self, *, allocation_key: str, instance_id: str, state: State, mount_roots: tuple[str, ...], kind: RowKind
+        self,
+        *,
+        allocation_key: str,
+        instance_id: str,
+        state: State,
+        mount_roots: tuple[str, ...],
+        kind: RowKind,
+        retention: RetentionMode = "durable",
     ) -> None:
         self.allocation_key = allocation_key
         self.instance_id = instance_id
         self.mount_roots = mount_roots
         self.kind = kind
+        self.retention = retention
         self._state = state
 
     @property
@@ -459,6 +468,7 @@ class SessionCore:
                 state=transition("absent", member),
                 mount_roots=request.mount_roots,
                 kind=kind,
+                retention=request.profile.retention_mode,
             )
             self.instances[key] = inst
             return Accepted(inst, (self._row(key, "settle", res.instance_id),))
@@ -719,7 +729,17 @@ class SessionCore:
     def release(self, inst: Instance) -> Plan[ReleaseResult]:
         self._may(inst, "release")
         req = build(ReleaseRequest, **self._on(inst))
-        return self._instance_plan(inst, "release", req, ReleaseResult, lambda res: None, move=True, row="release")
+        promised = self.envelope.lifecycle_assurances.release_destroys or inst.retention == "ephemeral_zdr"
+
+        def check(res: ReleaseResult) -> None:
+            if promised and not res.destroyed:
+                why = "release_destroys" if self.envelope.lifecycle_assurances.release_destroys else "ephemeral_zdr"
+                raise SandboxResultInvalid(
+                    f"destroyed: release answered false, but the envelope promises {why}: nothing may survive",
+                    field="destroyed",
+                )
+
+        return self._instance_plan(inst, "release", req, ReleaseResult, check, move=True, row="release")
 
     def compensate(self, key: str) -> Plan[CompensateResult]:
         """Cold compensation of ``key``; on success its row settles and its instance or snapshot is gone.

@@ -272,6 +272,9 @@ constructed_garbage = corrupting(
 """The exact result class, built with ``model_construct`` around a value that is no value of its field."""
 
 _WRONG_STATE = {"provisioning": "active", "active": "provisioning", "released": "active"}
+release_keeps = corrupting("release_keeps", {"release"}, lambda r, inv: r.model_copy(update={"destroyed": False}))
+"""Release, then say nothing was destroyed: a broken promise where the envelope says ``release_destroys``."""
+
 wrong_state = corrupting(
     "wrong_state",
     {"provision", "activate", "inspect", "clone", "resume"},
@@ -333,6 +336,7 @@ PRESETS: dict[str, Misbehaviour] = {
         hang,
         crash,
         wrong_state,
+        release_keeps,
     )
 }
 """Every named misbehaviour, by name."""
