@@ -1,12 +1,14 @@
 """Shared pytest set-up: async tests run on asyncio through anyio's plugin, the slow-run
-gate, and a throwaway PostgreSQL cluster for the journal's PostgreSQL tests.
+gate, a throwaway PostgreSQL cluster for the journal's PostgreSQL tests, and Node.js with
+the pinned Ajv for the author kit's cross-language schema test.
 
 The cluster: ``initdb`` into a fresh directory, started on a free loopback port (and a
 socket directory of its own), one database per test, stopped with ``pg_ctl stop -m
 immediate`` at the end of the session. PostgreSQL refuses to run as root, so as root
 the cluster runs as the ``postgres`` user. Where PostgreSQL 15 is not installed the
 tests that need it skip, unless ``CHECKFU_REQUIRE_POSTGRES=1`` (as in CI) makes that a
-failure.
+failure. Node.js and Ajv (``scripts/setup`` installs both) likewise: a test that needs them
+skips without them, unless ``CHECKFU_REQUIRE_NODE=1``.
 """
 
 from __future__ import annotations
@@ -107,3 +109,34 @@ def pg_cluster() -> Iterator[PgCluster]:
             timeout=60,
         )
         shutil.rmtree(root, ignore_errors=True)
+
+
+# Node.js and Ajv ------------------------------------------------------------------------------
+
+AJV_DIR = Path(__file__).parent / "wire" / "ajv"
+"""The pinned Ajv (``package.json`` and ``package-lock.json``), installed there by ``scripts/setup``."""
+
+
+@dataclass(frozen=True)
+class NodeAjv:
+    node: str
+    directory: Path
+
+
+@pytest.fixture(scope="session")
+def node_ajv() -> NodeAjv:
+    """``node`` and the directory holding Ajv; skips without them, fails under ``CHECKFU_REQUIRE_NODE=1``."""
+    node = shutil.which("node")
+    missing = (
+        "Node.js is not installed"
+        if node is None
+        else None
+        if (AJV_DIR / "node_modules" / "ajv" / "package.json").is_file()
+        else f"Ajv is not installed in {AJV_DIR} (scripts/setup runs npm ci there)"
+    )
+    if missing is not None:
+        if os.environ.get("CHECKFU_REQUIRE_NODE") == "1":
+            pytest.fail(f"{missing} and CHECKFU_REQUIRE_NODE=1")
+        pytest.skip(missing)
+    assert node is not None
+    return NodeAjv(node=node, directory=AJV_DIR)

@@ -183,7 +183,11 @@ ENVELOPE_RULES: list[dict[str, Any]] = [
         "$comment": "rule 8: enumerates_allocations true => listAllocations in operations",
         "if": _where(
             "lifecycle_assurances",
-            {"required": ["enumerates_allocations"], "properties": {"enumerates_allocations": {"const": True}}},
+            {
+                "type": "object",
+                "required": ["enumerates_allocations"],
+                "properties": {"enumerates_allocations": {"const": True}},
+            },
             required=True,
         ),
         "then": _where("operations", {"type": "array", "contains": {"const": "listAllocations"}}, required=True),

@@ -150,7 +150,10 @@ class SandboxProfile(Model):
         description="pinned names per package manager",
         json_schema_extra={
             "default": {},
-            "properties": {m: {"items": {"pattern": p.pattern}} for m, p in PIN_PATTERNS.items()},
+            "properties": {
+                m: {"type": "array", "items": {"type": "string", "pattern": p.pattern}}
+                for m, p in PIN_PATTERNS.items()
+            },
         },
     )
     network_policy: NetworkPolicy
