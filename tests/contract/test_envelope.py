@@ -790,7 +790,8 @@ def _host_process() -> dict[str, Any]:
     ("name", "doc", "tier", "label"),
     [
         ("day one example", ex.day_one_envelope(), "day_one", "day one"),
-        ("parity example", ex.parity_envelope(), "docker_parity", "Docker parity"),
+        ("parity example, a third party's", ex.parity_envelope(), "durable", "durable"),
+        ("parity example with provider custody", parity(snapshot_custody="provider"), "docker_parity", "Docker parity"),
         ("no network none", day_one(network_modes=["unrestricted"]), "below_day_one", "below the day-one tier"),
         ("no ephemeral", durable_only(), "below_day_one", "below the day-one tier"),
         ("no mounts", day_one(max_mounts=0), "below_day_one", "below the day-one tier"),
@@ -821,6 +822,7 @@ def _host_process() -> dict[str, Any]:
                 operations=["readFiles"],
                 network_modes=["none", "allowlist"],
                 egress_certification="advisory_filter",
+                snapshot_custody="provider",
             ),
             "docker_parity",
             "Docker parity",
@@ -855,7 +857,14 @@ def test_assess_below_day_one_names_every_gap() -> None:
 
 def test_assess_durable_names_what_parity_adds() -> None:
     a = assess(ok(_durable_tier()))
-    assert a.short_of_next == ("physically-contained file reads (readFiles)", "'allowlist' egress")
+    assert a.short_of_next == (
+        "physically-contained file reads (readFiles)",
+        "'allowlist' egress",
+        "provider snapshot custody",
+    )
+    # The in-tree Docker tier keeps runner custody: measured in-tree, custody is no gap.
+    assert assess(ok(_durable_tier()), in_tree=True).short_of_next == a.short_of_next[:2]
+    assert assess(ok(ex.parity_envelope()), in_tree=True).tier == "docker_parity"
 
 
 def test_cannot_serve_lists_every_undeclared_capability() -> None:
