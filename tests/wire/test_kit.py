@@ -477,7 +477,9 @@ def _optional_fields() -> Iterator[tuple[str, str]]:
 
 def test_the_readme_documents_every_optional_field_and_its_default() -> None:
     for title, name in set(_optional_fields()):
-        assert re.search(rf"^\| `{title}` \| `{name}` \| ", README, re.M), f"{title}.{name}"
+        row = re.search(rf"^\| `{title}` \| `{name}` \| (.*) \| (.*) \|$", README, re.M)
+        assert row, f"{title}.{name}"
+        assert row.group(1) and row.group(2), f"{title}.{name}: no default or no meaning"
     for words in ("`user_namespace`", "so root inside is not root on the host", "release_destroys` is **true** when"):
         assert words in README, words
 

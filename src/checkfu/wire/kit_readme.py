@@ -74,6 +74,14 @@ def _code(value: Any) -> str:
     return f"`{json.dumps(value, ensure_ascii=False)}`"
 
 
+MEANINGS: dict[tuple[str, str], str] = {
+    ("ReadFilesHead", "missing"): "asked-for paths with no file there",
+    ("ResumePoint", "ended"): "the output streams whose end the client has received",
+    ("StartFrame", "resume"): "where a reattaching client resumes; null or omitted for a new operation",
+}
+"""Meanings for optional fields whose models carry no description of their own."""
+
+
 def _defaults(files: dict[str, Any]) -> list[str]:
     """One row per optional field of every message and every object inside one."""
     rows: dict[tuple[str, str], str] = {}
@@ -91,7 +99,7 @@ def _defaults(files: dict[str, Any]) -> list[str]:
                 if name in required:
                     continue
                 default = _code(prop["default"]) if "default" in prop else "see *meaning*"
-                meaning = prop.get("description", "")
+                meaning = prop.get("description") or MEANINGS.get((title, name), "")
                 if not meaning and "$ref" in prop:
                     meaning = f"a `{prop['$ref'].rsplit('/', 1)[1]}` object"
                 rows[(title, name)] = f"| `{title}` | `{name}` | {default} | {meaning} |"
