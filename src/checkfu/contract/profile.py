@@ -151,8 +151,7 @@ class SandboxProfile(Model):
         json_schema_extra={
             "default": {},
             "properties": {
-                m: {"type": "array", "items": {"type": "string", "pattern": p.pattern}}
-                for m, p in PIN_PATTERNS.items()
+                m: {"type": "array", "items": {"type": "string", "pattern": p.pattern}} for m, p in PIN_PATTERNS.items()
             },
         },
     )
