@@ -144,7 +144,7 @@ RULE_CASES: list[tuple[str, dict[str, Any], str]] = [
     ("rule4", day_one(minimum_resources=ex.resources(9)), "minimum_resources.cpu_millis"),
     ("rule5", day_one(max_mounts=-1), "max_mounts"),
     ("rule6", day_one(egress_certification="advisory_filter"), "egress_certification"),
-    ("rule7", day_one(lifecycle_assurances={}), "lifecycle_assurances.release_destroys"),
+    ("rule7", day_one(lifecycle_assurances={"release_destroys": False}), "lifecycle_assurances.release_destroys"),
     (
         "rule8",
         day_one(lifecycle_assurances={"release_destroys": True, "enumerates_allocations": True}),

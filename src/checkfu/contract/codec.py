@@ -128,6 +128,18 @@ def decode(model: type[M], raw: bytes | str) -> M:
     return _validate_json(model, raw)
 
 
+def strict_json(raw: bytes | str) -> Any:
+    """One JSON document parsed as ``decode`` parses it: duplicate keys and NaN/Infinity refused.
+
+    Raises:
+        ValueError: naming what is wrong.
+    """
+    try:
+        return json.loads(raw, object_pairs_hook=_no_duplicate_keys, parse_constant=_no_constants)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+
+
 def _describe_parse_error(exc: Exception) -> str:
     if isinstance(exc, RecursionError):
         return "nested too deeply"

@@ -35,12 +35,12 @@ it runs.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Annotated, Literal
 
 from pydantic import Field, ValidationError
 
+from checkfu.contract.codec import strict_json
 from checkfu.contract.errors import (
     ErrorCode,
     SandboxBoundExceeded,
@@ -71,7 +71,12 @@ class ResumePoint(Model):
 
     out: NonNegInt
     err: NonNegInt
-    ended: Annotated[tuple[Literal["out", "err"], ...], Field(max_length=2), UNIQUE, UNIQUE_ITEMS] = ()
+    ended: Annotated[
+        tuple[Literal["out", "err"], ...],
+        Field(max_length=2, description="the streams whose end frame the client already received"),
+        UNIQUE,
+        UNIQUE_ITEMS,
+    ] = ()
 
 
 class StartFrame(Model):
@@ -81,7 +86,9 @@ class StartFrame(Model):
     operation_id: Identifier
     request: OpenProcessRequest
     window: PosInt = Field(description="credit granted for out and err together, in bytes")
-    resume: ResumePoint | None = None
+    resume: ResumePoint | None = Field(
+        default=None, description="on a reattach: what the client already received, so the server resends the rest"
+    )
 
 
 class StartedFrame(Model):
@@ -203,9 +210,9 @@ def parse(message: str | bytes, sender: Role) -> Frame:
             raise _violation(f"the {sender} may not send {stream} data", field=stream)
         return Data(stream, raw[1:])
     try:
-        doc = json.loads(message)
-    except ValueError:
-        raise _violation("a text frame that is not JSON") from None
+        doc = strict_json(message)
+    except ValueError as exc:
+        raise _violation(f"a text frame that is not JSON: {exc}"[:200]) from None
     kind = doc.get("type") if isinstance(doc, dict) else None
     model = FRAME_TYPES[sender].get(kind) if isinstance(kind, str) else None
     if model is None:

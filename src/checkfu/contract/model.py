@@ -42,14 +42,19 @@ def _bytes_in(value: object) -> bytes:
         return value
     if isinstance(value, str):
         try:
-            return base64.b64decode(value, validate=True)
+            data = base64.b64decode(value, validate=True)
         except (binascii.Error, ValueError):
-            raise PydanticCustomError("base64", "is not standard base64 (RFC 4648 section 4, padded)") from None
+            data = None
+        # Only the one canonical spelling: padding only where it completes the last quantum (``AAAA=`` is not).
+        if data is None or base64.b64encode(data).decode("ascii") != value:
+            raise PydanticCustomError("base64", "is not standard base64 (RFC 4648 section 4, padded)")
+        return data
     raise PydanticCustomError("bytes_type", "should be base64 text")
 
 
-BASE64_PATTERN = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
-"""Standard padded base64 as the schema states it: whole quanta, padding only at the end."""
+BASE64_PATTERN = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/][AQgw]==|[A-Za-z0-9+/]{2}[AEIMQUYcgkosw048]=)?$"
+"""Standard padded base64 as the schema states it: whole quanta, padding only at the end, and the bits the
+padding leaves over zero (so each byte string has exactly one spelling, as the decoder requires)."""
 
 Bytes = Annotated[
     bytes,

@@ -68,6 +68,8 @@ def _parity_gaps(env: SandboxProviderCapabilities, *, in_tree: bool) -> list[str
         gaps.append("physically-contained file reads (readFiles)")
     if "allowlist" not in env.network_modes:
         gaps.append("'allowlist' egress")
+    elif env.egress_certification == "unsupported":
+        gaps.append("a certified 'allowlist' (egress_certification above 'unsupported')")
     if not in_tree and env.snapshot_custody != "provider":
         gaps.append("provider snapshot custody")
     return gaps

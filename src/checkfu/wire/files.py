@@ -42,7 +42,7 @@ class ReadFilesHead(Result):
     allocation_key: AllocationKey
     instance_id: Identifier
     files: tuple[FileHead, ...]
-    missing: tuple[ResultPath, ...] = ()
+    missing: tuple[ResultPath, ...] = Field(default=(), description="asked-for paths that do not exist")
 
 
 def head_of(result: ReadFilesResult) -> ReadFilesHead:

@@ -750,7 +750,15 @@ def _frame_vectors(role: Role) -> list[Invalid]:
             beyond="integers-written-as-integers",
         ),
         Invalid("not-json", "a text frame is JSON", PROTO, "frame", text="{not json", json_rule="not-json"),
-        Invalid("nan", "NaN is not JSON", PROTO, "bytes", text='{"type": "window", "bytes": NaN}', json_rule="nan"),
+        Invalid("nan", "NaN is not JSON", PROTO, "frame", text='{"type": "window", "bytes": NaN}', json_rule="nan"),
+        Invalid(
+            "duplicate-key",
+            "a key written twice (with the same value) is refused; the frame is otherwise valid",
+            PROTO,
+            "frame",
+            text=_duplicated(),
+            json_rule="duplicate-key",
+        ),
     ]
     if role == "client":
         return [
