@@ -113,7 +113,10 @@ async def test_a_broken_release_promise_is_a_fault_on_the_cards_history(tmp_path
     assert (fault["member"], fault["error_code"]) == ("release", "SandboxResultInvalid")
 
 
-@pytest.mark.skipif(CHROMIUM is None and os.environ.get("CHECKFU_REQUIRE_CHROMIUM") != "1", reason="no Chromium")
+@pytest.mark.skipif(
+    CHROMIUM is None and os.environ.get("CHECKFU_REQUIRE_CHROMIUM") != "1",
+    reason="no Chromium (scripts/setup installs it)",
+)
 def test_the_html_card_in_a_real_headless_browser(tmp_path: Path) -> None:
     page = tmp_path / "card.html"
     done = subprocess.run(
