@@ -121,3 +121,21 @@ async def test_list_allocations_enumerates_by_runner_tag(kit: Kit) -> None:
         ListAllocationsRequest(target=kit.target, lease=LEASE, runner_tag=kit.runner_tag)
     )
     assert not {a for a in listing.allocations if a.allocation_key in (box.key, half_key)}
+
+
+@pytest.mark.anyio
+async def test_a_process_that_closes_its_output_early_gets_its_real_exit(kit: Kit) -> None:
+    """Output ends before the process does: the exit reported is the one it really has, never a made-up one."""
+    box = await kit.up("early-eof")
+    script = "exec >&- 2>&-; sleep 1.5; exit 5"
+    try:
+        proc = await kit.provider.open_process(OpenProcessRequest(**box.call, argv=("sh", "-c", script)))
+        await proc.close_stdin()
+        events = [e async for e in proc.events()]
+        assert isinstance(events[-1], ProcessExit) and events[-1].exit_code == 5
+        ran = await box.sh("exec >&- 2>&-; sleep 1.5; exit 4", timeout_ms=20_000)
+        assert (ran.exit_code, ran.timed_out) == (4, False)
+        ran = await box.sh("exec >&- 2>&-; sleep 30", timeout_ms=1_000)
+        assert ran.timed_out and ran.exit_code == 137  # past its deadline it is ended, and says so
+    finally:
+        await box.release()

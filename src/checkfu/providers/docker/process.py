@@ -296,10 +296,18 @@ def run_exec(
         if not ended:
             kill_group(api, exec_id, container_id)
         sock.close()
-    code = wait_exit(api, exec_id)
+    # Its output may end before it does (it closed its own stdout): wait for the real exit until the deadline,
+    # then end it as a timed-out command. An exit status is never made up.
+    code = wait_exit(api, exec_id, limit=max(EXIT_WAIT, deadline - time.monotonic()))
+    overran = code is None
+    if overran:
+        kill_group(api, exec_id, container_id)
+        code = wait_exit(api, exec_id)
+    if code is None:
+        raise SandboxProviderFailed(f"exec {exec_id[:12]}: the engine reports no exit status; none is made up")
     return ExecOutcome(
-        exit_code=-1 if code is None else code,
-        timed_out=not ended and not cancel.is_set(),
+        exit_code=code,
+        timed_out=(overran or not ended) and not cancel.is_set(),
         stdout=bytes(out.data),
         stderr=bytes(err.data),
         stdout_truncated=out.truncated,
@@ -366,10 +374,14 @@ class DockerProcess:
             pending = decoder.feed(data)
         yield ProcessStreamEnd(stream="out")
         yield ProcessStreamEnd(stream="err")
-        code = await self._engine.run("openProcess exit", wait_exit, self._engine.api, self.exec_id)
+        # Its output ended, yet the process may run on (it closed its own stdout): wait for the real exit,
+        # however long; the reader's own timeout or a kill ends the wait. An exit is never made up.
+        code = None
+        while code is None:
+            code = await self._engine.run("openProcess exit", wait_exit, self._engine.api, self.exec_id)
         self._finished = True
         self._sock.close()
-        yield ProcessExit(exit_code=-1 if code is None else code)
+        yield ProcessExit(exit_code=code)
 
     def _recv(self) -> bytes:
         try:
