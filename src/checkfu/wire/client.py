@@ -94,7 +94,7 @@ from checkfu.contract.members import (
     WriteFileResult,
 )
 from checkfu.contract.model import Model
-from checkfu.contract.process import ProcessEvent, ProcessExit, ProcessOutput
+from checkfu.contract.process import ProcessEvent, ProcessExit, ProcessOutput, ProcessStreamEnd
 from checkfu.wire.credentials import REDACTED, Credential
 from checkfu.wire.errors import WireError
 from checkfu.wire.files import FILES_MEDIA_TYPE, REQUEST_HEADER, read_files_body
@@ -362,9 +362,16 @@ class RemoteProcess:
     """An open process across the wire: a ``ProcessStream`` whose output arrives within the granted credit.
 
     A reader task takes every frame as it comes (grants for stdin, output up to the window) and puts
-    output in the inbox; ``events()`` hands it out and grants the credit back as it is consumed. When
-    the connection drops before the exit, the reader reattaches by operation id, resuming from the
-    bytes it has; it raises ``SandboxProtocolViolation`` only when it cannot.
+    output in the inbox; ``events()`` hands it out and grants the credit back as it is consumed, so a
+    grant acknowledges exactly the bytes the caller has taken, on the connection they came by.
+
+    When the connection drops before the exit, the reader reattaches by operation id. It resumes from
+    the bytes the caller has consumed: what arrived and was not yet taken is dropped and sent again
+    (the service keeps every byte until it is acknowledged), so the new connection gets the whole
+    window and no grant ever acknowledges bytes it did not carry. Stdin the service has not received
+    is sent again, in order, before anything new; a ``kill`` is sent again. The reattached process
+    must be the one that was started. When reattaching is impossible, the events end in a typed error,
+    never in an exit the process did not have.
     """
 
     def __init__(
@@ -377,18 +384,23 @@ class RemoteProcess:
         self._ws: ClientConnection | None = None
         self._channel = ProcessChannel("client")
         self._started: ProcessStarted | None = None
-        self._inbox: deque[ProcessEvent | SandboxError] = deque()
+        self._inbox: deque[tuple[int, ProcessEvent | SandboxError]] = deque()
+        """What arrived and was not yet taken, each with the connection (generation) it came by."""
+        self._generation = 0
         self._arrived = asyncio.Event()
         self._credit = asyncio.Event()
-        self._received = {"out": 0, "err": 0}
-        self._ended: list[Literal["out", "err"]] = []
+        self._consumed = {"out": 0, "err": 0}
+        self._consumed_ends: list[Literal["out", "err"]] = []
         self._buffered = 0
         self._to_grant = 0
+        self._iterating = False
         self._stdin_acked = 0
         self._stdin_sent = 0
         self._stdin_unacked = bytearray()
         self._stdin_ended = False
+        self._kill_requested = False
         self._exited = False
+        self._broken: SandboxError | None = None
         self._reader: asyncio.Task[None] | None = None
         self._send_lock = asyncio.Lock()
 
@@ -419,12 +431,15 @@ class RemoteProcess:
         start = StartFrame(
             type="start", operation_id=self.operation_id, request=self.request, window=window, resume=resume
         )
-        await ws.send(channel.send(start))
         try:
+            await ws.send(channel.send(start))
             frame = channel.receive(await ws.recv())
         except SandboxError as exc:
             await ws.close()
             raise observed_by_runner(exc) from None
+        except BaseException:
+            ws.transport.abort()
+            raise
         if isinstance(frame, ErrorFrame):
             await ws.close()
             raise error_of(frame)
@@ -432,6 +447,21 @@ class RemoteProcess:
             await ws.close()
             raise observed_by_runner(
                 SandboxProtocolViolation("openProcess: the server did not answer start with start", field="type")
+            )
+        if frame.operation_id != self.operation_id:
+            await ws.close()
+            raise observed_by_runner(
+                SandboxProtocolViolation(
+                    f"openProcess: start answered for operation {frame.operation_id!r}, not {self.operation_id!r}",
+                    field="operation_id",
+                )
+            )
+        if self._started is not None and frame.started != self._started:
+            await ws.close()
+            raise observed_by_runner(
+                SandboxProtocolViolation(
+                    "openProcess: the reattached operation is not the process that was started", field="started"
+                )
             )
         self._ws, self._channel = ws, channel
         return frame
@@ -461,14 +491,27 @@ class RemoteProcess:
         self._reader = asyncio.ensure_future(self._read())
 
     async def _reattach(self) -> bool:
+        """Connect again and resume from what the caller consumed; false when the service cannot be reached.
+
+        Raises:
+            SandboxError: the service refused the reattach, or answered against the protocol.
+        """
         for attempt in range(REATTACH_ATTEMPTS):
             await asyncio.sleep(REATTACH_PAUSE * (2**attempt))
-            resume = ResumePoint(out=self._received["out"], err=self._received["err"], ended=tuple(self._ended))
-            try:
-                frame = await self._connect(resume)
-            except (ConnectionClosed, OSError, InvalidHandshake, TimeoutError):
-                continue
-            await self._resend_stdin(frame.stdin)
+            async with self._send_lock:  # nothing new goes out before what the service lacks
+                # What arrived and was not taken is sent again: the new connection carries it.
+                self._inbox.clear()
+                self._generation += 1
+                self._buffered = self._to_grant = 0
+                resume = ResumePoint(
+                    out=self._consumed["out"], err=self._consumed["err"], ended=tuple(self._consumed_ends)
+                )
+                try:
+                    async with asyncio.timeout(DEADLINES["openProcess"]):
+                        frame = await self._connect(resume)
+                except (ConnectionClosed, OSError, InvalidHandshake, TimeoutError):
+                    continue
+                await self._resend(frame.stdin)
             self._credit.set()
             return True
         return False
@@ -515,10 +558,7 @@ class RemoteProcess:
                 if event is None:
                     continue
                 if isinstance(event, ProcessOutput):
-                    self._received[event.stream] += len(event.data)
                     self._buffered += len(event.data)
-                elif not isinstance(event, ProcessExit):
-                    self._ended.append(event.stream)
                 self._put(event)
                 if isinstance(frame, ExitFrame):
                     self._exited = True
@@ -535,78 +575,123 @@ class RemoteProcess:
         finally:
             if not self._exited:
                 self._abort()  # cancelled or broken: nothing more will be read on it
+            self._credit.set()  # stdin waiting for credit learns the stream is over
 
     def _put(self, item: ProcessEvent | SandboxError) -> None:
-        self._inbox.append(item)
+        if isinstance(item, SandboxError):
+            self._broken = item
+        self._inbox.append((self._generation, item))
         self._arrived.set()
 
-    async def events(self) -> AsyncIterator[ProcessEvent]:
+    def events(self) -> AsyncIterator[ProcessEvent]:
+        """The process's events, then its exit, or a typed error. Iterate once.
+
+        Raises:
+            SandboxStateConflict: the events are already being consumed.
+        """
+        if self._iterating:
+            raise SandboxStateConflict("openProcess: the events are already being consumed", field="events")
+        self._iterating = True
+        return self._events()
+
+    async def _events(self) -> AsyncIterator[ProcessEvent]:
         while True:
             while not self._inbox:
                 self._arrived.clear()
                 await self._arrived.wait()
-            item = self._inbox.popleft()
+            generation, item = self._inbox.popleft()
             if isinstance(item, SandboxError):
                 raise item
-            yield item
             if isinstance(item, ProcessOutput):
+                self._consumed[item.stream] += len(item.data)
+            elif isinstance(item, ProcessStreamEnd):
+                self._consumed_ends.append(item.stream)
+            yield item
+            if isinstance(item, ProcessOutput) and generation == self._generation:
+                # Granted on the connection it came by; what came by an older one was resumed past.
                 self._buffered -= len(item.data)
                 self._to_grant += len(item.data)
                 if self._to_grant >= min(self.window // 8, MAX_DATA) or not self._inbox:
                     n, self._to_grant = self._to_grant, 0
-                    await self._send_quietly(WindowFrame(type="window", bytes=n))
+                    await self._grant(n, generation)
             if isinstance(item, ProcessExit):
                 return
 
     # writing ------------------------------------------------------------------------------
 
-    async def _send(self, frame: Any) -> None:
-        async with self._send_lock:
-            ws = self._ws
-            assert ws is not None
-            await ws.send(self._channel.send(frame))
+    async def _send_now(self, frame: Any) -> None:
+        """Send on the current connection; the caller holds the send lock."""
+        ws = self._ws
+        assert ws is not None
+        await ws.send(self._channel.send(frame))
 
     async def _send_quietly(self, frame: Any) -> None:
         """A grant or a kill on a connection that may be gone (a reattach resends what matters)."""
         with contextlib.suppress(ConnectionClosed, SandboxError, OSError):
-            await self._send(frame)
+            async with self._send_lock:
+                await self._send_now(frame)
+
+    async def _grant(self, n: int, generation: int) -> None:
+        """Grant ``n`` consumed bytes back, on the connection they came by: after a reattach the service has
+        resumed past them, and a grant on the new connection would acknowledge bytes it has not delivered."""
+        with contextlib.suppress(ConnectionClosed, SandboxError, OSError):
+            async with self._send_lock:
+                if generation == self._generation:
+                    await self._send_now(WindowFrame(type="window", bytes=n))
+
+    def _over(self) -> SandboxError | None:
+        """Why no stdin can go to the process any more, if it cannot."""
+        if self._exited:
+            return SandboxStateConflict("stdin: the process has exited", field="stdin")
+        if self._broken is not None or (self._reader is not None and self._reader.done()):
+            why = self._broken.message if self._broken is not None else "the stream ended"
+            return observed_by_runner(SandboxProtocolViolation(f"stdin: the process stream broke: {why}"))
+        return None
 
     async def send_stdin(self, data: bytes) -> None:
-        """Send ``data`` within the stdin credit; waits while the process is not reading."""
+        """Send ``data`` within the stdin credit; waits while the process is not reading.
+
+        Raises:
+            SandboxStateConflict: stdin was closed, or the process has exited.
+            SandboxProtocolViolation: the stream broke and could not be reattached.
+        """
         if self._stdin_ended:
             raise SandboxStateConflict("stdin: already closed", field="stdin")
         view = memoryview(data)
         while view:
-            while self._channel.credit <= 0:
+            async with self._send_lock:
+                over = self._over()
+                if over is not None:
+                    raise over
+                credit = self._channel.credit
+                if credit > 0:
+                    piece = bytes(view[: min(len(view), credit, MAX_DATA)])
+                    with contextlib.suppress(ConnectionClosed):  # the reattach sends it again
+                        await self._send_now(Data("stdin", piece))
+                    self._stdin_unacked += piece
+                    self._stdin_sent += len(piece)
+                    view = view[len(piece) :]
+                    continue
                 self._credit.clear()
-                if self._exited or (self._reader is not None and self._reader.done()):
-                    raise SandboxProtocolViolation(
-                        "openProcess: the process is gone; stdin has nowhere to go", field="stdin"
-                    )
-                await self._credit.wait()
-            n = min(len(view), self._channel.credit, MAX_DATA)
-            piece = bytes(view[:n])
-            try:
-                await self._send(Data("stdin", piece))
-            except ConnectionClosed:
-                await asyncio.sleep(REATTACH_PAUSE)  # the reader reattaches; this piece goes on the new connection
-                continue
-            self._stdin_unacked += piece
-            self._stdin_sent += n
-            view = view[n:]
+            await self._credit.wait()
 
-    async def _resend_stdin(self, server_has: int) -> None:
-        """After a reattach: send again the stdin bytes the server never received, then its end if it was sent.
+    async def _resend(self, server_has: int) -> None:
+        """After a reattach: the stdin bytes the server never received, its end if it was sent, and a kill
+        if one was asked for. The caller holds the send lock.
 
         What was sent and not acknowledged never exceeds a window, so it fits the server's fresh grant.
         """
         pending = bytes(self._stdin_unacked[max(0, server_has - self._stdin_acked) :])
         if len(pending) > self._channel.credit:
-            raise SandboxProtocolViolation("openProcess: the stdin to resend is over the server's grant", field="stdin")
+            raise observed_by_runner(
+                SandboxProtocolViolation("openProcess: the stdin to resend is over the server's grant", field="stdin")
+            )
         for at in range(0, len(pending), MAX_DATA):
-            await self._send(Data("stdin", pending[at : at + MAX_DATA]))
+            await self._send_now(Data("stdin", pending[at : at + MAX_DATA]))
         if self._stdin_ended:
-            await self._send(StdinEndFrame(type="stdin_end"))
+            await self._send_now(StdinEndFrame(type="stdin_end"))
+        if self._kill_requested:
+            await self._send_now(KillFrame(type="kill"))
 
     async def close_stdin(self) -> None:
         if not self._stdin_ended:
@@ -614,8 +699,10 @@ class RemoteProcess:
             await self._send_quietly(StdinEndFrame(type="stdin_end"))
 
     async def kill(self) -> None:
-        """Ask the service to end the process; idempotent, and quiet when the stream is already over."""
+        """Ask the service to end the process; idempotent, quiet when the stream is already over, and sent
+        again after a reattach when the connection was down."""
         if not self._exited:
+            self._kill_requested = True
             await self._send_quietly(KillFrame(type="kill"))
 
     async def _close(self) -> None:

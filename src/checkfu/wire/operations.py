@@ -59,6 +59,10 @@ class Entry:
         return len(self.frame.data) if isinstance(self.frame, Data) else 0
 
 
+def _stream_of(frame: OutEndFrame | ErrEndFrame) -> str:
+    return "out" if isinstance(frame, OutEndFrame) else "err"
+
+
 def _as_error(exc: BaseException) -> SandboxError:
     if isinstance(exc, SandboxError):
         return exc
@@ -155,26 +159,50 @@ class Operation:
     # the client side -------------------------------------------------------------------------
 
     def attach(self, window: int, resume: ResumePoint | None) -> int:
-        """A connection (re)attaches: drop what the client says it already has, resend the rest. Returns its epoch."""
+        """A connection (re)attaches: drop what the client says it already has, resend the rest. Returns its epoch.
+
+        A data entry the resume point falls inside is cut there, so no byte is sent twice.
+
+        Raises:
+            SandboxProtocolViolation: the resume point is not one this log can serve: it claims bytes
+                never produced, or lies before bytes the client already acknowledged. Nothing changes then.
+        """
+        log = self.log
+        if resume is not None:
+            have = {"out": resume.out, "err": resume.err}
+            log = []
+            first: dict[str, int] = {}
+            for entry in self.log:
+                frame = entry.frame
+                kept = entry
+                if isinstance(frame, Data):
+                    upto = have.get(frame.stream, 0)
+                    if entry.offset + entry.size <= upto:
+                        continue
+                    if entry.offset < upto:
+                        kept = Entry(Data(frame.stream, frame.data[upto - entry.offset :]), upto)
+                    first.setdefault(frame.stream, kept.offset)
+                elif isinstance(frame, OutEndFrame | ErrEndFrame) and _stream_of(frame) in resume.ended:
+                    continue
+                log.append(kept)
+            for stream, upto in have.items():
+                if upto > self.offsets[stream]:
+                    raise SandboxProtocolViolation(
+                        f"openProcess: resume at {stream} byte {upto}, but only {self.offsets[stream]} were produced",
+                        field=f"resume.{stream}",
+                    )
+                if first.get(stream, self.offsets[stream]) > upto:
+                    raise SandboxProtocolViolation(
+                        f"openProcess: resume at {stream} byte {upto}, but the client acknowledged bytes past it",
+                        field=f"resume.{stream}",
+                    )
+        self.log = log
+        self.unacked = sum(entry.size for entry in log)
         self.window = window
         self.attached += 1
         self.epoch += 1
         self.cursor = 0
         self._ack_left = 0
-        if resume is not None:
-            have = {"out": resume.out, "err": resume.err}
-            kept = []
-            for entry in self.log:
-                frame = entry.frame
-                if isinstance(frame, Data) and entry.offset + entry.size <= have.get(frame.stream, 0):
-                    self.unacked -= entry.size
-                    continue
-                if isinstance(frame, OutEndFrame | ErrEndFrame):
-                    stream = "out" if isinstance(frame, OutEndFrame) else "err"
-                    if stream in resume.ended:
-                        continue
-                kept.append(entry)
-            self.log = kept
         self._wake_pump()
         self.changed.set()
         return self.epoch

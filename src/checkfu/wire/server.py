@@ -41,6 +41,7 @@ from checkfu.contract.envelope import MEMBERS, Member, SandboxProviderCapabiliti
 from checkfu.contract.errors import (
     ERROR_CLASSES,
     SandboxError,
+    SandboxNotFound,
     SandboxOperationUnsupported,
     SandboxProtocolViolation,
     SandboxProviderFailed,
@@ -60,8 +61,8 @@ from checkfu.contract.frames import (
     StdinEndFrame,
     WindowFrame,
 )
-from checkfu.contract.members import MESSAGES, METHOD_NAMES, DescribeResult, WriteFileRequest
-from checkfu.contract.provider import Provider
+from checkfu.contract.members import MESSAGES, METHOD_NAMES, DescribeResult, OpenProcessRequest, WriteFileRequest
+from checkfu.contract.provider import ProcessStream, Provider
 from checkfu.wire.credentials import SERVER_LOGGERS, Accepted, Credential, redact_logs
 from checkfu.wire.errors import WireError, status_of
 from checkfu.wire.files import FILES_MEDIA_TYPE, REQUEST_HEADER, stream_files
@@ -130,6 +131,8 @@ def create_app(
     accepted = credentials if isinstance(credentials, Accepted) else Accepted(credentials)
     redact_logs(*SERVER_LOGGERS)
     operations: dict[str, Operation] = {}
+    starting: dict[str, tuple[OpenProcessRequest, asyncio.Future[ProcessStream]]] = {}
+    """Operations whose provider start has not answered yet, so a retried start waits for it."""
 
     def authorized(headers: Any) -> None:
         if not accepted.check(headers.get("authorization")):
@@ -214,27 +217,57 @@ def create_app(
         await _attached(ws, channel, op, start)
 
     async def _operation(start: StartFrame) -> Operation:
+        """The operation ``start`` names: the one already running or being started under its id, else a new one.
+
+        A start retried while the first is still waiting for the provider waits for that same
+        start, so the provider is asked once. A start that resumes (``resume``) is a reattach:
+        it never starts anything.
+
+        Raises:
+            SandboxNotFound: a reattach to an operation this service does not hold (it restarted, or forgot it).
+            SandboxProtocolViolation: the operation id was started for another request.
+        """
         now = time.monotonic()
         for key in [k for k, o in operations.items() if o.expired(now)]:
             await operations.pop(key).close()
-        op = operations.get(start.operation_id)
+        op_id = start.operation_id
+        op = operations.get(op_id)
         if op is not None:
-            if op.request != start.request:
-                raise SandboxProtocolViolation(
-                    f"openProcess: operation {start.operation_id!r} was started for another request",
-                    field="operation_id",
-                )
+            _same_request(op_id, op.request, start)
             return op
+        if op_id in starting:
+            request, opening = starting[op_id]
+            _same_request(op_id, request, start)
+        elif start.resume is not None:
+            raise SandboxNotFound(
+                f"openProcess: no operation {op_id!r} to reattach to; its process is not known here",
+                field="operation_id",
+            )
+        else:
+            opening = asyncio.ensure_future(_open(start))
+            starting[op_id] = (start.request, opening)
         try:
-            stream = await provider.open_process(start.request)
-        except Exception as exc:
-            raise _as_error("openProcess", exc) from None
-        op = Operation(start.operation_id, start.request, stream)
-        operations[start.operation_id] = op
+            stream = await asyncio.shield(opening)
+        finally:
+            if opening.done() and op_id in starting and starting[op_id][1] is opening:
+                del starting[op_id]
+        op = operations.get(op_id)  # whoever resumes first from the one start records it
+        if op is None:
+            op = operations[op_id] = Operation(op_id, start.request, stream)
         return op
 
+    async def _open(start: StartFrame) -> ProcessStream:
+        try:
+            return await provider.open_process(start.request)
+        except Exception as exc:
+            raise _as_error("openProcess", exc) from None
+
     async def _attached(ws: WebSocket, channel: ProcessChannel, op: Operation, start: StartFrame) -> None:
-        epoch = op.attach(start.window, start.resume)
+        try:
+            epoch = op.attach(start.window, start.resume)
+        except SandboxError as exc:
+            await _send_error(ws, channel, exc)
+            return
         lock = asyncio.Lock()
         credit = asyncio.Event()
         killing: set[asyncio.Future[None]] = set()
@@ -253,12 +286,9 @@ def create_app(
                 await send(WindowFrame(type="window", bytes=n))
 
         grant = max(1, STDIN_WINDOW - op.queued_stdin())
-        await send(
-            StartedFrame(
-                type="start", operation_id=op.operation_id, started=op.started, window=grant, stdin=op.stdin_received
-            )
+        started = StartedFrame(
+            type="start", operation_id=op.operation_id, started=op.started, window=grant, stdin=op.stdin_received
         )
-        op.on_stdin_written = stdin_written
 
         async def sender() -> None:
             while op.epoch == epoch:
@@ -284,6 +314,8 @@ def create_app(
                     message = await _receive(ws)
                 except WebSocketDisconnect as gone:
                     return gone.code in (1000, 1001)
+                if op.epoch != epoch:
+                    return False  # the client reattached elsewhere: what still arrives here is stale
                 frame = channel.receive(message)
                 if isinstance(frame, Data):
                     op.stdin_received += len(frame.data)
@@ -296,9 +328,13 @@ def create_app(
                 elif isinstance(frame, KillFrame):
                     killing.add(asyncio.ensure_future(_kill(op)))
 
-        send_task = asyncio.ensure_future(sender())
-        recv_task = asyncio.ensure_future(receiver())
+        send_task: asyncio.Future[None] | None = None
+        recv_task: asyncio.Future[bool] | None = None
         try:
+            await send(started)  # inside the try: a client gone before this reply still detaches
+            op.on_stdin_written = stdin_written
+            send_task = asyncio.ensure_future(sender())
+            recv_task = asyncio.ensure_future(receiver())
             await asyncio.wait([send_task, recv_task], return_when=asyncio.FIRST_COMPLETED)
             if recv_task.done():
                 send_task.cancel()
@@ -314,7 +350,8 @@ def create_app(
             pass
         finally:
             for task in (send_task, recv_task):
-                task.cancel()
+                if task is not None:
+                    task.cancel()
             if op.on_stdin_written is stdin_written:
                 op.on_stdin_written = None
             op.detach()
@@ -341,6 +378,13 @@ def create_app(
     )
     app.state.operations = operations  # the open processes, for whoever runs the app to look at
     return app
+
+
+def _same_request(op_id: str, request: OpenProcessRequest, start: StartFrame) -> None:
+    if request != start.request:
+        raise SandboxProtocolViolation(
+            f"openProcess: operation {op_id!r} was started for another request", field="operation_id"
+        )
 
 
 async def _receive(ws: WebSocket) -> str | bytes:
