@@ -216,6 +216,9 @@ function requireState(inst, state, member) {
   }
 }
 
+/** The state as the wire knows it (activating is still provisioning to the runner). */
+const wireState = (inst) => (inst.state === 'activating' ? 'provisioning' : inst.state);
+
 /** What every instance result echoes. */
 function identity(req, inst) {
   return { target: { ...TARGET }, lease: req.lease, allocation_key: inst.allocationKey, instance_id: inst.instanceId };
@@ -282,6 +285,7 @@ const members = {
       staged: new Set(), // absolute paths written so far
       leases: new Map([[req.lease.lease_id, req.lease.lease_epoch]]),
       holder: null,
+      activation: null, // the holder starting, while activate runs
       execs: new Set(),
     };
     // the label first: from here on compensate(allocation_key) finds whatever exists
@@ -297,6 +301,7 @@ const members = {
   async activate(req) {
     checkTarget(req);
     const inst = findInstance(req);
+    if (inst.activation) await inst.activation.catch(() => {}); // one activation at a time
     if (inst.state === 'active') return { ...identity(req, inst), state: inst.state }; // a retry
     requireState(inst, 'provisioning', 'activate');
     // every file of every mount plan must have been staged: the sandbox sees the plan, whole
@@ -307,12 +312,18 @@ const members = {
         }
       }),
     );
+    // "activating": no writeFile from here on (the staged directories are bound live)
+    inst.state = 'activating';
+    inst.activation = sandbox.startHolder(inst.dir, inst.mounts, inst.diskMib);
     try {
-      inst.holder = await sandbox.startHolder(inst.dir, inst.mounts, inst.diskMib);
+      inst.holder = await inst.activation;
     } catch (e) {
+      if (inst.state === 'activating') inst.state = 'provisioning';
       throw err('SandboxProviderFailed', `the sandbox could not be built: ${e.message}`);
+    } finally {
+      inst.activation = null;
     }
-    if (inst.state !== 'provisioning') {
+    if (inst.state !== 'activating') {
       // released or compensated while it came up
       sandbox.killGroup(inst.holder);
       throw err('SandboxStateConflict', `the instance was ${inst.state} while it activated`, 'instance_id');
@@ -353,7 +364,7 @@ const members = {
     checkTarget(req);
     const inst = findInstance(req);
     if (inst.state === 'broken') throw err('SandboxProviderFailed', 'the sandbox died', 'instance_id');
-    return { ...identity(req, inst), state: inst.state };
+    return { ...identity(req, inst), state: wireState(inst) };
   },
 
   async release(req) {
@@ -574,11 +585,19 @@ const server = http.createServer({ maxHeaderSize: 64 * 1024 }, async (httpReq, r
   }
 });
 
-// openProcess is a WebSocket upgrade; we do not serve it, and say so over plain HTTP.
+// openProcess is a WebSocket upgrade; we do not serve it, and say so over plain HTTP
+// (an upgrade anywhere else is answered as the same request without one would be).
 server.on('upgrade', (httpReq, socket) => {
-  const e = !authorized(httpReq)
-    ? err('SandboxUnauthenticated', 'a /v1 request needs Authorization: Bearer <credential>', 'authorization')
-    : err('SandboxOperationUnsupported', 'openProcess is not served by this provider');
+  const p = new URL(httpReq.url, 'http://provider').pathname;
+  const member = p.slice('/v1/'.length);
+  const e =
+    p !== '/v1' && !p.startsWith('/v1/')
+      ? err('SandboxNotFound', `nothing at ${p}`, 'path')
+      : !authorized(httpReq)
+        ? err('SandboxUnauthenticated', 'a /v1 request needs Authorization: Bearer <credential>', 'authorization')
+        : SERVED.includes(member) || NOT_SERVED.includes(member)
+          ? err('SandboxOperationUnsupported', `${member} is not served over a WebSocket by this provider`)
+          : err('SandboxOperationUnsupported', `no member ${member}`, 'path');
   const text = JSON.stringify(errorBody(e));
   socket.on('error', () => {});
   socket.end(

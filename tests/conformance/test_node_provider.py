@@ -30,6 +30,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -502,6 +503,19 @@ def test_identity_target_and_lease_are_checked(provider: Provider) -> None:
         {"target": s.target, "lease": s.lease, "allocation_key": s.key, "runner_tag": "runner-node-test"},
     )
     assert (status, body["reclaimed"]) == (200, 1)  # a half-provisioned allocation: its directory
+
+
+def test_concurrent_activations_start_one_sandbox(provider: Provider) -> None:
+    s = Session(provider, "ak-node-concurrent")
+    s.provision()
+    s.stage_all()
+    with ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(lambda _: post(provider, "activate", s.ids()), range(4)))
+    assert [(status, body["state"]) for status, body in answers] == [(200, "active")] * 4
+    assert len(labeled_pids(provider.state_dir)) == 1  # one namespace holder
+    status, body = post(provider, "release", s.ids())
+    assert status == 200 and body["destroyed"] is True
+    assert labeled_pids(provider.state_dir) == []
 
 
 def test_compensation_and_release_work_after_the_provider_lost_every_record(node: str, tmp_path: Path) -> None:
