@@ -65,10 +65,10 @@ done
 printf 'root:x:0:0:root:/root:/usr/sbin/nologin\\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\\n' >"$root/etc/passwd"
 printf 'root:x:0:\\nnogroup:x:65534:\\n' >"$root/etc/group"
 printf '127.0.0.1 localhost\\n::1 localhost\\n' >"$root/etc/hosts"
-if [ -f /etc/ld.so.cache ]; then : >"$root/etc/ld.so.cache"; mount --bind -o ro /etc/ld.so.cache "$root/etc/ld.so.cache"; fi
+if [ -f /etc/ld.so.cache ]; then : >"$root/etc/ld.so.cache"; mount --bind -o ro,nosuid,nodev /etc/ld.so.cache "$root/etc/ld.so.cache"; fi
 if [ -d /etc/alternatives ]; then mkdir "$root/etc/alternatives"; mount --bind -o ro,nosuid,nodev /etc/alternatives "$root/etc/alternatives"; fi
 # /dev: a few harmless devices and the usual links
-for n in null zero full random urandom; do : >"$root/dev/$n"; mount --bind "/dev/$n" "$root/dev/$n"; done
+for n in null zero full random urandom; do : >"$root/dev/$n"; mount --bind -o nosuid,noexec "/dev/$n" "$root/dev/$n"; done
 ln -s /proc/self/fd "$root/dev/fd"
 ln -s /proc/self/fd/0 "$root/dev/stdin"
 ln -s /proc/self/fd/1 "$root/dev/stdout"
