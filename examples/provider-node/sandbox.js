@@ -206,10 +206,11 @@ function runExec(dir, holderPid, req, cap, onChild) {
       });
     }
     let timedOut = false;
+    // setTimeout fires at once past 2^31 - 1 ms; no runner waits 24.8 days anyway
     const timer = setTimeout(() => {
       timedOut = true;
       killGroup(child);
-    }, req.timeout_ms);
+    }, Math.min(req.timeout_ms, 2 ** 31 - 1));
     child.stdin.on('error', () => {}); // a command that does not read its stdin is fine
     child.stdin.end(Buffer.from(req.stdin, 'base64'));
     child.on('error', (e) => {

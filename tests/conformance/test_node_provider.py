@@ -459,6 +459,8 @@ def test_staging_sealing_and_exec_behave_as_the_contract_says(provider: Provider
     r = s.exec(["sh", "-c", "sleep 30 & sleep 30"], timeout_ms=500)
     assert r["timed_out"] is True and r["exit_code"] == 128 + signal.SIGKILL
     assert time.monotonic() - started < 10
+    r = s.exec(["echo", "no hurry"], timeout_ms=3_000_000_000)  # beyond a JavaScript timer's 2^31 - 1 ms
+    assert (r["timed_out"], r["out"]) == (False, b"no hurry\n")
     assert labeled_pids(provider.state_dir) != []  # the instance's namespace holder, and only that
     assert len(labeled_pids(provider.state_dir)) == 1
 
