@@ -40,14 +40,16 @@ pytestmark = pytest.mark.anyio
 
 
 async def collect(stream: ProcessStream, *, pause: float = 0.0) -> tuple[bytes, bytes, list[ProcessEvent]]:
+    """Every event to the end; a stream that stalls for 20 s fails the test instead of hanging it."""
     out, err, tail = bytearray(), bytearray(), []
-    async for event in stream.events():
-        if isinstance(event, ProcessOutput):
-            (out if event.stream == "out" else err).extend(event.data)
-            if pause:
-                await asyncio.sleep(pause)
-        else:
-            tail.append(event)
+    async with asyncio.timeout(20):
+        async for event in stream.events():
+            if isinstance(event, ProcessOutput):
+                (out if event.stream == "out" else err).extend(event.data)
+                if pause:
+                    await asyncio.sleep(pause)
+            else:
+                tail.append(event)
     return bytes(out), bytes(err), tail
 
 
@@ -187,6 +189,8 @@ async def test_a_dropped_connection_reattaches_without_losing_or_repeating_a_byt
             if len(out) > (drops + 1) * 300_000 and drops < 5:
                 proc._ws.transport.abort()  # type: ignore[union-attr]
                 drops += 1
+                (op,) = driven.service.operations().values()  # one operation, one process, throughout
+                assert op.started == proc.started
             if len(out) >= len(expected):
                 await proc.close_stdin()
             await asyncio.sleep(0.001)

@@ -10,8 +10,10 @@ err). Every other frame is a JSON text message with a ``type``:
 - ``start`` (client) names a client-chosen ``operation_id`` and carries the
   ``OpenProcessRequest``, the client's first credit grant (``window``) and, when
   it reattaches after a dropped connection, ``resume``: how many bytes of each
-  stream it has already received. A ``start`` for an operation the server already
-  runs attaches to it; it never starts the process twice.
+  stream (and which ends) it needs no more; the server sends everything after
+  that again, and refuses a ``resume`` for an operation it does not hold. A
+  ``start`` for an operation the server already runs, or is still starting,
+  attaches to it; it never starts the process twice.
 - ``start`` (server) answers with the ``ProcessStarted`` result, the server's
   first stdin grant (``window``) and ``stdin``: how many stdin bytes it has, so
   a reattaching client resends only the rest.
@@ -67,7 +69,10 @@ Role = Literal["client", "server"]
 
 
 class ResumePoint(Model):
-    """What a reattaching client has already received: bytes of each output stream, and which ended."""
+    """What a reattaching client needs no more: bytes of each output stream, and which ended.
+
+    A client resumes from what it has consumed; what it received and had not consumed is sent again.
+    """
 
     out: NonNegInt
     err: NonNegInt
