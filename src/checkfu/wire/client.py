@@ -509,9 +509,10 @@ class RemoteProcess:
                 try:
                     async with asyncio.timeout(DEADLINES["openProcess"]):
                         frame = await self._connect(resume)
+                        await self._resend(frame.stdin)
                 except (ConnectionClosed, OSError, InvalidHandshake, TimeoutError):
-                    continue
-                await self._resend(frame.stdin)
+                    self._abort()
+                    continue  # this connection failed too: try again, from the same point
             self._credit.set()
             return True
         return False
