@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
+from websockets.asyncio.client import connect
 from websockets.asyncio.server import ServerConnection
 from websockets.asyncio.server import serve as ws_serve
 from wire_rig import Driven, Peer, Service, peer
@@ -28,7 +29,17 @@ from checkfu.contract.errors import (
     SandboxProtocolViolation,
     SandboxStateConflict,
 )
-from checkfu.contract.frames import MAX_DATA
+from checkfu.contract.frames import (
+    MAX_DATA,
+    ErrEndFrame,
+    ExitFrame,
+    OutEndFrame,
+    ProcessChannel,
+    StartFrame,
+    WindowFrame,
+    encode,
+    parse,
+)
 from checkfu.contract.members import OpenProcessRequest
 from checkfu.contract.process import ProcessEvent, ProcessExit, ProcessOutput, ProcessStreamEnd
 from checkfu.contract.provider import ProcessStream
@@ -319,6 +330,69 @@ async def test_a_start_retried_after_a_lost_reply_never_starts_twice(serve: Call
     assert out == b"one process" and exit_of(tail) == 0
     assert memory.calls.count("openProcess") == 1
     await direct.release_all()
+
+
+async def test_grants_that_cross_the_exit_are_no_breach_and_the_operation_is_forgotten(
+    memory_wire: tuple[MemoryProvider, Driven],
+) -> None:
+    """A client consuming output sends grants; the service's exit may pass them on the wire. The service
+    must take them (and drop them), end normally, and forget the operation when the client closes."""
+    _, driven = memory_wire
+    inst = await driven.active()
+    start = StartFrame(
+        type="start", operation_id="op-crossing", request=driven.process_request(inst, "echo", "hi"), window=1 << 20
+    )
+    url = f"ws://127.0.0.1:{driven.service.port}/v1/openProcess"
+    auth = {"authorization": f"Bearer {driven.service.secret}"}
+    async with connect(url, additional_headers=auth) as ws:
+        await ws.send(start.model_dump_json(exclude_none=True))
+        await asyncio.sleep(0.3)  # the service has sent everything, the exit included, and we read none of it
+        await ws.send(WindowFrame(type="window", bytes=3).model_dump_json())
+        await ws.send(json.dumps({"type": "kill"}))
+        frames = [parse(await asyncio.wait_for(ws.recv(), 5), "server") for _ in range(5)]
+        assert [type(f).__name__ for f in frames] == ["StartedFrame", "Data", "OutEndFrame", "ErrEndFrame", "ExitFrame"]
+        with contextlib.suppress(asyncio.TimeoutError):
+            extra = await asyncio.wait_for(ws.recv(), 0.3)
+            raise AssertionError(f"the service sent more after its exit: {extra!r}")
+    for _ in range(200):
+        if not driven.service.operations():
+            break
+        await asyncio.sleep(0.01)
+    assert driven.service.operations() == {}
+
+
+def test_only_the_side_that_sent_the_exit_takes_frames_that_crossed_it() -> None:
+    request = _request(MemoryProvider())
+    client, server = ProcessChannel("client"), ProcessChannel("server")
+    server.receive(client.send(StartFrame(type="start", operation_id="op-x", request=request, window=10)))
+    started = {**json.loads(request.model_dump_json(include={"target", "lease", "allocation_key", "instance_id"}))}
+    client.receive(
+        server.send(
+            parse(
+                json.dumps(
+                    {
+                        "type": "start",
+                        "operation_id": "op-x",
+                        "window": 10,
+                        "stdin": 0,
+                        "started": {**started, "process_id": "p-x"},
+                    }
+                ),
+                "server",
+            )
+        )
+    )
+    for frame in (OutEndFrame(type="out_end"), ErrEndFrame(type="err_end"), ExitFrame(type="exit", exit_code=0)):
+        server.send(frame)  # the exit is on its way; the client has not read it yet
+    crossing = [client.send(WindowFrame(type="window", bytes=5)), b"\x01late", '{"type": "stdin_end"}']
+    for message in [*crossing, '{"type": "kill"}']:
+        server.receive(message)  # no breach
+    with pytest.raises(SandboxProtocolViolation):
+        server.receive('{"type": "start"}')
+    for frame in (OutEndFrame(type="out_end"), ErrEndFrame(type="err_end"), ExitFrame(type="exit", exit_code=0)):
+        client.receive(encode(frame))
+    with pytest.raises(SandboxProtocolViolation):  # the side that received the exit takes nothing more
+        client.receive('{"type": "window", "bytes": 1}')
 
 
 # Never an exit the process did not have --------------------------------------------------------------

@@ -174,7 +174,7 @@ async def test_a_dropped_stream_resumes_through_the_runner(wire_run: Callable[..
 
 async def _late(inv: Invocation) -> Any:
     result = await inv.proceed()
-    await asyncio.sleep(0.6)  # the answer comes, but after the runner's deadline
+    await asyncio.sleep(1.0)  # the answer comes, but after the runner's deadline
     return result
 
 
@@ -184,7 +184,7 @@ late = Misbehaviour("late", frozenset(MEMBERS), _late)
 async def test_an_answer_after_its_deadline_is_a_timeout_and_the_instance_is_reclaimed(
     wire_run: Callable[..., WireRun],
 ) -> None:
-    run = wire_run(Limits(deadlines={"inspect": 0.2, "provision": 0.2}))
+    run = wire_run(Limits(deadlines={"inspect": 0.4, "provision": 0.4}))
     image = (await run.session.materialize(PROFILE, run.platform)).image
     inst = await run.session.provision(PROFILE, run.platform, image)
     await run.session.activate(inst)
@@ -196,7 +196,7 @@ async def test_an_answer_after_its_deadline_is_a_timeout_and_the_instance_is_rec
     run.provider.set("provision", late)
     with pytest.raises(SandboxProviderTimeout):
         await run.session.provision(PROFILE, run.platform, image)
-    await asyncio.sleep(0.7)  # the late answer lands on a connection the client has closed
+    await asyncio.sleep(1.0)  # the late answer lands on a connection the client has closed
     assert run.memory.live_objects() == ()
     assert {r.state for r in run.journal.allocations_for_run(run.session.run_id)} == {"compensated"}
     # The client is not confused by answers that arrived after it gave up.

@@ -30,7 +30,9 @@ err). Every other frame is a JSON text message with a ``type``:
 ends, credit, chunk bounds) and everything its own side sends. A frame out of
 order, after its stream's end or the exit, over the granted credit, or of an
 unknown type is ``SandboxProtocolViolation``; a data frame over the chunk bound
-is ``SandboxBoundExceeded``. ``OutputOrder`` applies the same rules to the events
+is ``SandboxBoundExceeded``. The side that sent the exit (or an error) takes, and
+drops, the grants, stdin and kills the peer sent before it saw it: they crossed
+in flight, and are no breach. ``OutputOrder`` applies the same rules to the events
 of an in-process ``ProcessStream``, so a process is checked the same way wherever
 it runs.
 """
@@ -256,6 +258,8 @@ class ProcessChannel:
     started: bool = False
     closed: bool = False
     """An exit or an error has passed (either way): nothing more may."""
+    ended_here: bool = False
+    """This side sent the exit or the error: what the peer sent before it saw that crossed it in flight."""
     ended: set[str] = field(default_factory=set)
     stdin_ended: bool = False
     inbound: _Flow = field(default_factory=_Flow)
@@ -287,6 +291,8 @@ class ProcessChannel:
 
     def _admit_in(self, frame: Frame) -> None:
         if self.closed:
+            if self.ended_here and isinstance(frame, WindowFrame | KillFrame | StdinEndFrame | Data):
+                return  # sent before the peer saw this side's exit (or error): harmless, and nothing more is owed
             raise _violation(f"a {_name(frame)} frame after the conversation ended")
         if isinstance(frame, StartFrame | StartedFrame):
             if self.started:
@@ -368,7 +374,7 @@ class ProcessChannel:
         elif isinstance(frame, OutEndFrame | ErrEndFrame):
             self.ended.add("out" if isinstance(frame, OutEndFrame) else "err")
         elif isinstance(frame, ExitFrame | ErrorFrame):
-            self.closed = True
+            self.closed = self.ended_here = True
         elif isinstance(frame, StdinEndFrame):
             self.stdin_ended = True
         return encode(frame)
