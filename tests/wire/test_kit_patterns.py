@@ -22,9 +22,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import TypeAdapter, ValidationError
 
-from checkfu.contract.model import Bytes
-from checkfu.contract.mounts import ABSOLUTE_PATH_PATTERN, MOUNT_TARGET_PATTERN, RELATIVE_PATH_PATTERN
-from checkfu.contract.paths import path_problem
+from checkfu.contract.model import BASE64_PATTERN, Bytes
+from checkfu.contract.mounts import ABSOLUTE_PATH_PATTERN, MOUNT_TARGET_PATTERN, PATH_RULE, RELATIVE_PATH_PATTERN
+from checkfu.contract.paths import MAX_PATH_BYTES, path_problem
 from checkfu.contract.profile import DESTINATION_PATTERN, PIN_PATTERNS
 from checkfu.wire.kit import build_kit
 
@@ -92,6 +92,45 @@ def test_the_schemas_publish_these_patterns() -> None:
 @pytest.mark.parametrize("pattern", sorted(published_patterns()))
 def test_every_published_pattern_compiles(pattern: str) -> None:
     ecma(pattern)
+
+
+PATH_PATTERNS = {ABSOLUTE_PATH_PATTERN, MOUNT_TARGET_PATTERN, RELATIVE_PATH_PATTERN}
+NAMED = {
+    BASE64_PATTERN: "base64 rule:",
+    DESTINATION_PATTERN: "destination rule:",
+    **{pin.pattern: "pin rule:" for pin in PIN_PATTERNS.values()},
+    **dict.fromkeys(PATH_PATTERNS, f"{PATH_RULE}:"),
+}
+"""Each pattern that is a named rule, and how its ``$comment`` begins."""
+
+
+def test_every_path_pattern_is_marked_as_the_path_rule_and_nothing_else_is() -> None:
+    # The README: a path that breaks the rule is SandboxPathRejected, and this mark is how a
+    # validator of another language finds the patterns that are the rule.
+    marked = 0
+    for path, schema in KIT.items():
+        if not path.startswith("schemas/"):
+            continue
+        for node in _nodes(schema):
+            comment = node.get("$comment", "")
+            if node.get("pattern") in PATH_PATTERNS or comment.startswith(PATH_RULE):
+                assert comment.startswith(f"{PATH_RULE}:"), (path, node)
+                assert node.get("pattern") in PATH_PATTERNS, (path, node)
+                assert node.get("maxLength") == MAX_PATH_BYTES, (path, node)
+                assert node.get("type") == "string", (path, node)
+                marked += 1
+    assert marked >= 15
+
+
+def test_every_named_rules_pattern_says_its_name() -> None:
+    seen = set()
+    for path, schema in KIT.items():
+        if path.startswith("schemas/"):
+            for node in _nodes(schema):
+                if node.get("pattern") in NAMED:
+                    assert node.get("$comment", "").startswith(NAMED[node["pattern"]]), (path, node)
+                    seen.add(node["pattern"])
+    assert seen == set(NAMED)
 
 
 # --- paths ----------------------------------------------------------------------------------------

@@ -143,28 +143,30 @@ _ALL_FALSE = dict.fromkeys(LifecycleAssurances.model_fields, False)
 
 ENVELOPE_RULES: list[dict[str, Any]] = [
     {
-        "$comment": "rule 1: image_mode fixed <=> fixed_base_images non-empty",
+        "$comment": "rule 1: image_mode fixed <=> fixed_base_images non-empty; field: fixed_base_images",
         "if": _is("image_mode", "fixed"),
         "then": _where("fixed_base_images", {"type": "array", "minItems": 1}),
         "else": _where("fixed_base_images", {"type": "array", "maxItems": 0}),
     },
     {
-        "$comment": "rule 2: durable in retention_modes => snapshots true",
+        "$comment": "rule 2: durable in retention_modes => snapshots true; field: retention_modes",
         "if": _has("retention_modes", "durable"),
         "then": _where("snapshots", {"const": True}),
     },
     {
-        "$comment": "rule 3: snapshot_custody provider => snapshots true",
+        "$comment": "rule 3: snapshot_custody provider => snapshots true; field: snapshot_custody",
         "if": _is("snapshot_custody", "provider"),
         "then": _where("snapshots", {"const": True}),
     },
     {
-        "$comment": "rule 6: an egress grade other than unsupported => allowlist in network_modes (not conversely)",
+        "$comment": "rule 6: an egress grade other than unsupported => allowlist in network_modes (not conversely); "
+        "field: egress_certification",
         "if": _is("egress_certification", "advisory_filter", "security_boundary"),
         "then": _where("network_modes", {"type": "array", "contains": {"const": "allowlist"}}),
     },
     {
-        "$comment": "rule 7: beside ephemeral_zdr, release_destroys may be omitted (it is then true) but not false",
+        "$comment": "rule 7: beside ephemeral_zdr, release_destroys may be omitted (it is then true) but not false; "
+        "field: lifecycle_assurances.release_destroys",
         "if": _has("retention_modes", "ephemeral_zdr"),
         "then": _where(
             "lifecycle_assurances",
@@ -180,7 +182,8 @@ ENVELOPE_RULES: list[dict[str, Any]] = [
         ),
     },
     {
-        "$comment": "rule 8: enumerates_allocations true => listAllocations in operations",
+        "$comment": "rule 8: enumerates_allocations true => listAllocations in operations; "
+        "field: lifecycle_assurances.enumerates_allocations",
         "if": _where(
             "lifecycle_assurances",
             {

@@ -312,7 +312,7 @@ class ListDirResult(Result):
     model_config = ConfigDict(
         json_schema_extra=schema_rules(
             {
-                "$comment": "only a dir has entries or can be truncated",
+                "$comment": "only a dir has entries or can be truncated; field: entries, truncated",
                 "if": {"required": ["kind"], "properties": {"kind": {"not": {"const": "dir"}}}},
                 "then": {"properties": {"entries": {"type": "array", "maxItems": 0}, "truncated": {"const": False}}},
             }

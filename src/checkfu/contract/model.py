@@ -60,7 +60,14 @@ Bytes = Annotated[
     bytes,
     PlainValidator(_bytes_in, json_schema_input_type=str),
     PlainSerializer(lambda b: base64.b64encode(b).decode("ascii"), return_type=str, when_used="json"),
-    WithJsonSchema({"type": "string", "contentEncoding": "base64", "pattern": BASE64_PATTERN}),
+    WithJsonSchema(
+        {
+            "type": "string",
+            "contentEncoding": "base64",
+            "$comment": "base64 rule: standard padded base64 (RFC 4648 section 4), one spelling per byte string",
+            "pattern": BASE64_PATTERN,
+        }
+    ),
 ]
 """Bytes travel as standard, padded base64 (what Go's ``encoding/json`` does for ``[]byte``)."""
 

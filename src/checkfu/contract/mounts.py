@@ -21,9 +21,18 @@ RELATIVE_PATH_PATTERN = rf"^{_SEGMENT}(?:/{_SEGMENT})*$"
 MOUNT_TARGET_PATTERN = rf"^(?:/{_SEGMENT})+$"
 """An absolute path other than ``/``: a mount may not cover the root."""
 
+PATH_RULE = "sandbox path rule"
+"""How the published schemas name the path rule: each path ``pattern`` sits beside a ``$comment`` starting so."""
+
 AbsolutePath = Annotated[
     SandboxPath,
-    Field(json_schema_extra={"pattern": ABSOLUTE_PATH_PATTERN, "maxLength": MAX_PATH_BYTES}),
+    Field(
+        json_schema_extra={
+            "$comment": f"{PATH_RULE}: an absolute path",
+            "pattern": ABSOLUTE_PATH_PATTERN,
+            "maxLength": MAX_PATH_BYTES,
+        }
+    ),
 ]
 """``SandboxPath`` with its rule in the schema too (the decoder's own check is unchanged)."""
 
@@ -31,13 +40,23 @@ MountTarget = Annotated[
     SandboxPath,
     Field(
         description="an absolute sandbox path other than /",
-        json_schema_extra={"pattern": MOUNT_TARGET_PATTERN, "maxLength": MAX_PATH_BYTES},
+        json_schema_extra={
+            "$comment": f"{PATH_RULE}: an absolute path other than / (a mount target)",
+            "pattern": MOUNT_TARGET_PATTERN,
+            "maxLength": MAX_PATH_BYTES,
+        },
     ),
 ]
 
 MountPath = Annotated[
     RelativePath,
-    Field(json_schema_extra={"pattern": RELATIVE_PATH_PATTERN, "maxLength": MAX_PATH_BYTES}),
+    Field(
+        json_schema_extra={
+            "$comment": f"{PATH_RULE}: a relative path below a mount target",
+            "pattern": RELATIVE_PATH_PATTERN,
+            "maxLength": MAX_PATH_BYTES,
+        }
+    ),
 ]
 
 ContentDigest = Annotated[str, Strict(), Field(pattern=r"^(?:sha256:[0-9a-f]{64}|git:(?:[0-9a-f]{40}|[0-9a-f]{64}))$")]

@@ -96,7 +96,14 @@ published schema refuses what the decoder refuses; ``_port_in_range`` checks the
 Destination = Annotated[
     str,
     Strict(),
-    Field(pattern=DESTINATION_PATTERN, max_length=260),
+    Field(
+        pattern=DESTINATION_PATTERN,
+        max_length=260,
+        json_schema_extra={
+            "$comment": "destination rule: host:port, the host a lowercase DNS name, an IPv4 address or a "
+            "bracketed IPv6 address, the port 1..65535"
+        },
+    ),
     AfterValidator(_port_in_range),
 ]
 """``host:port``: a lowercase DNS name, an IPv4 address, or a bracketed IPv6 address."""
@@ -108,7 +115,8 @@ class NetworkPolicy(Model):
     model_config = ConfigDict(
         json_schema_extra=schema_rules(
             {
-                "$comment": "mode allowlist names at least one destination; any other mode names none",
+                "$comment": "mode allowlist names at least one destination; any other mode names none; "
+                "field: allowlist",
                 "if": {"required": ["mode"], "properties": {"mode": {"const": "allowlist"}}},
                 "then": {"required": ["allowlist"], "properties": {"allowlist": {"type": "array", "minItems": 1}}},
                 "else": {"properties": {"allowlist": {"type": "array", "maxItems": 0}}},
@@ -151,7 +159,11 @@ class SandboxProfile(Model):
         json_schema_extra={
             "default": {},
             "properties": {
-                m: {"type": "array", "items": {"type": "string", "pattern": p.pattern}} for m, p in PIN_PATTERNS.items()
+                m: {
+                    "type": "array",
+                    "items": {"type": "string", "$comment": f"pin rule: a pinned {m} name", "pattern": p.pattern},
+                }
+                for m, p in PIN_PATTERNS.items()
             },
         },
     )
