@@ -4,7 +4,11 @@
 2020-12, strict mode: no unknown keyword, no keyword on a type it cannot apply to)
 must compile every schema, accept every valid vector, refuse every ``schema``
 vector, and accept every ``rule`` vector (only a rule beyond JSON Schema refuses
-it); a ``json`` vector must break its JSON text rule alone. It also recomputes every
+it); a ``json`` vector must break its JSON text rule alone. From Ajv's own errors it checks
+what the README says a decoder reports: a ``SandboxPathRejected`` schema vector fails a
+pattern or ``maxLength`` marked as the path rule at exactly its field (and only those do), and
+a vector only an ``if``/``then`` clause refuses names a field the clause's ``$comment`` lists.
+Every message names its code in ``index.json``. It also recomputes every
 ``profile_digest`` from scratch: the schema's defaults filled in by Ajv, RFC 8785
 written by hand in JavaScript, SHA-256. A broken kit makes it fail; the last tests
 prove that on purpose.
@@ -23,8 +27,9 @@ from typing import Any
 
 import pytest
 from test_kit import EXPECTED_BEYOND_SCHEMA, KIT, VALID, VECTORS
+from test_kit_claims import CLAUSE_VECTORS
 
-from checkfu.wire.kit import JSON_RULES, export_kit
+from checkfu.wire.kit import FRAME_MESSAGES, JSON_RULES, export_kit
 
 
 def run_ajv(node_ajv: Any, kit: Path) -> tuple[int, dict[str, Any]]:
@@ -61,6 +66,21 @@ def test_ajv_accepts_and_refuses_every_vector_as_the_kit_says(node_ajv: Any, che
         for layer in ("schema", "rule", "json")
     }
     assert report["refused_by"] == counts
+
+
+def test_ajv_finds_the_path_rule_and_each_clauses_field_where_the_readme_says(checked: tuple[int, Any]) -> None:
+    _, report = checked
+    path_faults = [
+        p
+        for p in VECTORS
+        if not KIT[p]["valid"]
+        and KIT[p]["refused_by"] == "schema"
+        and KIT[p]["message"] not in FRAME_MESSAGES
+        and KIT[p]["expect"]["code"] == "SandboxPathRejected"
+    ]
+    assert report["path_rule"] == len(path_faults) >= 10
+    assert report["clause_fields"] == len(CLAUSE_VECTORS) >= 12
+    assert report["openapi"] == KIT["openapi.json"]["openapi"]
 
 
 def test_what_ajv_cannot_refuse_is_exactly_the_rules_beyond_the_schema(checked: tuple[int, Any]) -> None:
@@ -133,3 +153,37 @@ def test_a_schema_default_removed_changes_the_digest(node_ajv: Any, tmp_path: Pa
     code, report = run_ajv(node_ajv, tmp_path)
     assert code == 1
     assert "digest-example.json" in _failed(report)
+
+
+def test_a_clause_naming_another_field_fails(node_ajv: Any, tmp_path: Path) -> None:
+    # The field a rule-2 refusal names is the if side's (retention_modes): a $comment naming the
+    # then side's field (snapshots), as a validator would report it, disagrees with the vector.
+    export_kit(tmp_path)
+
+    def then_side(s: dict[str, Any]) -> None:
+        (rule2,) = [r for r in s["allOf"] if r["$comment"].startswith("rule 2")]
+        rule2["$comment"] = rule2["$comment"].replace("field: retention_modes", "field: snapshots")
+
+    _edit(tmp_path, "schemas/SandboxProviderCapabilities.schema.json", then_side)
+    code, report = run_ajv(node_ajv, tmp_path)
+    assert code == 1
+    assert _failed(report) == {"vectors/SandboxProviderCapabilities/invalid-rule2-durable-without-snapshots.json"}
+
+
+def test_an_unmarked_path_pattern_fails(node_ajv: Any, tmp_path: Path) -> None:
+    export_kit(tmp_path)
+    _edit(tmp_path, "schemas/WriteFileRequest.schema.json", lambda s: s["properties"]["path"].pop("$comment"))
+    code, report = run_ajv(node_ajv, tmp_path)
+    assert code == 1
+    assert {
+        "vectors/WriteFileRequest/invalid-trailing-slash.json",
+        "vectors/WriteFileRequest/invalid-path-over-4096-characters.json",
+    } <= _failed(report)
+
+
+def test_a_message_without_its_code_fails(node_ajv: Any, tmp_path: Path) -> None:
+    export_kit(tmp_path)
+    _edit(tmp_path, "index.json", lambda i: i["messages"]["ExecRequest"].pop("code"))
+    code, report = run_ajv(node_ajv, tmp_path)
+    assert code == 1
+    assert "schemas/ExecRequest.schema.json" in _failed(report)

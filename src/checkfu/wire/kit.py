@@ -31,7 +31,7 @@ import rfc8785
 from pydantic.json_schema import models_json_schema
 
 from checkfu.contract import examples as ex
-from checkfu.contract.codec import canonical, decode_value
+from checkfu.contract.codec import build, canonical, decode_value
 from checkfu.contract.envelope import SandboxProviderCapabilities
 from checkfu.contract.errors import (
     SandboxDigestMismatch,
@@ -42,12 +42,15 @@ from checkfu.contract.errors import (
     SandboxResultInvalid,
 )
 from checkfu.contract.frames import FRAME_TYPES, ResumePoint, Role
-from checkfu.contract.members import MESSAGES
-from checkfu.contract.model import Model
+from checkfu.contract.members import MESSAGES, WriteFileRequest
+from checkfu.contract.model import MAX_SAFE_INT, Model
 from checkfu.contract.mounts import MountPlan
+from checkfu.contract.paths import MAX_PATH_BYTES
 from checkfu.contract.profile import SandboxProfile
+from checkfu.contract.vocabulary import PLACEMENTS
 from checkfu.wire.errors import WireError
 from checkfu.wire.files import ReadFilesHead
+from checkfu.wire.openapi import openapi_document
 
 SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
 KIT_VERSION = "v1"
@@ -97,6 +100,87 @@ def frame_models() -> dict[str, type[Model]]:
             out[model.__name__] = model
     out[ResumePoint.__name__] = ResumePoint
     return out
+
+
+CLAUSE_FIELD = "; field: "
+"""How a cross-field clause's ``$comment`` ends: the field a refusal names, relative to the object the clause
+is on (several, comma-separated, in the order a decoder checks them: the first one broken is named)."""
+
+
+def clause_fields(clause: dict[str, Any]) -> tuple[str, ...]:
+    """The fields a refusal by an ``allOf`` clause of a schema names, from its ``$comment``."""
+    comment: str = clause["$comment"]
+    assert CLAUSE_FIELD in comment, comment
+    return tuple(f.strip() for f in comment.rsplit(CLAUSE_FIELD, 1)[1].split(","))
+
+
+def message_code(name: str) -> str:
+    """The code a decode failure of message ``name`` reports when no object inside it owns one (frames: always)."""
+    if name in FRAME_MESSAGES:
+        return SandboxProtocolViolation.code
+    return message_types()[name].decode_error.code
+
+
+def _inner_models(annotation: Any) -> list[type[Model]]:
+    if isinstance(annotation, type) and issubclass(annotation, Model):
+        return [annotation]
+    return [m for arg in getattr(annotation, "__args__", ()) for m in _inner_models(arg)]
+
+
+def object_codes() -> dict[str, str]:
+    """Each object (by its schema title) that, inside another message, owns a code of its own.
+
+    A field at fault inside such an object is refused with its code (the innermost one that contains
+    the field), not the message's. Never inside an ``openProcess`` frame: every frame fault is the frame's.
+    """
+    default = Model.decode_error
+    found: dict[str, str] = {}
+    seen: set[type[Model]] = set()
+
+    def walk(model: type[Model], nested: bool) -> None:
+        if nested and model.decode_error is not default:
+            found[model.__name__] = model.decode_error.code
+        if model in seen:
+            return
+        seen.add(model)
+        for info in model.model_fields.values():
+            for inner in _inner_models(info.annotation):
+                walk(inner, True)
+
+    for model in message_types().values():
+        walk(model, False)
+    return dict(sorted(found.items()))
+
+
+def request_header(request: WriteFileRequest) -> str:
+    """The ``Checkfu-Request`` header as the runner's client writes it: one line of ASCII JSON."""
+    return json.dumps(request.model_dump(mode="json"), ensure_ascii=True, separators=(",", ":"))
+
+
+def largest_request_header() -> int:
+    """The longest ``Checkfu-Request`` header the runner can send, in bytes.
+
+    Every field at its longest, in the characters that escape longest: a revision of ``"`` (two bytes each),
+    a path of control characters (``\\u0001``: six bytes for each byte of the path's 4096).
+    """
+    widest = "\x01" * (MAX_PATH_BYTES - 1)
+    request = build(
+        WriteFileRequest,
+        target={
+            "provider": "a" * 255,
+            "provider_revision": '"' * 256,
+            "materialization_revision": '"' * 256,
+            "placement": max(PLACEMENTS, key=len),
+        },
+        lease={"lease_id": "l" * 128, "lease_epoch": MAX_SAFE_INT},
+        allocation_key="k" * 128,
+        instance_id="i" * 128,
+        path="/" + widest,
+        mode=0o777,
+        size=MAX_SAFE_INT,
+        digest="sha256:" + "0" * 64,
+    )
+    return len(request_header(request))
 
 
 def member_of(name: str) -> dict[str, str]:
@@ -571,6 +655,13 @@ RULES: dict[str, list[Invalid]] = {
             _set("files.0.path", "src"),
             beyond="path-staged-once",
         ),
+        Invalid(
+            "path-over-4096-characters",
+            "4097 characters: over the schema's maxLength, and refused as the path rule (SandboxPathRejected)",
+            PATH,
+            "files.0.path",
+            _set("files.0.path", "a" * (MAX_PATH_BYTES + 1)),
+        ),
         Invalid("setuid-mode", "modes are permission bits only", PROF, "files.0.mode", _set("files.0.mode", 0o4755)),
         Invalid("bad-digest", "digests are sha256: or git:", PROF, "files.0.digest", _set("files.0.digest", "md5:0")),
     ],
@@ -698,6 +789,14 @@ RULES: dict[str, list[Invalid]] = {
             "path",
             _set("path", "/" + "\u00e9" * 2048),
             beyond="path-utf8-bytes",
+        ),
+        Invalid(
+            "path-over-4096-characters",
+            "a slash and 4096 letters: over the schema's maxLength, refused as the path rule (SandboxPathRejected), "
+            "not as the message's SandboxProtocolViolation",
+            PATH,
+            "path",
+            _set("path", "/" + "a" * MAX_PATH_BYTES),
         ),
     ],
     "ReadFilesHead": [
@@ -900,13 +999,20 @@ def build_kit() -> dict[str, Any]:
         "beyond_schema": BEYOND_SCHEMA,
         "json_rules": JSON_RULES,
         "digest_example": "digest-example.json",
+        "object_codes": object_codes(),
+        "openapi": "openapi.json",
     }
     examples = ex.described()
     examples["WireError"] = [("an error body: a vocabulary code, a message, retryable, the field", ex.wire_error())]
     examples["ReadFilesHead"] = [("the head line of a readFiles body, before the bytes", ex.read_files_head())]
     for name, model in message_types().items():
         files[f"schemas/{name}.schema.json"] = schema(model)
-        entry: dict[str, Any] = {"schema": f"schemas/{name}.schema.json", **member_of(name), "vectors": []}
+        entry: dict[str, Any] = {
+            "schema": f"schemas/{name}.schema.json",
+            **member_of(name),
+            "code": message_code(name),
+            "vectors": [],
+        }
         _vectors(files, entry, name, examples[name], invalid_vectors(name, model, examples[name][0][1]))
         index["messages"][name] = entry
     frames = {"ClientFrame": ex.client_frames(), "ServerFrame": ex.server_frames()}
@@ -916,6 +1022,7 @@ def build_kit() -> dict[str, Any]:
             "schema": f"schemas/{name}.schema.json",
             **member_of(name),
             "sender": role,
+            "code": message_code(name),
             "frame_types": {t: f"schemas/{m.__name__}.schema.json" for t, m in FRAME_TYPES[role].items()},
             "vectors": [],
         }
@@ -925,6 +1032,7 @@ def build_kit() -> dict[str, Any]:
         files[f"schemas/{name}.schema.json"] = schema(model)
         index["frame_schemas"][name] = f"schemas/{name}.schema.json"
     files["digest-example.json"] = digest_example()
+    files["openapi.json"] = copy.deepcopy(openapi_document())
     files["index.json"] = index
     return files
 

@@ -12,14 +12,30 @@ import json
 from typing import Any
 
 from checkfu.contract.codec import MAX_DOCUMENT_BYTES
+from checkfu.contract.envelope import MEMBERS
+from checkfu.contract.errors import ERROR_CLASSES
 from checkfu.contract.frames import DEFAULT_WINDOW, MAX_DATA, TAG_ERR, TAG_OUT, TAG_STDIN
-from checkfu.contract.model import MAX_SAFE_INT, Model
+from checkfu.contract.lifecycle import TRANSITIONS
+from checkfu.contract.model import MAX_SAFE_INT
+from checkfu.contract.mounts import MAX_FILE_BYTES, PATH_RULE
 from checkfu.contract.paths import MAX_PATH_BYTES
+from checkfu.runner.job import TIMEOUT_EXIT
+from checkfu.runner.session import Limits
 from checkfu.wire.client import DEADLINES
 from checkfu.wire.errors import STATUS
 from checkfu.wire.files import FILES_MEDIA_TYPE, MAX_HEAD_BYTES, REQUEST_HEADER
-from checkfu.wire.kit import BEYOND_SCHEMA, JSON_RULES, KIT_VERSION, frame_models, message_types
+from checkfu.wire.kit import (
+    BEYOND_SCHEMA,
+    FRAME_MESSAGES,
+    JSON_RULES,
+    KIT_VERSION,
+    clause_fields,
+    largest_request_header,
+    message_types,
+    object_codes,
+)
 from checkfu.wire.operations import OPERATION_TTL
+from checkfu.wire.server import MAX_WRITE_BYTES
 
 BEYOND_SCHEMA_TEXT: dict[str, str] = {
     "minimum-not-above-maximum": (
@@ -106,35 +122,37 @@ def _defaults(files: dict[str, Any]) -> list[str]:
     return [rows[k] for k in sorted(rows)]
 
 
-def _owners() -> list[str]:
-    """Each model whose decode failures carry a code of its own."""
-    models: dict[str, type[Model]] = {**message_types(), **frame_models()}
-    seen: dict[str, str] = {}
-
-    def walk(model: type[Model]) -> None:
-        if model.__name__ in seen:
-            return
-        seen[model.__name__] = model.decode_error.code
-        for info in model.model_fields.values():
-            for inner in _models_in(info.annotation):
-                walk(inner)
-
-    for model in models.values():
-        walk(model)
-    default = Model.decode_error.code
-    return [f"| `{name}` | `{code}` |" for name, code in sorted(seen.items()) if code != default]
+def _message_codes() -> list[str]:
+    """Each message's own code: what a fault reports when no object inside the message owns one."""
+    by_code: dict[str, list[str]] = {}
+    for name, model in message_types().items():
+        by_code.setdefault(model.decode_error.code, []).append(name)
+    by_code.setdefault("SandboxProtocolViolation", []).extend(FRAME_MESSAGES)
+    return [f"| `{code}` | {', '.join(f'`{n}`' for n in sorted(names))} |" for code, names in sorted(by_code.items())]
 
 
-def _models_in(annotation: Any) -> list[type[Model]]:
-    if isinstance(annotation, type) and issubclass(annotation, Model):
-        return [annotation]
-    return [m for arg in getattr(annotation, "__args__", ()) for m in _models_in(arg)]
+def _object_codes(files: dict[str, Any]) -> list[str]:
+    """Each object that owns a code inside another message, and the messages it sits in."""
+    homes: dict[str, list[str]] = {}
+    for name, entry in files["index.json"]["messages"].items():
+        if name in FRAME_MESSAGES:
+            continue
+        for title in files[entry["schema"]].get("$defs", {}):
+            homes.setdefault(title, []).append(name)
+    return [
+        f"| `{title}` | `{code}` | {', '.join(f'`{n}`' for n in sorted(homes.get(title, [])))} |"
+        for title, code in object_codes().items()
+    ]
 
 
 def _envelope_rules(files: dict[str, Any]) -> list[str]:
     """The envelope's nine rules: those in its schema by their ``$comment``, and the others."""
     stated = {
-        int(r["$comment"].split(":")[0].removeprefix("rule ")): r["$comment"].split(": ", 1)[1]
+        int(r["$comment"].split(":")[0].removeprefix("rule ")): (
+            r["$comment"].split(": ", 1)[1].rsplit("; field: ", 1)[0],
+            clause_fields(r),
+            next(iter(r["if"].get("properties", {}))),
+        )
         for r in files["schemas/SandboxProviderCapabilities.schema.json"]["allOf"]
     }
     others = {
@@ -145,14 +163,176 @@ def _envelope_rules(files: dict[str, Any]) -> list[str]:
         9: "`platforms`: `os` is `linux`, `architecture` `amd64` or `arm64`: in the schema",
     }
     assert set(stated) | set(others) == set(range(1, 10)), stated
-    return [
-        f"{n}. {stated[n]}: an `if`/`then` clause of the schema" if n in stated else f"{n}. {others[n]}"
-        for n in range(1, 10)
-    ]
+    out = []
+    for n in range(1, 10):
+        if n not in stated:
+            out.append(f"{n}. {others[n]}")
+            continue
+        text, (field,), if_side = stated[n]
+        on_if_side = field == if_side or field.startswith(if_side + ".")
+        side = " (the `if` side's field, not the one its `then` constrains)" if on_if_side else ""
+        out.append(f"{n}. {text}: an `if`/`then` clause of the schema; refused with field `{field}`{side}")
+    return out
 
 
 def _statuses() -> list[str]:
     return [f"| `{code}` | {status} |" for code, status in sorted(STATUS.items(), key=lambda kv: (kv[1], kv[0]))]
+
+
+def _states() -> list[str]:
+    """Each instance member: the states it is allowed in and the state it leaves, from the lifecycle table."""
+    rows = []
+    for member in MEMBERS:
+        allowed = {state: after for state, moves in TRANSITIONS.items() for m, after in moves.items() if m == member}
+        if not allowed:
+            continue
+        moves = ", ".join(f"`{before}` -> `{after}`" for before, after in allowed.items())
+        rows.append(f"| `{member}` | {moves} |")
+    return rows
+
+
+def _members_section() -> str:
+    """What a provider does with each request: the contract's sections 5 to 7 and what the runner checks."""
+    retryable = " and ".join(f"`{c}`" for c, cls in sorted(ERROR_CLASSES.items()) if cls.default_retryable)
+    output_cap = Limits().max_output_bytes
+    header = largest_request_header()
+    return f"""
+## What each member must do
+
+The schemas say what a message may hold; this says what a provider does with one, from the
+contract (its sections 5 to 7) and from what the runner checks on every answer. Where the
+runner leaves a choice to the provider, it says so.
+
+### Every call
+
+- **The execution target.** Every request but `describe` names `target`. Compare it with
+  your envelope's `provider`, `provider_revision`, `materialization_revision` and
+  `placement`: a request naming another target is refused with `SandboxIdentityMismatch`,
+  field `target` (what the in-tree providers answer; naming the first part that differs,
+  `target.provider_revision` say, is as good).
+- **Echoes.** Every result echoes the request's `target` and `lease` and, where it has them,
+  the `allocation_key` and `instance_id` it acts on. The runner compares each with its own
+  record: another target, key or instance is `SandboxIdentityMismatch`, another lease or an
+  older epoch `SandboxLeaseFenced`, and a new instance's id (from `provision`, `clone`,
+  `resume`) must differ from every id it already holds.
+- **Leases.** Echo the lease you were sent. The runner fences itself (a runner whose lease
+  was taken over stops at its next call); a provider may also refuse a request whose
+  `lease_epoch` is below one it has seen for the same `lease_id` (`SandboxLeaseFenced`),
+  and nothing requires it to.
+- **State.** An instance moves only as this table (the runner's) says; a member called in
+  any other state is `SandboxStateConflict`. An instance that does not exist, or not under
+  the request's `allocation_key`, is `SandboxNotFound`. A member your envelope does not
+  declare is `SandboxOperationUnsupported` (the runner never calls one).
+
+| member | allowed: state before -> after |
+| --- | --- |
+{chr(10).join(_states())}
+
+### Member by member
+
+- **`describe`**: your envelope, the same on every call of one revision.
+- **`materialize`**: turn the profile into an image: answer the image, the `profile_digest`
+  and your envelope's `materialization_revision` (the runner checks both), `built` true only
+  when this call built it. Idempotent per profile digest. A profile, platform or mount count
+  your envelope cannot serve is `SandboxCapabilityUnavailable`.
+- **`provision`** (and `clone`, `resume`): a new instance in `provisioning` under the
+  request's `allocation_key`. Label everything you create with the allocation key and the
+  `runner_tag` before you answer: the runner journals the key before it asks, and after any
+  fault (an error, a timeout, an answer that fails a check) it reclaims the key with
+  `compensate`, trusting nothing you said about it.
+- **`writeFile`**: stage the bytes at `path`, with `mode`, during `provisioning` only. The
+  runner writes exactly the files of the request's mount plans: each planned file once, at
+  its mount's `target` + `/` + the file's `path`, with the plan's `mode`, all of them before
+  it calls `activate`. `size` is the number of bytes and `digest` their `sha256:` (even
+  when the plan gave the file a `git:` blob id). The runner never sends a path outside every
+  mount target (it refuses one itself, `SandboxPathRejected`, before any call); refuse a
+  path that is not below a mount target with `SandboxPathRejected`, field `path`, as the
+  in-tree providers do. Bytes that do not have the stated size or digest are
+  `SandboxDigestMismatch` (field `size` or `digest`). Whether you also refuse a path of no
+  planned file, or hold `activate` until every planned file arrived, is your choice: the
+  runner never gives you cause.
+- **`activate`**: make the staged files real at their targets (sealed, if your envelope
+  claims `mounts_sealed`) and start the instance: `active`.
+- **`exec`**: run `argv` (no shell unless `argv` names one) with exactly `env` as its whole
+  environment, in `cwd` (null or omitted: a directory of your choosing; the in-tree
+  providers take `/`, the sandbox user's home, or the instance's work directory), with
+  `stdin`'s bytes and then end of file, to completion:
+  - `exit_code` is the process's exit status. A process killed by signal N exits
+    **128 + N**, as a shell reports it (what the in-tree providers answer; a negative code
+    is legal JSON, but no convention the runner shows users). A program that cannot be
+    found is 127, one that cannot be executed 126, with the reason on stderr.
+  - At `timeout_ms`, end the process and everything it started, and answer
+    `timed_out: true`, with `exit_code` **{TIMEOUT_EXIT}** (as `timeout(1)` does, and the
+    memory provider) or the status the kill left (128 + 9 = 137). The runner reports a
+    timed-out command as exit {TIMEOUT_EXIT} whatever `exit_code` says.
+  - `max_output_bytes` caps **each** stream separately: keep the first `max_output_bytes`
+    bytes of stdout and of stderr, drop the rest, and set `stdout_truncated` or
+    `stderr_truncated`. The runner refuses a stream longer than it asked for
+    (`SandboxBoundExceeded`). By default it asks for at most {output_cap >> 20} MiB per
+    stream, so a result stays within the {MAX_DOCUMENT_BYTES >> 20} MiB document limit
+    (base64 adds a third).
+- **`inspect`**: the instance's current state. After `release` it is `released` (or the
+  instance is gone: `SandboxNotFound`); the runner refuses any other state than its own
+  record.
+- **`release`**: end every process and release the instance: `released`. `destroyed` must
+  be true when your envelope claims `release_destroys` or the profile's retention is
+  `ephemeral_zdr` (the runner refuses `false` then: `SandboxResultInvalid`, field
+  `destroyed`). If you claim `release_idempotent`, a second release answers the same
+  identity.
+- **`compensate`**: reclaim everything labelled with the request's `allocation_key` and
+  `runner_tag` (instances, processes, snapshots, half-made ones, whatever you remember of
+  them or not), trusting nothing you answered earlier; idempotent: a key with nothing left
+  answers `reclaimed: 0`. It may come in any state, after a crash of either side.
+
+### Errors, and what the runner makes of them
+
+- **Any error you answer is your fault, to the runner.** Whatever the code, the runner
+  reports `SandboxProviderFailed` naming the code you sent, and, for a call on an
+  allocation (`provision`, `clone`, `resume`, `snapshot`, and every call naming an
+  instance), compensates that allocation key. Refuse only what is wrong; never use an
+  error to mean "nothing to do". (A timeout is the runner's `SandboxProviderTimeout`; an
+  answer that fails its checks keeps the code of the check.)
+- **`retryable`**: send each code's default unless you know better. By default only
+  {retryable} are retryable; a retryable error that would be `500`
+  is sent as `503`. The runner records `retryable`; it does not retry a call on its
+  strength.
+
+### Sizes
+
+- The {MAX_DOCUMENT_BYTES >> 20} MiB document limit applies to JSON bodies (requests, results,
+  error bodies) and to the JSON in the `{REQUEST_HEADER}` header. It does **not** apply to
+  `writeFile`'s raw body: the runner's own service reads at most `size` + 1 bytes of it
+  (`size` bounded there at {MAX_WRITE_BYTES >> 40} TiB), refusing a longer body with
+  `SandboxProtocolViolation`, field `body`, and hands what it read to the provider, which
+  refuses any length but `size` with `SandboxDigestMismatch`, field `size`. A mount file is
+  at most {MAX_FILE_BYTES >> 30} GiB: stream the body rather than hold it.
+- The longest `{REQUEST_HEADER}` header the runner can send is {header} bytes (every field
+  at its longest, a path of 4095 control characters escaped as `\\u00XX`). The runner's
+  own service (uvicorn, parsing with httptools) sets no header limit of its own: a
+  32 MiB header was measured to reach the decoder. Accept at least 32 KiB of header.
+- **`Content-Type`**: the runner always sends `application/json` (for `describe`, the body
+  `{{}}`) and, for `writeFile`, `application/octet-stream`. The runner's own service does
+  not read `Content-Type`: it decodes each body as its member says, whatever the header.
+  Refusing another type (`400`, `SandboxProtocolViolation`, field `Content-Type`) is as
+  conformant: the runner never sends one.
+
+### The credential
+
+The secret you run `checkfu provider test`, `verify` and `enroll` with is a bootstrap.
+Enrollment **issues a new credential** (a file of mode 0600 under the runner's state
+directory, `credentials/`), and from then on the runner presents only that one (`checkfu run
+--provider URL`). Give it to your service, for example by restarting it with it (the
+runner's own service reads `--credential-file` or `CHECKFU_PROVIDER_CREDENTIAL`); accepting
+the bootstrap as well, for a while, is up to you.
+
+### The plane route
+
+This version of the contract carries **no plane route**: no message names an address, a
+proxy or a socket through which a sandbox reaches the model gateway. A provider at network
+`none` offers none (loopback only) and is conformant: conformance case 5 checks that nothing
+inside reaches an address the runner can reach, and a sandbox with no route passes it. A
+future version that adds a route will say how it is offered.
+"""
 
 
 def readme(files: dict[str, Any]) -> str:
@@ -183,10 +363,12 @@ Schema validator of another language, so the kit and the code cannot disagree.
 
 1. Read `index.json`. `members` maps each of the seventeen lifecycle members to its request
    and result message. `messages` lists every message: its schema, the member and role it
-   belongs to, and its vectors. `ClientFrame` and `ServerFrame` are the `openProcess` text
-   frames each side sends (`frame_types` names the schema of each frame type;
-   `frame_schemas` lists them). `beyond_schema` and `json_rules` name the rules of the two
-   sections below; `digest_example` names the digest's worked example.
+   belongs to, its `code` (the code a decode failure of that message reports, unless an
+   object inside it owns one: `object_codes`; see *Step 2*), and its vectors. `ClientFrame`
+   and `ServerFrame` are the `openProcess` text frames each side sends (`frame_types` names
+   the schema of each frame type; `frame_schemas` lists them). `beyond_schema` and
+   `json_rules` name the rules of the two sections below; `digest_example` names the
+   digest's worked example; `openapi` names the OpenAPI document of the service.
 2. Decode every message in three steps, in this order: the **JSON text rules**, then the
    **schema**, then the **rules beyond the schema**. Then fill in every **default** (the
    table below): that is the decoded value.
@@ -195,14 +377,17 @@ Schema validator of another language, so the kit and the code cannot disagree.
 4. Compute profile digests as *The profile digest* says, and check yours against
    `digest-example.json` and every valid vector that carries a `profile_digest`.
 5. Serve the members as *The HTTP wire form* says, and `openProcess` (if your envelope
-   declares it) as *openProcess* says. Advertise an envelope that decodes under these rules.
+   declares it) as *openProcess* says, doing what *What each member must do* says.
+   Advertise an envelope that decodes under these rules.
 
 ## Files
 
 - `schemas/NAME.schema.json`: JSON Schema, draft 2020-12 (`$schema` says so; `$id` is
   `urn:checkfu:{KIT_VERSION}:NAME`). Every `$ref` is local; nothing needs fetching. Each
   schema states every field constraint and every cross-field rule JSON Schema can express
-  (as `allOf` of `if`/`then` clauses, each with a `$comment` naming the rule).
+  (as `allOf` of `if`/`then` clauses, each with a `$comment` naming the rule and, after
+  `; field: `, the field a refusal names). Every sandbox path's `pattern` sits beside a
+  `$comment` beginning `{PATH_RULE}:`.
 - `vectors/NAME/valid-N.json`: `{{"message", "valid": true, "description", "document"}}`: a
   document your decoder must accept.
 - `vectors/NAME/invalid-SLUG.json`: `{{"message", "valid": false, "description", "expect":
@@ -215,18 +400,24 @@ Schema validator of another language, so the kit and the code cannot disagree.
   - `"rule"`: a rule beyond the schema, named in `beyond_schema` (the schema accepts the
     document: only that rule refuses it).
 - `digest-example.json`: one profile as written, as decoded, its canonical bytes and digest.
+- `openapi.json`: the OpenAPI 3.1 document the runner's own service serves at
+  `GET /openapi.json` (every member's path, request, result and error responses). The
+  schemas above, not this document, are what a decoder is held to.
 
 `expect.field` is the dotted path of the value at fault from the top of the message: object
 keys by name, array items by index (`platforms.0.os`, `mounts.1.target`, `env.NOT-A-NAME`);
-a missing or unknown field is named by its own name; `null` when the document as a whole is
-at fault (a JSON text rule, or not an object). Report the first fault you find; every
-vector has only one.
+a missing or unknown field is named by its own name. When the document as a whole is at
+fault (a JSON text rule, or not an object), a message names `null`, but an `openProcess`
+text frame names `frame` for a JSON text rule and `type` for a frame that is not an object
+(*Frames* in Step 2 says the whole rule). Report the first fault you find; every vector has
+only one.
 
 ## Step 1: the JSON text rules
 
 Every message (and every `openProcess` text frame) is I-JSON (RFC 7493), at most
-{MAX_DOCUMENT_BYTES} bytes ({MAX_DOCUMENT_BYTES >> 20} MiB). A document that breaks one of
-these is refused with the message's own code (table below), field `null`:
+{MAX_DOCUMENT_BYTES} bytes ({MAX_DOCUMENT_BYTES >> 20} MiB). A message that breaks one of
+these is refused with the message's own code (`code` in `index.json`), field `null`; a text
+frame, with `SandboxProtocolViolation`, field `frame`:
 
 {json_rules}
 
@@ -246,22 +437,61 @@ Validate with any draft 2020-12 validator. Two things to know about validators:
   `SandboxProviderCapabilities/invalid-provider-trailing-newline` catches this.
 - `uniqueItems` compares items by value, objects included (`platforms` holds objects).
 
-A document the schema refuses is refused with the code of the innermost message that owns
-the field at fault, and that field's path. Most messages refuse with their own code:
-requests and frames `SandboxProtocolViolation`, results `SandboxResultInvalid`. These own a
-code of their own, wherever they sit (a bad field inside the profile of a provision request
-is `SandboxProfileInvalid`; the profile missing from it is the request's own
-`SandboxProtocolViolation`):
+A document the schema refuses is refused with one code and the path of the field at fault.
+In a message (frames below), the code is, in this order:
 
-| message | code |
+1. `SandboxPathRejected` when the value at fault is a sandbox path that breaks the **path
+   rule** (absolute, normalized, no `.` or `..` or empty segment, no NUL; at most
+   {MAX_PATH_BYTES} characters by `maxLength` and {MAX_PATH_BYTES} bytes of UTF-8 by
+   `path-utf8-bytes`). Each schema marks every such value with a `$comment` that begins
+   `{PATH_RULE}:` beside its `pattern` and `maxLength`; a path over `maxLength` in
+   characters is refused as the path rule (`SandboxPathRejected`, vectors
+   `WriteFileRequest/invalid-path-over-4096-characters` and
+   `MountPlan/invalid-path-over-4096-characters`), exactly as one over {MAX_PATH_BYTES}
+   bytes is. A path that is not a string at all is the containing object's code, as
+   below. (Other patterns are marked the same way, for the reader: `base64 rule:`,
+   `destination rule:`, `pin rule:`. They have no code of their own.)
+2. Otherwise, the code of the innermost object **containing** the value at fault (the value
+   itself does not count) that owns a code: `object_codes` in `index.json`, this table. A bad
+   field inside the profile of a provision request is `SandboxProfileInvalid`; the profile
+   missing from the request, or not an object, is the request's own code:
+
+| object | code | sits in |
+| --- | --- | --- |
+{chr(10).join(_object_codes(files))}
+
+3. Otherwise, the message's own code (`code` in `index.json`):
+
+| code | messages |
 | --- | --- |
-{chr(10).join(_owners())}
+{chr(10).join(_message_codes())}
 
-Two faults have a code of their own wherever they are: a path that breaks the path rule
-(absolute, normalized, no `.` or `..` or empty segment, no NUL; the schemas' path
-`pattern`) is `SandboxPathRejected`; and each rule of an `if`/`then` clause is refused with
-the code and field its vectors show (for example `SandboxEnvelopeInvalid`,
-`lifecycle_assurances.release_destroys`).
+A cross-field rule written as an `if`/`then` clause is refused with the code of the object
+the clause is on (`SandboxEnvelopeInvalid` for the envelope's, `SandboxProfileInvalid` for
+`NetworkPolicy`'s, `SandboxResultInvalid` for `ListDirResult`'s) and the field its
+`$comment` names after `; field: `, relative to that object (several fields,
+comma-separated, are in the order to check them: name the first one broken). That is not
+always the field a validator reports: for the envelope's rules 2, 3, 6 and 8 it is the
+field of the `if` side (see the list below).
+
+### Frames
+
+An `openProcess` text frame is judged as a frame, whatever sits inside it: every fault is
+`SandboxProtocolViolation`, never another code. A bad `started.process_id` in a server
+`start` is `SandboxProtocolViolation`, not the `SandboxResultInvalid` of a `ProcessStarted`
+result (vector `ServerFrame/invalid-started-without-process-id`), and a `request.cwd` that
+breaks the path rule in a client `start` is `SandboxProtocolViolation`, not
+`SandboxPathRejected`. The field, as the runner's frame parser names it:
+
+- `frame`: the text breaks a JSON text rule (not JSON, `NaN`, a duplicate key, an unpaired
+  surrogate escape), or a fault has no path inside the frame;
+- `type`: the frame is not a JSON object, has no `type`, or its `type` is not a string, not
+  a frame type, or a type only the other side sends;
+- otherwise the dotted path inside the frame, as for a message (`bytes`, `request.argv`,
+  `started.process_id`; `x` for an unknown field `x`).
+
+A binary frame that is empty or has an unknown tag is field `frame`; one with a tag only the
+other side sends names the stream (`stdin`, `out`, `err`).
 
 ## Step 3: the rules beyond the schema
 
@@ -353,14 +583,18 @@ One HTTP service per provider, at a base URL the runner is given (`http://host:p
   application/json` and the member's result message.
 - **Credential**: every `/v1` request, the `openProcess` upgrade included, carries
   `Authorization: Bearer <credential>`, the credential issued at enrollment (1 to 4096
-  printable characters, no spaces). Compare it in constant time. A request without an
-  accepted credential is answered `401` with `SandboxUnauthenticated`, field
-  `authorization`, before anything else is looked at.
+  printable characters, no spaces; it replaces the one you were tested with: see *The
+  credential* below). Compare it in constant time. A request without an accepted credential
+  is answered `401` with `SandboxUnauthenticated`, field `authorization`, before anything
+  else is looked at.
 - **writeFile** carries raw bytes: the body is the file's bytes (`Content-Type:
   application/octet-stream`), exactly `size` of them, and the `WriteFileRequest` travels as
-  one line of ASCII JSON (non-ASCII escaped as `\\uXXXX`) in the `{REQUEST_HEADER}` header.
-  A missing header is `SandboxProtocolViolation`, field `{REQUEST_HEADER}`; bytes that do
-  not have the stated size or SHA-256 are `SandboxDigestMismatch`. The result is JSON as usual.
+  one line of ASCII JSON (non-ASCII and control characters escaped as `\\uXXXX`) in the
+  `{REQUEST_HEADER}` header. A missing header is `SandboxProtocolViolation`, field
+  `{REQUEST_HEADER}`; a header that does not decode is refused as a `WriteFileRequest`
+  document is; bytes that do not have the stated size or SHA-256 are
+  `SandboxDigestMismatch`. The result is JSON as usual. How large the header and the body
+  may be: *Sizes* below.
 - **readFiles** answers `200` with `Content-Type: {FILES_MEDIA_TYPE}`: one line of JSON, a
   `ReadFilesHead` (schema `schemas/ReadFilesHead.schema.json`: the result without the bytes,
   each file with `path`, `mode`, `digest` and `size`), then `\\n`, then each file's bytes in
@@ -381,12 +615,15 @@ One HTTP service per provider, at a base URL the runner is given (`http://host:p
 
   A path under `/v1` that names no member is `501` `SandboxOperationUnsupported` (field
   `path`); a method other than `POST` is `405` with `Allow: POST` and
-  `SandboxProtocolViolation` (field `method`); a body over {MAX_DOCUMENT_BYTES >> 20} MiB is
+  `SandboxProtocolViolation` (field `method`); a JSON body over {MAX_DOCUMENT_BYTES >> 20} MiB is
   `SandboxProtocolViolation` (field `body`). A member your envelope does not declare answers
   `SandboxOperationUnsupported`.
 - **Deadlines**: the runner bounds each call ({deadlines}; `exec` adds its request's
   `timeout_ms`); a call past its deadline is `SandboxProviderTimeout`.
-- `GET <base>/openapi.json` serves the OpenAPI 3.1 document of the service.
+- **OpenAPI**: the runner's own service answers `GET <base>/openapi.json` with the OpenAPI
+  3.1 document of the service (`openapi.json` in this kit), **without** a credential: it
+  is outside `/v1` and says nothing about any sandbox. The runner never asks for it;
+  serving it is optional, and a provider that serves it may serve this kit's file as it is.
 
 ## openProcess
 
@@ -408,8 +645,8 @@ schema matches a valid frame).
   conversation).
 
 A frame of an unknown type, a type the sender may not send, or with a bad field is refused
-with `SandboxProtocolViolation` naming the field (`type` for the type); the receiver sends an
-`error` frame and closes.
+with `SandboxProtocolViolation` naming the field (`type` for the type; *Frames* in Step 2
+says which field exactly); the receiver sends an `error` frame and closes.
 
 ### Binary data frames
 
@@ -463,4 +700,4 @@ point, and answers `start` with `stdin`: the stdin bytes it holds, so the client
 the rest (and `stdin_end` if it had sent it). The server keeps an operation whose client went
 away without closing for {OPERATION_TTL:g} s, and forgets it once the client closes normally
 after `exit`.
-"""
+{_members_section()}"""

@@ -11,6 +11,13 @@
 // vector, and the digest example, must be SHA-256 of the RFC 8785 form of the profile with the
 // schema's defaults filled in (Ajv's useDefaults), computed here from scratch.
 //
+// It also holds the kit to what its README says a decoder reports, from Ajv's own errors: every
+// message names its code in index.json; a schema vector refused as SandboxPathRejected fails a
+// pattern or maxLength marked with a "$comment" beginning "sandbox path rule:" at exactly the
+// vector's field (and no other schema vector does, and no frame vector is SandboxPathRejected);
+// a vector whose only fault is one if/then clause names a field that clause's "$comment" lists
+// after "; field: ".
+//
 // Prints one JSON report on stdout; exits 1 when anything failed.
 
 import Ajv2020 from "ajv/dist/2020.js";
@@ -30,6 +37,9 @@ const logger = { log() {}, warn: (...a) => warnings.push(a.join(" ")), error: (.
 const options = { strict: true, allErrors: true, logger };
 const ajv = new Ajv2020(options);
 const withDefaults = new Ajv2020({ ...options, useDefaults: true });
+const verbose = new Ajv2020({ ...options, verbose: true });
+const PATH_RULE = "sandbox path rule:";
+const CLAUSE_FIELD = "; field: ";
 
 const index = read("index.json");
 const failures = [];
@@ -42,6 +52,9 @@ const report = {
   beyond_schema: {},
   json_rules: {},
   digests: 0,
+  path_rule: 0,
+  clause_fields: 0,
+  openapi: null,
 };
 
 // RFC 8785 (JCS) for the values a message holds: strings, integers, booleans, null, arrays, objects.
@@ -76,9 +89,59 @@ function profileDigest(profile) {
 }
 
 const count = (table, key) => (table[key] = (table[key] ?? 0) + 1);
+
+const verboseValidators = new Map();
+function verboseErrors(path, doc) {
+  if (!verboseValidators.has(path)) verboseValidators.set(path, verbose.compile(read(path)));
+  const validate = verboseValidators.get(path);
+  return validate(doc) ? [] : validate.errors;
+}
+
+// "a.0.b" as Ajv's instancePath "/a/0/b"; null (the whole document) as "".
+const pointer = (field) => (field === null ? "" : "/" + field.split(".").join("/"));
+const dotted = (instancePath) => instancePath.split("/").slice(1).join(".");
+
+// What Ajv's errors say about a schema vector: a path-rule fault, and a fault of one clause alone.
+function judge(path, name, entry, vector) {
+  const errors = verboseErrors(entry.schema, vector.document);
+  const at = pointer(vector.expect.field);
+  const pathFault = errors.some(
+    (e) =>
+      (e.keyword === "pattern" || e.keyword === "maxLength") &&
+      e.instancePath === at &&
+      typeof e.parentSchema?.$comment === "string" &&
+      e.parentSchema.$comment.startsWith(PATH_RULE),
+  );
+  const isPath = vector.expect.code === "SandboxPathRejected";
+  if ("frame_types" in entry) {
+    if (isPath) fail(path, "a frame fault is SandboxProtocolViolation, never SandboxPathRejected");
+  } else if (isPath !== pathFault) {
+    fail(path, isPath ? "SandboxPathRejected, but no marked path pattern fails there" : "a marked path pattern fails, but the code is not SandboxPathRejected", errors);
+  } else if (isPath) {
+    report.path_rule += 1;
+  }
+  const clauses = errors.filter((e) => e.keyword === "if");
+  if (clauses.length === 1) {
+    const clause = clauses[0];
+    const prefix = clause.schemaPath.slice(0, -"/if".length) + "/";
+    if (errors.every((e) => e === clause || e.schemaPath.startsWith(prefix))) {
+      const comment = clause.parentSchema.$comment ?? "";
+      if (!comment.includes(CLAUSE_FIELD)) {
+        fail(path, `the clause ${clause.schemaPath} names no field in its $comment`);
+        return;
+      }
+      const base = dotted(clause.instancePath);
+      const fields = comment.slice(comment.lastIndexOf(CLAUSE_FIELD) + CLAUSE_FIELD.length).split(",");
+      const named = fields.map((f) => (base ? base + "." : "") + f.trim());
+      if (!named.includes(vector.expect.field)) fail(path, `the clause's $comment names ${named}, the vector ${vector.expect.field}`);
+      else report.clause_fields += 1;
+    }
+  }
+}
 const fail = (path, why, extra) => failures.push({ vector: path, why, ...(extra ? { detail: extra } : {}) });
 
 for (const [name, entry] of Object.entries(index.messages)) {
+  if (typeof entry.code !== "string" || !entry.code.startsWith("Sandbox")) fail(entry.schema, `${name} names no code in index.json`);
   let validate;
   try {
     validate = validatorFor(entry.schema);
@@ -110,6 +173,7 @@ for (const [name, entry] of Object.entries(index.messages)) {
     if (layer === "schema") {
       if (!("document" in vector)) fail(path, "a schema vector without a document");
       else if (validate(vector.document)) fail(path, "the schema accepts a vector it should refuse");
+      else judge(path, name, entry, vector);
     } else if (layer === "rule") {
       count(report.beyond_schema, vector.beyond_schema);
       let doc = vector.document;
@@ -148,6 +212,14 @@ for (const path of Object.values(index.frame_schemas)) {
   } catch (err) {
     fail(path, `Ajv cannot compile it: ${err.message}`);
   }
+}
+
+try {
+  const openapi = read(index.openapi);
+  report.openapi = openapi.openapi;
+  if (!/^3\.1\./.test(openapi.openapi ?? "")) fail(index.openapi, `not an OpenAPI 3.1 document: ${openapi.openapi}`);
+} catch (err) {
+  fail(String(index.openapi), `cannot read the OpenAPI document: ${err.message}`);
 }
 
 const example = read(index.digest_example);
