@@ -61,19 +61,30 @@ HTTP_MEMBERS = [m for m in MEMBERS if m != "openProcess"]
 
 
 @pytest.fixture(scope="module")
-def shared_service() -> Iterator[tuple[MemoryProvider, Service]]:
-    """One memory provider service for the tests that only send it requests it refuses."""
+def shared() -> Iterator[tuple[MemoryProvider, Misbehaving, Service]]:
+    """One service for the tests that send requests it refuses, or make it raise: started once, it is honest
+    again at the start of every test that uses it."""
     memory = MemoryProvider()
-    service = Service(memory)
+    misbehaving = Misbehaving(memory)
+    service = Service(misbehaving)
     service.start()
-    yield memory, service
+    yield memory, misbehaving, service
     service.close()
 
 
 @pytest.fixture
-def memory_service(shared_service: tuple[MemoryProvider, Service]) -> tuple[MemoryProvider, Service]:
-    shared_service[0].calls.clear()
-    return shared_service
+def memory_service(shared: tuple[MemoryProvider, Misbehaving, Service]) -> tuple[MemoryProvider, Service]:
+    memory, misbehaving, service = shared
+    misbehaving.rules.clear()
+    memory.calls.clear()
+    return memory, service
+
+
+@pytest.fixture
+def raising_service(shared: tuple[MemoryProvider, Misbehaving, Service]) -> tuple[Misbehaving, Service]:
+    _, misbehaving, service = shared
+    misbehaving.rules.clear()
+    return misbehaving, service
 
 
 def post(
@@ -421,9 +432,11 @@ def _raised(code: str) -> SandboxError:
 
 @pytest.mark.anyio
 @pytest.mark.parametrize("code", sorted(ERROR_CLASSES))
-async def test_each_vocabulary_error_travels_under_its_status(serve: Callable[..., Service], code: str) -> None:
-    memory = MemoryProvider()
-    service = serve(Misbehaving(memory, {"describe": RAISING[code]}))
+async def test_each_vocabulary_error_travels_under_its_status(
+    raising_service: tuple[Misbehaving, Service], code: str
+) -> None:
+    misbehaving, service = raising_service
+    misbehaving.set("describe", RAISING[code])
     status, headers, body = await asyncio.to_thread(post, service, "/v1/describe", b"{}")
     sent = _raised(code)
     expected = STATUS[code] if not (STATUS[code] == 500 and sent.retryable) else 503
@@ -441,8 +454,11 @@ async def test_each_vocabulary_error_travels_under_its_status(serve: Callable[..
     assert not caught.value.observed  # the provider reported it; the client found nothing itself
 
 
-def test_a_foreign_exception_is_provider_failed_with_no_traceback(serve: Callable[..., Service]) -> None:
-    service = serve(Misbehaving(MemoryProvider(), {"describe": crash}))
+def test_a_foreign_exception_is_provider_failed_with_no_traceback(
+    raising_service: tuple[Misbehaving, Service],
+) -> None:
+    misbehaving, service = raising_service
+    misbehaving.set("describe", crash)
     status, headers, body = post(service, "/v1/describe", b"{}")
     error = typed(status, headers, body).error
     assert status == 503 and error.code == "SandboxProviderFailed" and error.retryable
