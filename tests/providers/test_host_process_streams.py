@@ -128,3 +128,16 @@ async def test_release_ends_an_open_process(kit: Kit) -> None:
     await kit.release(call)
     _, _, tail = await asyncio.wait_for(collect(stream), 10)
     assert well_formed(tail) in (137, 143)
+
+
+@pytest.mark.anyio
+async def test_a_slow_reader_gets_every_byte_an_exited_process_wrote(kit: Kit) -> None:
+    """The drain grace (50 ms here) bounds the wait for a pipe a background child holds open; it never drops
+    output that already reached its end, however long the reader takes to pull it."""
+    call = await kit.active("ak-slow-reader")
+    stream = await start(kit, call, "head", "-c", "200000", "/dev/zero")
+    await stream.close_stdin()
+    await asyncio.sleep(0.5)  # the process exited long ago; nothing has been read yet
+    out, _, tail = await collect(stream)
+    assert len(out) == 200000
+    assert well_formed(tail) == 0

@@ -166,11 +166,6 @@ async def test_a_slow_reader_holds_the_service_to_the_window(host_wire: tuple[An
     assert time.monotonic() - started < 30
 
 
-@pytest.mark.xfail(
-    reason="host-process detaches an exited process's pipes after drain_grace and drops what they still "
-    "hold, so output not yet pulled when the grace ends is lost (in-process too)",
-    strict=True,
-)
 async def test_a_slow_reader_gets_all_of_an_exited_processs_output(host_wire: tuple[Any, Driven]) -> None:
     """200 kB fits the pipe and the provider's buffer: the process exits at once, long before the reader
     (and the service's pump, held to a 64 KiB window) has taken it all."""

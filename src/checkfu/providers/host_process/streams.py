@@ -3,9 +3,11 @@
 Output ends when its pipe does. A process may leave a background child holding
 its pipes after it exits; the runner does not wait on such a child forever: once
 the process has exited, its pipes get ``drain_grace`` seconds to end, then they
-are detached. A detached pipe keeps being read and its bytes are dropped, so the
-child is never killed by ``SIGPIPE`` for writing to a pipe nobody reads; it ends
-with the instance.
+are detached. A detached pipe still hands the reader what it had already read,
+then its end; it keeps being read and its later bytes are dropped, so the child is
+never killed by ``SIGPIPE`` for writing to a pipe nobody reads; it ends with the
+instance. Output that reached its end before the grace is never dropped, however
+slowly it is read.
 
 The process's exit is observed through a pidfd on the event loop (a waiting
 thread where pidfds are missing), so no thread sits in ``waitpid``.
@@ -203,10 +205,12 @@ class _Pipe(asyncio.Protocol):
         self._wake()
 
     def detach(self) -> None:
-        """End this stream for the reader now; later bytes are read and dropped."""
+        """Stop waiting for this pipe's end: the reader still gets every byte already read, then the end; later
+        bytes (a background child's, holding the pipe open) are read and dropped. A pipe that already ended
+        keeps all it holds for the reader, however slow."""
+        if self._ended:
+            return
         self._detached = True
-        self._chunks.clear()
-        self._size = 0
         self._resume()
         self._wake()
 
