@@ -1,26 +1,5 @@
-"""How long the runner waits for each member before it calls the provider hung."""
+"""How long the runner waits for each member: the contract's table (``checkfu.contract.deadlines``)."""
 
-from __future__ import annotations
+from checkfu.contract.deadlines import DEFAULT_DEADLINES
 
-from checkfu.contract.envelope import Member
-
-DEFAULT_DEADLINES: dict[Member, float] = {
-    "describe": 30,
-    "materialize": 1800,
-    "provision": 300,
-    "writeFile": 120,
-    "activate": 120,
-    "exec": 30,
-    "inspect": 30,
-    "release": 120,
-    "compensate": 120,
-    "openProcess": 60,
-    "readFiles": 120,
-    "listAllocations": 60,
-    "listDir": 60,
-    "snapshot": 900,
-    "deleteSnapshot": 120,
-    "clone": 900,
-    "resume": 900,
-}
-"""Seconds per member; ``exec`` adds the request's own timeout to its figure."""
+__all__ = ["DEFAULT_DEADLINES"]

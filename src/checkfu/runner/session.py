@@ -38,6 +38,7 @@ from checkfu.contract.checks import (
     sha256_digest,
 )
 from checkfu.contract.codec import build, revalidate
+from checkfu.contract.deadlines import DEFAULT_DEADLINES
 from checkfu.contract.envelope import Member, SandboxProviderCapabilities
 from checkfu.contract.errors import (
     SandboxBoundExceeded,
@@ -96,7 +97,6 @@ from checkfu.contract.profile import SandboxProfile
 from checkfu.contract.provider import ProcessStream
 from checkfu.contract.target import ExecutionTarget, Lease
 from checkfu.contract.vocabulary import Platform, RetentionMode
-from checkfu.runner.deadlines import DEFAULT_DEADLINES
 
 V = TypeVar("V")
 R = TypeVar("R", bound=Model)

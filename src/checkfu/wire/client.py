@@ -33,6 +33,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 
 from checkfu.contract.codec import decode
+from checkfu.contract.deadlines import DEFAULT_DEADLINES
 from checkfu.contract.envelope import Member
 from checkfu.contract.errors import (
     ERROR_CLASSES,
@@ -102,25 +103,7 @@ from checkfu.wire.http import HttpError, HttpPool
 
 M = TypeVar("M", bound=Model)
 
-DEADLINES: dict[Member, float] = {
-    "describe": 30,
-    "materialize": 1800,
-    "provision": 300,
-    "writeFile": 120,
-    "activate": 120,
-    "exec": 30,
-    "inspect": 30,
-    "release": 120,
-    "compensate": 120,
-    "openProcess": 60,
-    "readFiles": 120,
-    "listAllocations": 60,
-    "listDir": 60,
-    "snapshot": 900,
-    "deleteSnapshot": 120,
-    "clone": 900,
-    "resume": 900,
-}
+DEADLINES = DEFAULT_DEADLINES
 """The client's own bound on each call (``exec`` adds its request's timeout), so none hangs even outside a runner."""
 
 _REPEATABLE: tuple[Member, ...] = ("describe", "materialize", "writeFile", "inspect", "compensate", "readFiles")

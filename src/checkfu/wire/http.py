@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
@@ -60,8 +61,12 @@ class _Stale(Exception):
     """A reused connection was closed by the server before any answer: safe to try again."""
 
 
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+"""An HTTP token (RFC 9110 section 5.6.2): what a header name is made of."""
+
+
 def _token(value: str) -> bool:
-    return bool(value) and all(33 <= ord(c) <= 126 and c not in '"(),/:;<=>?@[\\]{}' for c in value)
+    return _TOKEN.fullmatch(value) is not None
 
 
 def _length(text: str) -> int:
