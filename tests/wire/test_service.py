@@ -182,7 +182,10 @@ def test_any_v1_path_is_refused_without_the_credential_and_typed_with_it(
         assert status == 401 and typed(status, headers, body).error.code == "SandboxUnauthenticated", path
     status, headers, body = post(service, "/v1/noSuchMember", b"{}")
     assert status == 501 and typed(status, headers, body).error.code == "SandboxOperationUnsupported"
-    status, headers, body = post(service, "/v1/openProcess", b"{}")
+    status, headers, body = post(service, "/v1/openProcess", b"{}")  # a WebSocket: POST is not its method
+    assert status == 405 and typed(status, headers, body).error.code == "SandboxProtocolViolation"
+    assert headers["allow"] == "GET"
+    status, headers, body = post(service, "/v1/openProcess", method="GET")  # GET, but without the Upgrade
     assert status == 400 and typed(status, headers, body).error.code == "SandboxProtocolViolation"
     status, headers, body = post(service, "/v1/describe", method="GET")
     assert status == 405 and typed(status, headers, body).error.code == "SandboxProtocolViolation"

@@ -42,13 +42,15 @@ def openapi_document() -> dict[str, Any]:
         res_ref = refs[(result, "validation")]
         op: dict[str, Any] = {"operationId": member, "security": security, "responses": _error_responses()}
         if member == "openProcess":
+            responses = {k: v for k, v in _error_responses().items() if k in ("400", "401", "404", "405", "501")}
             paths["/v1/openProcess"] = {
                 "get": {
                     "operationId": "openProcess",
-                    "summary": "WebSocket: the frames of checkfu.contract.frames (start, stdin, stdin_end, out, "
-                    "err, out_end, err_end, exit, window, kill, error)",
+                    "summary": "WebSocket of the frames of checkfu.contract.frames: JSON text frames (start, "
+                    "stdin_end, window, kill; start, out_end, err_end, exit, window, error) and binary data "
+                    "frames (one tag byte, 0x01 stdin, 0x02 out, 0x03 err, then the bytes)",
                     "security": security,
-                    "responses": {"101": {"description": "switching to the WebSocket protocol"}},
+                    "responses": {"101": {"description": "switching to the WebSocket protocol"}, **responses},
                 }
             }
             continue

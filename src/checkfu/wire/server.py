@@ -174,6 +174,12 @@ def create_app(
             endpoint = endpoints.get(name)
             if endpoint is None:
                 if name == "openProcess":
+                    if request.method != "GET":
+                        wrong = SandboxProtocolViolation(
+                            f"openProcess is a WebSocket: GET it with an Upgrade, not {request.method[:16]}",
+                            field="method",
+                        )
+                        return _error_response(wrong, 405, {"allow": "GET"})
                     raise SandboxProtocolViolation("openProcess is a WebSocket: GET it with an Upgrade", field="method")
                 raise SandboxOperationUnsupported(f"no member {name[:64]!r} on this service", field="path")
             if request.method != "POST":
