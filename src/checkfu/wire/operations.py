@@ -214,21 +214,35 @@ class Operation:
     def next_frame(self, credit: int) -> Frame | None:
         """The next frame to send on the attached connection within ``credit``, or ``None`` for now.
 
-        A data entry larger than the credit is split, so what goes out never exceeds the grant.
+        Consecutive data entries of one stream go out as one frame, up to the credit and the frame bound:
+        a provider's small reads cost the wire fewer frames. An entry past the credit is split, so what goes
+        out never exceeds the grant. The log keeps its entries; acknowledgements still drop them one by one.
         """
         if self.cursor >= len(self.log):
             return None
-        entry = self.log[self.cursor]
-        frame = entry.frame
-        if isinstance(frame, Data) and entry.size > credit:
-            if credit <= 0:
-                return None
-            head = Entry(Data(frame.stream, frame.data[:credit]), entry.offset)
-            tail = Entry(Data(frame.stream, frame.data[credit:]), entry.offset + credit)
-            self.log[self.cursor : self.cursor + 1] = [head, tail]
-            entry = head
-        self.cursor += 1
-        return entry.frame
+        first = self.log[self.cursor].frame
+        if not isinstance(first, Data):
+            self.cursor += 1
+            return first
+        room = min(credit, MAX_DATA)
+        if room <= 0:
+            return None
+        parts: list[bytes] = []
+        while self.cursor < len(self.log) and room > 0:
+            entry = self.log[self.cursor]
+            frame = entry.frame
+            if not isinstance(frame, Data) or frame.stream != first.stream:
+                break
+            if entry.size > room:
+                head = Entry(Data(frame.stream, frame.data[:room]), entry.offset)
+                tail = Entry(Data(frame.stream, frame.data[room:]), entry.offset + room)
+                self.log[self.cursor : self.cursor + 1] = [head, tail]
+                entry, frame = head, head.frame
+                assert isinstance(frame, Data)
+            parts.append(frame.data)
+            room -= entry.size
+            self.cursor += 1
+        return Data(first.stream, parts[0] if len(parts) == 1 else b"".join(parts))
 
     def acknowledge(self, n: int) -> None:
         """The client consumed ``n`` more bytes: drop that much sent data, in order, from the log."""
