@@ -46,7 +46,8 @@ async def test_envelope_decodes_and_claims_every_axis(provider: DockerProvider) 
     env = decode(DescribeResult, encode(described)).envelope
     assert [env.enforcement.authority(a) for a in AXES] == ["runner_enforced"] * 9
     assert env.placement == "local" and env.tiers == ("container",) and env.image_mode == "profile"
-    assert set(env.package_managers) >= {"apt", "pip"} and env.network_modes == ("none",)
+    assert set(env.package_managers) >= {"apt", "pip"} and env.network_modes == ("none", "allowlist")
+    assert env.egress_certification == "advisory_filter"  # never more: security_boundary is the owned matrix's
     assert set(env.retention_modes) == {"durable", "ephemeral_zdr"}
     assert env.snapshots and env.snapshot_custody == "runner" and env.list_dir
     assert set(env.operations) == {"openProcess", "readFiles", "listAllocations"}
@@ -58,7 +59,8 @@ async def test_envelope_decodes_and_claims_every_axis(provider: DockerProvider) 
         materialization_revision="checkfu-docker-images 1",
         placement="local",
     )
-    assert assess(env).tier == "durable"  # short of parity only by 'allowlist' egress, its own issue
+    assert assess(env, in_tree=True).tier == "docker_parity"
+    assert assess(env).short_of_next == ("provider snapshot custody",)  # what a third party would still lack
 
 
 def test_factory_takes_string_options(tmp_path: Any) -> None:
@@ -72,6 +74,7 @@ def test_factory_takes_string_options(tmp_path: Any) -> None:
         "sandbox_user": {"sandbox_user": "0:0"},
         "home": {"home": "relative"},
         "workers": {"workers": "many"},
+        "egress_dns": {"egress_dns": "10.0.0.1,resolver.example"},
     }
     for field, options in refusals.items():
         with pytest.raises(SandboxAdapterUnavailable) as refused:
@@ -120,13 +123,11 @@ async def test_requests_for_another_target_are_refused(kit: Kit) -> None:
 
 async def test_unserved_profiles_are_refused_at_provision(kit: Kit) -> None:
     base = kit.profile()
-    allowlist = SandboxProfile(
-        **{**base.model_dump(), "network_policy": {"mode": "allowlist", "allowlist": ["example.com:443"]}}
-    )
+    unrestricted = SandboxProfile(**{**base.model_dump(), "network_policy": {"mode": "unrestricted"}})
     npm = SandboxProfile(**{**base.model_dump(), "packages": {"npm": ["left-pad@1.3.0"]}})
     tiny = kit.profile(disk_mib=1)
     cases = (
-        (allowlist, "profile.network_policy.mode"),
+        (unrestricted, "profile.network_policy.mode"),
         (npm, "profile.packages.npm"),
         (tiny, "profile.resource_limits.disk_mib"),
     )

@@ -4,8 +4,11 @@
 (entry point name ``docker``). String options: ``sandbox_user`` (``uid:gid``,
 default ``1000:1000``), ``home`` (default ``/home/sandbox``), ``state_dir`` (where
 staged files wait for activation), ``cache_tag`` (runner tag of materialized
-images) and ``workers`` (threads for docker-py calls). ``progress``, a callable,
-receives each line of an image build's output as one ``str``.
+images), ``workers`` (threads for docker-py calls), ``egress_image`` (the image
+an ``allowlist`` sandbox's egress proxy runs in, default ``checkfu/debian:12``)
+and ``egress_dns`` (comma-separated addresses of the DNS servers the egress
+proxies ask, default the engine's choice). ``progress``, a callable, receives
+each line of an image build's output as one ``str``.
 
 ``pin_base_image`` turns a base image tag into the engine's image id, for a
 profile written by a person.
@@ -22,7 +25,7 @@ from checkfu.providers.docker.materialize import BuildLine
 from checkfu.providers.docker.pinning import pin_base_image
 from checkfu.providers.docker.provider import DockerProvider
 
-OPTIONS = ("sandbox_user", "home", "state_dir", "cache_tag", "workers")
+OPTIONS = ("sandbox_user", "home", "state_dir", "cache_tag", "workers", "egress_image", "egress_dns")
 
 
 def create(progress: BuildLine | None = None, **options: str) -> DockerProvider:
@@ -56,6 +59,8 @@ def create(progress: BuildLine | None = None, **options: str) -> DockerProvider:
             state_dir=options.get("state_dir"),
             cache_tag=options.get("cache_tag", "checkfu-cache"),
             progress=progress,
+            egress_image=options.get("egress_image", "checkfu/debian:12"),
+            egress_dns=tuple(options.get("egress_dns", "").split(",")),
         )
     except BaseException:
         engine.close()

@@ -3,6 +3,26 @@
 Every claim here is one a test in ``tests/providers/docker`` proves against the
 real engine: all nine enforcement axes are ``runner_enforced`` because this
 in-tree code sets every container flag itself (see ``spec.py``).
+
+Network: ``none``, and ``allowlist`` whenever the engine holds the egress image
+(``egress.py``, ``docs/egress.md``). ``network_policy`` stays ``runner_enforced``
+in both modes, because every control an allowlist rests on is set by this
+package's own code and checked after start: the sandbox's ``NetworkMode: none``
+(only ``lo``: no route, no resolver it can reach, whatever the engine's iptables
+or DNS settings), the one door into it (opened by this code's door container,
+which refuses a namespace holding anything but ``lo``), and the filter behind
+the door (``egress_proxy.py``, this package's code, given the profile's list and
+nothing else; a proxy that is not running, not hardened or allowing another
+list stops the sandbox at ``activate``). Nothing in the engine's configuration
+can widen what the sandbox reaches; a wrong one can only make a listed
+destination unreachable.
+
+The egress grade is ``advisory_filter`` and never more: the proxy decides by
+name, address and port, and does not see inside the connections it allows, so a
+listed destination that relays (an open proxy, a tunnel, a shared CDN address)
+carries the sandbox further; names are trusted to the proxy's resolver (only
+public addresses, or addresses listed themselves); and ``security_boundary``
+comes only from the operator's own matrix (contract section 8).
 """
 
 from __future__ import annotations
@@ -57,9 +77,12 @@ def host_facts() -> HostFacts:
     return HostFacts(architecture=arch, cpus=os.cpu_count() or 1, memory_mib=memory)
 
 
-def build_envelope(facts: HostFacts, *, user_namespace: bool = False) -> SandboxProviderCapabilities:
+def build_envelope(
+    facts: HostFacts, *, user_namespace: bool = False, allowlist: bool = True
+) -> SandboxProviderCapabilities:
     """The Docker provider's envelope on a host with ``facts``; ``user_namespace`` when the engine
-    runs with userns-remap, so each sandbox's root is not the host's root.
+    runs with userns-remap, so each sandbox's root is not the host's root; ``allowlist`` when the
+    engine holds the image the egress proxy runs in.
 
     The writable areas are memory-backed (tmpfs), so ``maximum_resources.disk_mib``
     is bounded by the host's memory like ``memory_mib``.
@@ -81,12 +104,12 @@ def build_envelope(facts: HostFacts, *, user_namespace: bool = False) -> Sandbox
         image_mode="profile",
         fixed_base_images=(),
         package_managers=PACKAGE_MANAGERS,
-        network_modes=("none",),
+        network_modes=("none", "allowlist") if allowlist else ("none",),
         retention_modes=("durable", "ephemeral_zdr"),
         snapshots=True,
         snapshot_custody="runner",
         enforcement=EnforcementStatement(**{axis: "runner_enforced" for axis in AXES}),
-        egress_certification="unsupported",
+        egress_certification="advisory_filter" if allowlist else "unsupported",
         list_dir=True,
         minimum_resources=MINIMUM,
         maximum_resources=maximum,

@@ -1,6 +1,7 @@
 """Labels and names: how every object the Docker provider creates is found again.
 
-Every container, volume and image carries the contract's owner labels
+Every container, volume and image (an ``allowlist`` sandbox's egress proxy, door
+and socket volume too) carries the contract's owner labels
 (``checkfu.contract.labels``: ``checkfu.allocation_key`` and ``checkfu.runner_tag``)
 and the Docker-specific ones below. Compensation, release and enumeration find objects
 by these labels only, never by an id a caller handed back. Names are derived
@@ -34,9 +35,24 @@ AREAS = "checkfu.areas"
 STAGER = "checkfu.stager"
 """On an instance: the name of its staging container, when it has mounts."""
 MATERIALIZATION = "checkfu.materialization_digest"
+PROXY = "checkfu.proxy"
+"""On an ``allowlist`` instance: the name of its egress proxy (its door and socket volume are named alike)."""
+ALLOWLIST = "checkfu.allowlist"
+"""On an ``allowlist`` instance and its proxy: the JSON list of the destinations it may reach."""
 
-Kind = Literal["instance", "stager", "area", "mount", "snapshot", "carrier", "image"]
-KINDS: tuple[Kind, ...] = ("instance", "stager", "area", "mount", "snapshot", "carrier", "image")
+Kind = Literal["instance", "stager", "area", "mount", "snapshot", "carrier", "image", "proxy", "companion", "egress"]
+KINDS: tuple[Kind, ...] = (
+    "instance",
+    "stager",
+    "area",
+    "mount",
+    "snapshot",
+    "carrier",
+    "image",
+    "proxy",
+    "companion",
+    "egress",
+)
 
 
 def object_labels(allocation_key: str, runner_tag: str, kind: Kind, **extra: str) -> dict[str, str]:

@@ -11,7 +11,11 @@ What an instance is on the engine (all labelled ``checkfu.allocation_key`` and
   stager container (never started) through which ``writeFile`` fills them
   before activation; the stager is removed at ``activate``; the stager's create
   creates the mount volumes;
-- for a clone, a carrier image with the source's areas, consumed at ``activate``.
+- for a clone, a carrier image with the source's areas, consumed at ``activate``;
+- for an ``allowlist`` profile, its way out (``egress.py``): an egress proxy
+  container created and started at ``provision``, a door container that joins
+  the sandbox's network namespace at ``activate`` only to open ``127.0.0.1:3128``
+  into the proxy (removed once it has), and the tmpfs volume between the two.
 
 Snapshots are images labelled with their own allocation key (``snapshots.py``).
 State is the container's real state: ``created`` is ``provisioning``, started is
@@ -27,6 +31,7 @@ and label.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -40,11 +45,13 @@ from typing import Any, NoReturn, TypeVar
 
 from checkfu.contract.envelope import Member
 from checkfu.contract.errors import (
+    SandboxCapabilityUnavailable,
     SandboxDigestMismatch,
     SandboxError,
     SandboxNotFound,
     SandboxPathRejected,
     SandboxProviderFailed,
+    Unmet,
 )
 from checkfu.contract.lifecycle import State, snapshot_transition, transition
 from checkfu.contract.members import (
@@ -86,7 +93,7 @@ from checkfu.contract.members import (
     echo,
 )
 from checkfu.contract.paths import is_within
-from checkfu.providers.docker import files, snapshots, spec
+from checkfu.providers.docker import egress, files, snapshots, spec
 from checkfu.providers.docker import labels as L
 from checkfu.providers.docker.engine import DEFAULT_WORKERS, Engine
 from checkfu.providers.docker.envelope import HostFacts, build_envelope, check_target, host_facts, require_served
@@ -148,6 +155,19 @@ class Instance:
     def retention(self) -> str:
         return self.labels.get(L.RETENTION, "")
 
+    @property
+    def proxy(self) -> str | None:
+        """The egress proxy's name, for an ``allowlist`` instance."""
+        return self.labels.get(L.PROXY) or None
+
+    @property
+    def allowlist(self) -> tuple[str, ...]:
+        return L.json_list(self.labels, L.ALLOWLIST)
+
+
+class _RootImageMissing(Exception):
+    """The engine has no image by the request's ``root_image`` (404 on a create)."""
+
 
 def _status(exc: BaseException) -> int | None:
     code = getattr(exc, "status_code", None)
@@ -166,6 +186,9 @@ class DockerProvider:
         progress: called on the event loop with each line of an image build's output (a ``str``).
         workers: threads for docker-py calls (of the engine made here when ``engine`` is not given).
         facts: the host's architecture, CPUs and memory; read from this host by default.
+        egress_image: the image the egress proxy and door of an ``allowlist`` sandbox run in (it needs
+            ``python3``, 3.9 or later); without it on the engine, ``allowlist`` is not advertised.
+        egress_dns: the DNS servers the egress proxies ask (default: the engine's own choice for a container).
 
     Raises:
         SandboxAdapterUnavailable: ``sandbox_user`` or ``home`` is malformed (the option is the field).
@@ -182,10 +205,14 @@ class DockerProvider:
         progress: BuildLine | None = None,
         workers: int = DEFAULT_WORKERS,
         facts: HostFacts | None = None,
+        egress_image: str = "checkfu/debian:12",
+        egress_dns: tuple[str, ...] = (),
     ) -> None:
         self.user = spec.SandboxUser.parse(sandbox_user, home)
         self.engine = engine if engine is not None else Engine(workers=workers)
         self._facts = facts if facts is not None else host_facts()
+        self.egress_image = egress_image
+        self.egress_dns = egress.parse_dns(",".join(egress_dns))
         self.envelope = build_envelope(self._facts)
         self._engine_read = False
         self.target = self.envelope.target
@@ -312,15 +339,37 @@ class DockerProvider:
 
     # describe, materialize ------------------------------------------------------------------
 
+    def _egress_image_id(self) -> str | None:
+        """The id of ``egress_image`` on the engine, or ``None`` when it has none."""
+        try:
+            return str(self.engine.api.inspect_image(self.egress_image)["Id"])
+        except Exception as exc:
+            if _status(exc) in (400, 404):
+                return None
+            raise
+
+    def _require_egress_image(self) -> str:
+        """Raises SandboxCapabilityUnavailable when the engine has no ``egress_image``."""
+        image = self._egress_image_id()
+        if image is None:
+            why = (
+                f"'allowlist' needs the egress image {self.egress_image!r} (with python3) on this engine, and "
+                "nothing is pulled (scripts/base-images builds checkfu/debian:12)"
+            )
+            raise SandboxCapabilityUnavailable([Unmet("network_policy.mode", why)], provider=self.envelope.provider)
+        return image
+
     async def describe(self) -> DescribeResult:
-        """The envelope, once the engine has said whether sandboxes get a user namespace of their own.
+        """The envelope, once the engine has said whether sandboxes get a user namespace of their own, and
+        whether it holds the egress image an ``allowlist`` sandbox's proxy runs in.
 
         Raises:
             SandboxProviderFailed: the engine does not answer.
         """
         if not self._engine_read:
             user_namespace = "user" in await self.namespaces()
-            self.envelope = build_envelope(self._facts, user_namespace=user_namespace)
+            allowlist = await self.engine.run("describe", self._egress_image_id) is not None
+            self.envelope = build_envelope(self._facts, user_namespace=user_namespace, allowlist=allowlist)
             self._engine_read = True
         return DescribeResult(envelope=self.envelope)
 
@@ -364,6 +413,65 @@ class DockerProvider:
     def _create_blocking(
         self, request: _Allocating, areas: tuple[spec.Area, ...], restore: str | None
     ) -> tuple[str, dict[str, str], tuple[str, ...]]:
+        """Create the instance's containers and volumes; for an ``allowlist`` profile its proxy (created and
+        started meanwhile, in another thread) and its door too."""
+        api = self.engine.api
+        key, tag = request.allocation_key, request.runner_tag
+        name = L.instance_name(key)
+        image = self._require_egress_image() if egress.wants_egress(request.profile) else None
+        proxy = self._fanout.submit(self._create_proxy, request, image) if image is not None else None
+        try:
+            created = self._create_sandbox(request, areas, restore)
+            if image is not None:
+                self._create_if_absent(egress.door_spec(api, instance=name, image=image, key=key, tag=tag))
+        except _RootImageMissing as exc:
+            if proxy is not None:
+                with contextlib.suppress(Exception):
+                    proxy.result()
+            self._reclaim_blocking(allocation_key=key, runner_tag=tag, snapshots_of=False)
+            raise SandboxNotFound(
+                f"root_image: {request.root_image[:80]} is not on this engine", field="root_image"
+            ) from exc.__cause__
+        except BaseException:
+            if proxy is not None:
+                with contextlib.suppress(Exception):
+                    proxy.result()
+            raise
+        if proxy is not None:
+            proxy.result()
+        return created
+
+    def _create_if_absent(self, config: dict[str, Any]) -> None:
+        """Create a container; one of that name already there (a retried call) is left as it is."""
+        try:
+            self.engine.api.create_container(**config)
+        except Exception as exc:
+            if _status(exc) != 409:
+                raise
+
+    def _create_proxy(self, request: _Allocating, image: str) -> None:
+        api = self.engine.api
+        name = L.instance_name(request.allocation_key)
+        config = egress.proxy_spec(
+            api,
+            instance=name,
+            image=image,
+            allowlist=egress.allowlist_of(request.profile),
+            key=request.allocation_key,
+            tag=request.runner_tag,
+            dns=self.egress_dns,
+        )
+        self._create_if_absent(config)
+        api.start(egress.proxy_name(name))
+
+    def _create_sandbox(
+        self, request: _Allocating, areas: tuple[spec.Area, ...], restore: str | None
+    ) -> tuple[str, dict[str, str], tuple[str, ...]]:
+        """The stager (with mounts) and the sandbox container.
+
+        Raises:
+            _RootImageMissing: the engine has no ``root_image`` (the caller reclaims what was made).
+        """
         api = self.engine.api
         key, tag = request.allocation_key, request.runner_tag
         name = L.instance_name(key)
@@ -374,10 +482,7 @@ class DockerProvider:
                 api.create_container(**spec.stager_spec(api, name, request.root_image, request.mounts, key, tag))
             except Exception as exc:
                 if _status(exc) == 404:
-                    self._reclaim_blocking(allocation_key=key, runner_tag=tag, snapshots_of=False)
-                    raise SandboxNotFound(
-                        f"root_image: {request.root_image[:80]} is not on this engine", field="root_image"
-                    ) from exc
+                    raise _RootImageMissing() from exc
                 if _status(exc) != 409:
                     raise
         config = spec.sandbox_spec(
@@ -397,10 +502,7 @@ class DockerProvider:
         except Exception as exc:
             status = _status(exc)
             if status == 404:
-                self._reclaim_blocking(allocation_key=key, runner_tag=tag, snapshots_of=False)
-                raise SandboxNotFound(
-                    f"root_image: {request.root_image[:80]} is not on this engine", field="root_image"
-                ) from exc
+                raise _RootImageMissing() from exc
             if status != 409:
                 raise
             existing = self._inspect_blocking(name, key)
@@ -623,12 +725,28 @@ class DockerProvider:
                 if _status(exc) != 404:
                     raise
         api.start(instance.container_id)
-        self._verify_sealed(instance)
+        if instance.proxy is None:
+            self._verify_sealed(instance)
+        else:
+            self._all(
+                lambda: self._verify_sealed(instance),
+                lambda: egress.open_door(api, instance.name),
+                lambda: self._verify_proxy(instance),
+            )
         if instance.restore is not None:
             snapshots.restore(api, instance.restore, instance.container_id, instance.areas, instance.mounts)
             labels = self._snapshot_labels(instance.restore) or {}
             if L.kind_of(labels) == "carrier" and labels.get(L.ALLOCATION_KEY) == instance.labels.get(L.ALLOCATION_KEY):
                 api.remove_image(instance.restore)
+
+    def _verify_proxy(self, instance: Instance) -> None:
+        """The egress proxy runs as it was built, allowing the sandbox's own list; otherwise the sandbox is stopped
+        and refused."""
+        assert instance.proxy is not None
+        problems = egress.proxy_problems(self.engine.api.inspect_container(instance.proxy), instance.allowlist)
+        if problems:
+            self.engine.api.kill(instance.container_id)
+            raise SandboxProviderFailed(f"activate: the egress proxy is not as built: {', '.join(problems)}")
 
     def _verify_sealed(self, instance: Instance) -> None:
         """After start, the engine reports every flag as set; otherwise the sandbox is stopped and refused."""
@@ -938,17 +1056,21 @@ class DockerProvider:
         ]
         if stager is not None:
             first.append(lambda: self._gone(lambda: api.remove_container(stager, force=True)))
+        if instance.proxy is not None:
+            for helper in (instance.proxy, egress.door_name(instance.name)):
+                first.append(functools.partial(self._gone, functools.partial(api.remove_container, helper, force=True)))
         if restore is not None:
             first.append(lambda: self._snapshot_labels(restore) or {})
         if zdr:
             selector = L.label_filter(runner_tag=instance.runner_tag, kind="snapshot", **{L.SOURCE_KEY: key})
             first.append(lambda: api.images(filters=selector))
         found = self._all(*first)
+        volumes = instance.volumes + ((egress.socket_volume(instance.name),) if instance.proxy is not None else ())
         second: list[Callable[[], int]] = [
-            functools.partial(self._gone, functools.partial(api.remove_volume, v, force=True)) for v in instance.volumes
+            functools.partial(self._gone, functools.partial(api.remove_volume, v, force=True)) for v in volumes
         ]
         if restore is not None:
-            labels = found[1 + (stager is not None)]
+            labels = found[1 + (stager is not None) + 2 * (instance.proxy is not None)]
             if L.kind_of(labels) == "carrier" and labels.get(L.ALLOCATION_KEY) == key:
                 second.append(functools.partial(self._gone, functools.partial(api.remove_image, restore)))
         if zdr:

@@ -16,7 +16,10 @@ flag a test checks with ``docker inspect`` is set in exactly one place:
   with the container, labelled, and removed with it), and
   together they are exactly ``disk_mib`` (``split_disk``); POSIX message queues
   get no bytes (``RLIMIT_MSGQUEUE`` 0); the container's output goes to no log file;
-- ``network_policy``: ``NetworkMode: none`` (only ``lo``);
+- ``network_policy``: ``NetworkMode: none`` (only ``lo``) in every mode; with
+  ``allowlist``, the proxy variables name ``127.0.0.1:3128``, where the egress
+  door opens into the proxy that allows only the listed destinations
+  (``egress.py``);
 - ``resource_limits``: ``NanoCpus``, ``Memory`` and ``MemorySwap`` equal (swap is
   not extra), ``PidsLimit``.
 
@@ -35,6 +38,7 @@ from checkfu.contract.errors import SandboxAdapterUnavailable, SandboxPathReject
 from checkfu.contract.mounts import MountPlan
 from checkfu.contract.paths import is_within
 from checkfu.contract.profile import SandboxProfile
+from checkfu.providers.docker import egress
 from checkfu.providers.docker import labels as L
 
 RESERVED_ROOTS = ("/proc", "/sys", "/dev")
@@ -248,6 +252,11 @@ def sandbox_spec(
         extra[L.STAGER] = L.stager_name(instance)
     if restore is not None:
         extra[L.RESTORE] = restore
+    environment = {"HOME": user.home}
+    if egress.wants_egress(profile):
+        extra[L.PROXY] = egress.proxy_name(instance)
+        extra[L.ALLOWLIST] = L.dump_list(egress.allowlist_of(profile))
+        environment.update(egress.sandbox_environment())
     return {
         "image": image,
         "command": ["sleep", "infinity"],
@@ -255,7 +264,7 @@ def sandbox_spec(
         "user": user.spec,
         "working_dir": user.home,
         "hostname": "sandbox",
-        "environment": {"HOME": user.home},
+        "environment": environment,
         "labels": L.object_labels(key, tag, "instance", **extra),
         "host_config": host_config,
     }
