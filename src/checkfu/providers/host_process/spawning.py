@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import os
 import signal
 import subprocess
@@ -91,8 +92,14 @@ def exit_status(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
+PIPE_BYTES = 1 << 20
+"""The output pipes' capacity: a read takes up to this much (Linux's default, 64 KiB, costs one event-loop
+turn per 64 KiB of output)."""
+F_SETPIPE_SZ = 1031
+
+
 def _popen(argv: tuple[str, ...], env: dict[str, str], cwd: str, stdin: bool) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
+    popen = subprocess.Popen(
         list(argv),
         stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
         stdout=subprocess.PIPE,
@@ -103,6 +110,11 @@ def _popen(argv: tuple[str, ...], env: dict[str, str], cwd: str, stdin: bool) ->
         env=env,
         start_new_session=True,
     )
+    for pipe in (popen.stdout, popen.stderr):
+        if pipe is not None:
+            with contextlib.suppress(OSError):  # above /proc/sys/fs/pipe-max-size: keep the default
+                fcntl.fcntl(pipe.fileno(), F_SETPIPE_SZ, PIPE_BYTES)
+    return popen
 
 
 def spawn_direct(argv: tuple[str, ...], env: dict[str, str], cwd: str, stdin: bool) -> Tree:
