@@ -6,11 +6,13 @@ allocation key and runner tag (``labels.py``) and named after it:
 
 - the **proxy** container (``<instance>-proxy``, kind ``proxy``) runs
   ``egress_proxy.py`` on the engine's default bridge, outside every namespace of
-  the sandbox; it is created and started at ``provision`` and waits;
+  the sandbox; it is created at ``provision`` and started right after, in the
+  background, and waits for the door;
 - the **door** container (``<instance>-door``, kind ``companion``) joins only the
-  sandbox's network namespace; at ``activate``, once the sandbox runs, it binds
-  ``127.0.0.1:3128`` there, hands the listening socket to the proxy and exits,
-  and is removed;
+  sandbox's network namespace; at ``activate``, once the sandbox runs, it runs
+  ``egress_door.py``: binds ``127.0.0.1:3128`` there, hands the listening socket
+  to the proxy and exits; it is removed in the background (``release`` removes
+  it too);
 - the **socket volume** (``<instance>-egress``, kind ``egress``), a tiny tmpfs
   mounted by the proxy and the door only, carries the one handoff.
 
@@ -35,7 +37,8 @@ import docker.types
 from checkfu.contract.errors import SandboxAdapterUnavailable, SandboxProfileInvalid, SandboxProviderFailed
 from checkfu.contract.profile import SandboxProfile
 from checkfu.providers.docker import labels as L
-from checkfu.providers.docker.egress_proxy import PORT, Allowlist, Refused
+from checkfu.providers.docker.egress_door import PORT
+from checkfu.providers.docker.egress_proxy import Allowlist, Refused
 
 HELPER_USER = "65534:65534"
 """``nobody``: the proxy and the door run as neither root nor the sandbox user."""
@@ -101,9 +104,9 @@ def parse_dns(value: str) -> tuple[str, ...]:
 
 
 @functools.cache
-def proxy_source() -> str:
-    """The source of ``egress_proxy.py``, which both containers run."""
-    return Path(__file__).with_name("egress_proxy.py").read_text(encoding="utf-8")
+def source(role: str) -> str:
+    """The source the ``proxy`` or the ``door`` container runs: ``egress_proxy.py`` or ``egress_door.py``."""
+    return Path(__file__).with_name(f"egress_{role}.py").read_text(encoding="utf-8")
 
 
 def sandbox_environment() -> dict[str, str]:
@@ -118,7 +121,7 @@ def sandbox_environment() -> dict[str, str]:
 
 
 def _command(role: str, config: dict[str, Any]) -> list[str]:
-    return ["python3", "-I", "-S", "-c", proxy_source(), role, json.dumps(config, separators=(",", ":"))]
+    return ["python3", "-I", "-S", "-c", source(role), json.dumps(config, separators=(",", ":"))]
 
 
 def _socket_mount(instance: str, key: str, tag: str) -> Any:
@@ -214,7 +217,7 @@ def _logs(api: Any, container: str) -> str:
 
 def open_door(api: Any, instance: str) -> None:
     """Start the door of the (running) sandbox ``instance`` and wait until it has handed ``127.0.0.1:3128`` to
-    the proxy; then remove it.
+    the proxy (the caller removes the exited door).
 
     Raises:
         SandboxProviderFailed: the door did not open (its last log lines say why), or did not in time.
@@ -229,7 +232,6 @@ def open_door(api: Any, instance: str) -> None:
         ) from exc
     if status != 0:
         raise SandboxProviderFailed(f"activate: the egress door did not open (exit {status}: {_logs(api, door)})")
-    api.remove_container(door, force=True)
 
 
 def proxy_problems(info: dict[str, Any], allowlist: tuple[str, ...]) -> list[str]:

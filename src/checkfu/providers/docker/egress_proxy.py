@@ -1,23 +1,15 @@
-"""The egress proxy of an ``allowlist`` sandbox and the door that lets the sandbox reach it.
+"""The egress proxy of an ``allowlist`` sandbox.
 
 This file stands alone: it imports only the standard library (never ``checkfu``),
-because the Docker provider runs its source in containers of the egress image
-(``python3 -I -S -c <source> ROLE CONFIG``, Python 3.9 or later). The provider
-and the tests import the same file, so what is tested is what runs.
+because the Docker provider runs its source in a container of the egress image
+(``python3 -I -S -c <source> CONFIG``, Python 3.9 or later). The provider and the
+tests import the same file, so what is tested is what runs.
 
-Two roles:
-
-- ``door`` runs in the sandbox's network namespace (which holds only ``lo``) and
-  in no other namespace of the sandbox. It refuses to open when the namespace has
-  any interface but ``lo``; otherwise it binds ``127.0.0.1:PORT`` there, hands the
-  listening socket to the proxy through the Unix socket both mount, waits for the
-  proxy's acknowledgement and exits 0. The sandbox user can neither see nor
-  signal either process.
-- ``proxy`` runs on a Docker bridge, outside the sandbox. It waits for the one
-  handoff, removes its Unix socket (nobody can hand it another listener), then
-  serves the sandbox's connections on the handed listener: HTTP ``CONNECT``
-  (TLS or any TCP), plain HTTP in absolute form, and SOCKS5 ``CONNECT``, told
-  apart by their first byte.
+The proxy runs on a Docker bridge, outside every namespace of the sandbox. It
+waits for the one handoff from the door (``egress_door.py``), removes its Unix
+socket (nobody can hand it another listener), then serves the sandbox's
+connections on the handed listener: HTTP ``CONNECT`` (TLS or any TCP), plain
+HTTP in absolute form, and SOCKS5 ``CONNECT``, told apart by their first byte.
 
 Every request names a host and a port, and the proxy decides (``Allowlist``):
 
@@ -29,8 +21,9 @@ Every request names a host and a port, and the proxy decides (``Allowlist``):
    address); a name only when that name and port are listed. Nothing is
    resolved before this check, so an unlisted name never reaches a resolver.
 3. A listed name is resolved by the proxy itself, as a fully qualified name (no
-   search domains), and the proxy dials what it resolved: never an address the
-   sandbox supplied. A resolved address that is not public (loopback, private,
+   search domains; ``localhost`` and names under it are loopback and asked of
+   nobody), and the proxy dials what it resolved: never an address the sandbox
+   supplied. A resolved address that is not public (loopback, private,
    link-local, shared, reserved, ...) is refused unless it is itself listed, as
    an address, with that port, so a listed name cannot be turned into a way to
    an unlisted address. An unspecified or multicast address is never dialled.
@@ -49,12 +42,9 @@ import json
 import os
 import socket
 import sys
-import time
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
-PORT = 3128
-"""Where the door opens inside the sandbox: ``127.0.0.1:3128``."""
 HEAD_LIMIT = 64 * 1024
 """The longest request head (HTTP) the proxy reads."""
 HEAD_TIMEOUT = 30.0
@@ -74,6 +64,8 @@ HOP_BY_HOP = frozenset(
     }
 )
 """Headers of a plain HTTP request that are not forwarded (``Host`` is set from the request target)."""
+LOOPBACK = ("127.0.0.1", "::1")
+"""What ``localhost`` and every name under it resolve to, without asking anyone (RFC 6761)."""
 TIMEOUTS = (asyncio.TimeoutError, TimeoutError)
 """What a timed-out wait raises: one class from Python 3.11 on, two before (the image may hold 3.9 or 3.10)."""
 NAME_CHARACTERS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789-_.")
@@ -224,10 +216,15 @@ class Proxy:
         canonical, is_address = self.allowlist.check(host, port)
         if is_address:
             return [canonical]
+        if canonical == "localhost" or canonical.endswith(".localhost"):
+            return self._admitted(canonical, port, list(LOOPBACK))  # RFC 6761: never asked of a DNS server
         try:
             resolved = await asyncio.wait_for(self.resolve(canonical + ".", port), DIAL_TIMEOUT)
         except (OSError, *TIMEOUTS) as exc:
             raise Refused(f"{canonical} does not resolve ({type(exc).__name__}: {exc})", 502) from None
+        return self._admitted(canonical, port, resolved)
+
+    def _admitted(self, canonical: str, port: int, resolved: list[str]) -> list[str]:
         allowed = [a for a in resolved if self.allowlist.admits(a, port)]
         if not allowed:
             shown = ", ".join(resolved) or "nothing"
@@ -420,7 +417,7 @@ async def serve(listener: socket.socket, proxy: Proxy) -> None:
         await server.serve_forever()
 
 
-# The two roles, as the containers run them -------------------------------------------------------
+# As the container runs it ----------------------------------------------------------------------
 
 
 def run_proxy(config: dict[str, Any]) -> int:
@@ -470,43 +467,11 @@ def _handed(fds: list[int]) -> socket.socket:
     return sock
 
 
-def run_door(config: dict[str, Any]) -> int:
-    """Open ``127.0.0.1:PORT`` in this network namespace and hand it to the proxy at ``config["socket"]``."""
-    interfaces = sorted(os.listdir("/sys/class/net")) if os.path.isdir("/sys/class/net") else ["?"]
-    if interfaces != ["lo"]:
-        print(f"refused: this namespace has {interfaces}, not only lo", flush=True)
-        return 3
-    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    listener.bind(("127.0.0.1", int(config.get("port", PORT))))
-    listener.listen(1024)
-    deadline = time.monotonic() + float(config.get("wait", 20))
-    while True:
-        control = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            control.connect(str(config["socket"]))
-            break
-        except OSError as exc:
-            control.close()
-            if time.monotonic() > deadline:
-                print(f"no proxy at {config['socket']}: {exc}", flush=True)
-                return 4
-            time.sleep(0.01)
-    control.settimeout(10)
-    socket.send_fds(control, [b"door"], [listener.fileno()])
-    ack = control.recv(2)
-    if ack != b"ok":
-        print(f"the proxy did not take the door ({ack!r})", flush=True)
-        return 5
-    print(f"handed 127.0.0.1:{listener.getsockname()[1]} to the proxy", flush=True)
-    return 0
-
-
 def main(argv: list[str]) -> int:
-    roles = {"proxy": run_proxy, "door": run_door}
-    if len(argv) != 3 or argv[1] not in roles:
-        print("usage: (proxy|door) CONFIG_JSON", file=sys.stderr)
+    if len(argv) != 2:
+        print("usage: CONFIG_JSON", file=sys.stderr)
         return 2
-    return roles[argv[1]](json.loads(argv[2]))
+    return run_proxy(json.loads(argv[1]))
 
 
 if __name__ == "__main__":

@@ -413,8 +413,8 @@ class DockerProvider:
     def _create_blocking(
         self, request: _Allocating, areas: tuple[spec.Area, ...], restore: str | None
     ) -> tuple[str, dict[str, str], tuple[str, ...]]:
-        """Create the instance's containers and volumes; for an ``allowlist`` profile its proxy (created and
-        started meanwhile, in another thread) and its door too."""
+        """Create the instance's containers and volumes; for an ``allowlist`` profile its proxy (created meanwhile,
+        in another thread, then started without waiting: the door waits for it at ``activate``) and its door too."""
         api = self.engine.api
         key, tag = request.allocation_key, request.runner_tag
         name = L.instance_name(key)
@@ -439,7 +439,13 @@ class DockerProvider:
             raise
         if proxy is not None:
             proxy.result()
+            self._fanout.submit(self._start_quietly, egress.proxy_name(name))
         return created
+
+    def _start_quietly(self, container: str) -> None:
+        """Start ``container`` in the background; a failure shows where it matters (the door finds no proxy)."""
+        with contextlib.suppress(Exception):
+            self.engine.api.start(container)
 
     def _create_if_absent(self, config: dict[str, Any]) -> None:
         """Create a container; one of that name already there (a retried call) is left as it is."""
@@ -462,7 +468,6 @@ class DockerProvider:
             dns=self.egress_dns,
         )
         self._create_if_absent(config)
-        api.start(egress.proxy_name(name))
 
     def _create_sandbox(
         self, request: _Allocating, areas: tuple[spec.Area, ...], restore: str | None
@@ -731,8 +736,10 @@ class DockerProvider:
             self._all(
                 lambda: self._verify_sealed(instance),
                 lambda: egress.open_door(api, instance.name),
-                lambda: self._verify_proxy(instance),
             )
+            self._verify_proxy(instance)
+            door = egress.door_name(instance.name)
+            self._fanout.submit(self._gone, functools.partial(api.remove_container, door, force=True))
         if instance.restore is not None:
             snapshots.restore(api, instance.restore, instance.container_id, instance.areas, instance.mounts)
             labels = self._snapshot_labels(instance.restore) or {}
