@@ -20,8 +20,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from checkfu.conformance.destinations import DestinationUnavailable, destination
-from checkfu.conformance.probes import NoProbe, connect, environment, listing, read_file, writable_dir, write_file
+from checkfu.conformance.destinations import DestinationUnavailable, beside, destination, loopback, name_server
+from checkfu.conformance.probes import (
+    NoProbe,
+    Ran,
+    Route,
+    connect,
+    dns_query,
+    environment,
+    listing,
+    read_file,
+    writable_dir,
+    write_file,
+)
 from checkfu.contract.envelope import SandboxProviderCapabilities
 from checkfu.contract.errors import SandboxError, SandboxProviderFailed
 from checkfu.contract.members import ListAllocationsResult
@@ -504,32 +515,85 @@ async def _must_refuse(
 
 
 async def allowlist_egress(ctx: Context) -> str:
-    """allowlist egress: a listed destination is reachable, an unlisted one is not."""
+    """allowlist egress: a listed destination is reachable the way a program inside reaches it (the proxy the
+    standard variables advertise, if any); an unlisted host, an unlisted port of a listed host, a listed name that
+    resolves elsewhere, a raw connection bypassing the proxy and a DNS query all fail, and the destinations, the
+    runner's loopback and the suite's name server see none of them."""
     if "allowlist" not in ctx.envelope.network_modes:
         raise Skipped(f"network_modes is {list(ctx.envelope.network_modes)}: no 'allowlist' to test")
     with contextlib.ExitStack() as stack:
         try:
             listed = stack.enter_context(destination())
+            other_port = stack.enter_context(beside(listed))
             unlisted = stack.enter_context(destination())
-            listed.control()
-            unlisted.control()
+            local = stack.enter_context(loopback())
+            names = stack.enter_context(name_server())
+            for dest in (listed, other_port, unlisted, local):
+                dest.control()
+            names.control("control.checkfu.test")
         except DestinationUnavailable as exc:
             raise Failed(f"no destination to probe: {exc}") from None
-        profile = ctx.with_policy(NetworkPolicy(mode="allowlist", allowlist=(listed.address,)))
+        # "localhost" is a name every resolver answers with a loopback address: listed with the port of a listener
+        # on the runner's loopback, it is a listed name that resolves elsewhere (an address nobody listed).
+        elsewhere = f"localhost:{local.port}"
+        secret = f"x{uuid.uuid4().hex[:12]}.checkfu.test"
+        ctx.saw(
+            f"listed {listed.address} and {elsewhere}; unlisted {unlisted.address}, port {other_port.port} of the "
+            f"listed host, name server {names.host}:{names.port}; each reachable from the runner (the controls)"
+        )
+        profile = ctx.with_policy(NetworkPolicy(mode="allowlist", allowlist=(listed.address, elsewhere)))
+        watched = {"listed": listed, "unlisted": unlisted, "unlisted port": other_port, "loopback": local}
         async with ctx.session(profile=profile) as session:
             inst = await ctx.active(session, profile=profile)
-            before = (listed.count(), unlisted.count())
+            before = {k: d.count() for k, d in watched.items()}
+            asked = len(names.questions())
+
+            def reached(name: str) -> int:
+                return watched[name].count() - before[name]
+
             try:
                 yes = await connect(session, inst, listed.host, listed.port)
-                no = await connect(session, inst, unlisted.host, unlisted.port)
-                port_no = await connect(session, inst, listed.host, unlisted.port)
+                ctx.saw(f"inside, listed: {_said(yes)}")
+                _check(yes.code == 0 and reached("listed") == 1, f"the listed {listed.address} was not reached: {yes}")
+                proxied = b"via proxy" in yes.out
+                no_host = await connect(session, inst, unlisted.host, unlisted.port)
+                ctx.saw(f"inside, unlisted host: {_said(no_host)}")
+                _check(no_host.code != 0, f"the sandbox says it reached the unlisted {unlisted.address}")
+                no_port = await connect(session, inst, listed.host, other_port.port)
+                ctx.saw(f"inside, unlisted port {other_port.port} of the listed host: {_said(no_port)}")
+                _check(no_port.code != 0, f"the sandbox says it reached the unlisted port {other_port.address}")
+                via: Route = "proxy" if proxied else "auto"
+                other = await connect(session, inst, "localhost", local.port, via)
+                ctx.saw(f"inside, the listed name {elsewhere} (resolves to loopback, not listed): {_said(other)}")
+                _check(other.code != 0, f"the sandbox says it reached {elsewhere}")
+                raw_unlisted = await connect(session, inst, unlisted.host, unlisted.port, "direct")
+                raw_listed = await connect(session, inst, listed.host, listed.port, "direct")
+                ctx.saw(f"inside, bypassing the proxy: unlisted {_said(raw_unlisted)}; listed {_said(raw_listed)}")
+                _check(raw_unlisted.code != 0, f"a direct connection reached the unlisted {unlisted.address}")
+                if proxied:
+                    _check(raw_listed.code != 0, "a raw connection to the listed destination bypassed the proxy")
+                else:
+                    ctx.saw("no proxy is advertised: a direct connection is the listed way out")
+                dns = await dns_query(session, inst, secret, names.host, names.port)
+                ctx.saw(f"inside, a DNS question for {secret} to {names.host}:{names.port}: {_said(dns)}")
+                _check(dns.code != 0, f"a DNS question from inside was answered by {names.host}:{names.port}")
+                tunnel = await connect(session, inst, secret, 53, via)
+                ctx.saw(f"inside, the unlisted name {secret}:53 through the way out: {_said(tunnel)}")
+                _check(tunnel.code != 0, f"the unlisted name {secret} was reached")
             except NoProbe as exc:
                 raise Failed(f"cannot probe the network from inside: {exc}") from None
-            ctx.saw(f"inside: listed {yes}; unlisted {no}; listed host, unlisted port {port_no}")
-            _check(yes.code == 0 and listed.count() > before[0], f"the listed {listed.address} was not reached")
-            _check(no.code != 0 and unlisted.count() == before[1], f"the unlisted {unlisted.address} was reached")
-            _check(port_no.code != 0, "an unlisted port of the listed host was reached")
-    return "listed reachable, unlisted not"
+            for name in ("unlisted", "unlisted port", "loopback"):
+                _check(reached(name) == 0, f"the {name} destination accepted {reached(name)} connection(s)")
+            _check(reached("listed") == 1 + (not proxied), f"the listed destination saw {reached('listed')}")
+            heard = names.questions()[asked:]
+            _check(not heard, f"the suite's name server was asked {heard}: DNS carried data out")
+            ctx.saw("the destinations counted only the listed connection; the name server heard nothing from inside")
+    return "listed reachable; unlisted host, unlisted port, a name resolving elsewhere, a bypass and DNS all fail"
+
+
+def _said(ran: Ran) -> str:
+    out = ran.out.decode("utf-8", "replace").strip().replace("\n", " ")[:160]
+    return f"exit {ran.code}" + (f" ({out})" if out else "")
 
 
 @dataclass(frozen=True)

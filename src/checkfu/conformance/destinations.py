@@ -11,6 +11,12 @@ connection it accepts. Traffic goes only to addresses on this machine:
 
 Before a case counts on a destination, the suite connects to it from the runner's
 side (the positive control), so an unreachable listener can never pass a case.
+
+Case 9 (allowlist egress) also uses a second listener beside a destination (an
+unlisted port of a listed host), a listener on the runner's own loopback, and a
+name server (UDP DNS) that answers the names it is given, refuses every other,
+and records every question it is asked (a query that reached it is DNS that
+carried data out).
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import os
 import secrets
 import shutil
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -97,13 +104,98 @@ class Destination:
             raise DestinationUnavailable(f"the destination {self.address} did not record the control connection")
 
 
+NAME_SERVER = r"""
+import socket, struct, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.bind((sys.argv[1], int(sys.argv[2])))
+print(s.getsockname()[1], flush=True)
+names = dict(a.split("=", 1) for a in sys.argv[3:])
+while True:
+    data, addr = s.recvfrom(4096)
+    try:
+        labels, i = [], 12
+        while data[i]:
+            labels.append(data[i + 1 : i + 1 + data[i]].decode("ascii", "replace").lower())
+            i += 1 + data[i]
+        qtype = struct.unpack(">H", data[i + 1 : i + 3])[0]
+        question = data[12 : i + 5]
+    except (IndexError, struct.error):
+        print("asked", addr[0], "?", 0, flush=True)
+        continue
+    name = ".".join(labels)
+    print("asked", addr[0], name or ".", qtype, flush=True)
+    found = names.get(name)
+    flags, answers = (0x8180, b"") if found else (0x8183, b"")
+    if found and qtype == 1:
+        answers = b"\xc0\x0c" + struct.pack(">HHIH", 1, 1, 5, 4) + socket.inet_aton(found)
+    head = struct.pack(">HHHHHH", struct.unpack(">H", data[:2])[0], flags, 1, 1 if answers else 0, 0, 0)
+    s.sendto(head + question + answers, addr)
+"""
+
+
+@dataclass
+class NameServer:
+    """A UDP name server at ``host:port`` answering ``names`` (name -> IPv4 address); NXDOMAIN for any other
+    name, NOERROR without an answer for another type of a known name. Every question is recorded."""
+
+    host: str
+    port: int
+    process: subprocess.Popen[str]
+    names: dict[str, str]
+    namespace: str | None = None
+    asked: list[tuple[str, str]] = field(default_factory=list)
+    """(source address, name) of every question, in order."""
+    _reader: threading.Thread | None = None
+
+    def start_recording(self) -> None:
+        def read() -> None:
+            assert self.process.stdout is not None
+            for line in self.process.stdout:
+                parts = line.split()
+                if len(parts) >= 3 and parts[0] == "asked":
+                    self.asked.append((parts[1], parts[2]))
+
+        self._reader = threading.Thread(target=read, name="checkfu-name-server", daemon=True)
+        self._reader.start()
+
+    def questions(self, settle: float = 0.2) -> list[tuple[str, str]]:
+        time.sleep(settle)  # a question in flight is printed within this
+        return list(self.asked)
+
+    def control(self, name: str, timeout: float = 5.0) -> None:
+        """Ask for ``name`` from the runner's side: proves the server is real, reachable and records.
+
+        Raises:
+            DestinationUnavailable: it did not answer, or did not record the question.
+        """
+        before = len(self.asked)
+        query = struct.pack(">HHHHHH", 0x6366, 0x0100, 1, 0, 0, 0)
+        query += b"".join(bytes([len(label)]) + label.encode() for label in name.split(".")) + b"\0\0\1\0\1"
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.settimeout(timeout)
+            try:
+                s.sendto(query, (self.host, self.port))
+                s.recv(512)
+            except OSError as exc:
+                raise DestinationUnavailable(f"the name server {self.host}:{self.port} did not answer: {exc}") from exc
+        deadline = time.monotonic() + timeout
+        while len(self.asked) <= before and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if len(self.asked) <= before:
+            raise DestinationUnavailable(f"the name server {self.host}:{self.port} did not record the question")
+
+
 def _run(*argv: str) -> None:
     subprocess.run(argv, check=True, capture_output=True, timeout=20)
 
 
-def _listener(prefix: list[str], host: str) -> tuple[subprocess.Popen[str], int]:
+def _prefix(namespace: str | None) -> list[str]:
+    return ["ip", "netns", "exec", namespace] if namespace else []
+
+
+def _listener(prefix: list[str], host: str, script: str = LISTENER, *args: str) -> tuple[subprocess.Popen[str], int]:
     proc = subprocess.Popen(
-        [*prefix, sys.executable, "-c", LISTENER, host],
+        [*prefix, sys.executable, "-c", script, host, *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
@@ -153,13 +245,94 @@ def destination() -> Iterator[Destination]:
 
 
 @contextlib.contextmanager
+def beside(dest: Destination) -> Iterator[Destination]:
+    """Another counting listener on ``dest``'s own address (another port of the same host), removed on the way out.
+
+    Raises:
+        DestinationUnavailable: the listener did not start.
+    """
+    proc, port = _listener(_prefix(dest.namespace), dest.host)
+    other = Destination(dest.host, port, proc, namespace=dest.namespace)
+    other.start_counting()
+    try:
+        yield other
+    finally:
+        _stop(proc)
+
+
+@contextlib.contextmanager
+def loopback() -> Iterator[Destination]:
+    """A counting listener on ``127.0.0.1`` of the runner's own network namespace, removed on the way out.
+
+    Raises:
+        DestinationUnavailable: the listener did not start.
+    """
+    proc, port = _listener([], "127.0.0.1")
+    dest = Destination("127.0.0.1", port, proc)
+    dest.start_counting()
+    try:
+        yield dest
+    finally:
+        _stop(proc)
+
+
+@contextlib.contextmanager
+def name_server(names: dict[str, str] | None = None) -> Iterator[NameServer]:
+    """A recording name server answering ``names`` (name -> IPv4 address), removed on the way out: as root with
+    iproute2 on port 53 in a network namespace the suite makes, otherwise on an unprivileged port of this host's
+    first non-loopback address.
+
+    Raises:
+        DestinationUnavailable: neither a namespace nor a host address could carry one.
+    """
+    table = {k.lower(): v for k, v in (names or {}).items()}
+    args = [f"{k}={v}" for k, v in table.items()]
+    if os.geteuid() == 0 and shutil.which("ip"):
+        with _namespace() as (ns, address):
+            proc, port = _listener(_prefix(ns), address, NAME_SERVER, "53", *args)
+            server = NameServer(address, port, proc, table, namespace=ns)
+            try:
+                server.start_recording()
+                yield server
+            finally:
+                _stop(proc)
+        return
+    addresses = _host_addresses()
+    if not addresses:
+        raise DestinationUnavailable("no name server: run as root with iproute2, or on a host with an IPv4 address")
+    proc, port = _listener([], addresses[0], NAME_SERVER, "0", *args)
+    server = NameServer(addresses[0], port, proc, table)
+    server.start_recording()
+    try:
+        yield server
+    finally:
+        _stop(proc)
+
+
+@contextlib.contextmanager
 def _in_namespace() -> Iterator[Destination]:
+    with _namespace() as (ns, address):
+        proc, port = _listener(_prefix(ns), address)
+        try:
+            dest = Destination(address, port, proc, namespace=ns)
+            dest.start_counting()
+            yield dest
+        finally:
+            _stop(proc)
+
+
+@contextlib.contextmanager
+def _namespace() -> Iterator[tuple[str, str]]:
+    """A network namespace joined to this host by a veth pair: its name and its address; removed on the way out.
+
+    Raises:
+        DestinationUnavailable: it could not be made.
+    """
     tag = secrets.token_hex(3)
     ns = f"checkfu-{tag}"
     host_if, ns_if = f"cfh{tag}", f"cfn{tag}"
-    octet = int(tag[:2], 16) % 250 + 1
-    host_ip, ns_ip = f"10.250.{octet}.1", f"10.250.{octet}.2"
-    proc: subprocess.Popen[str] | None = None
+    base = _free_subnet()
+    host_ip, ns_ip = f"10.250.{base >> 8}.{(base & 0xFF) + 1}", f"10.250.{base >> 8}.{(base & 0xFF) + 2}"
     try:
         _run("ip", "netns", "add", ns)
         _run("ip", "link", "add", host_if, "type", "veth", "peer", "name", ns_if)
@@ -170,21 +343,37 @@ def _in_namespace() -> Iterator[Destination]:
         _run("ip", "netns", "exec", ns, "ip", "link", "set", ns_if, "up")
         _run("ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up")
         _run("ip", "netns", "exec", ns, "ip", "route", "add", "default", "via", host_ip)
-        proc, port = _listener(["ip", "netns", "exec", ns], ns_ip)
-        dest = Destination(ns_ip, port, proc, namespace=ns)
-        dest.start_counting()
-        yield dest
     except subprocess.CalledProcessError as exc:
+        _remove_namespace(ns, host_if)
         raise DestinationUnavailable(
             f"cannot make a network namespace: {' '.join(exc.cmd)}: {exc.stderr!s:.200}"
         ) from None
+    try:
+        yield ns, ns_ip
     finally:
-        if proc is not None:
-            _stop(proc)
-        with contextlib.suppress(subprocess.SubprocessError, OSError):
-            subprocess.run(["ip", "link", "del", host_if], capture_output=True, timeout=20, check=False)
-        with contextlib.suppress(subprocess.SubprocessError, OSError):
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=20, check=False)
+        _remove_namespace(ns, host_if)
+
+
+def _free_subnet() -> int:
+    """A /30 of ``10.250.0.0/16`` (its offset in the /16) that no interface of this host has now: namespaces made
+    at once (case 9 makes three) must not share one."""
+    taken = ""
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        taken = subprocess.run(
+            ["ip", "-4", "-o", "addr"], capture_output=True, text=True, timeout=10, check=False
+        ).stdout
+    for _ in range(64):
+        base = (secrets.randbelow(250) + 1) << 8 | secrets.randbelow(64) << 2
+        if f" 10.250.{base >> 8}.{(base & 0xFF) + 1}/" not in taken:
+            return base
+    return base
+
+
+def _remove_namespace(ns: str, host_if: str) -> None:
+    with contextlib.suppress(subprocess.SubprocessError, OSError):
+        subprocess.run(["ip", "link", "del", host_if], capture_output=True, timeout=20, check=False)
+    with contextlib.suppress(subprocess.SubprocessError, OSError):
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=20, check=False)
 
 
 def _stop(proc: subprocess.Popen[str]) -> None:
