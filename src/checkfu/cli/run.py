@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import signal
 import sys
 import tomllib
@@ -21,7 +22,7 @@ from checkfu.cli.files import load
 from checkfu.cli.state import client_credential, enrolled_credential, is_url, open_journal, runner_tag
 from checkfu.contract.codec import decode_value
 from checkfu.contract.errors import SandboxAdapterUnavailable, SandboxProfileInvalid
-from checkfu.contract.profile import SandboxProfile
+from checkfu.contract.profile import DESTINATION_PATTERN, NetworkPolicy, SandboxProfile
 from checkfu.contract.tiers import assess
 from checkfu.runner.clock import SystemClock
 from checkfu.runner.job import JobResult, run_job
@@ -155,11 +156,32 @@ def _choose(registry: Registry, provider: str, explicit: bool) -> Any:
     )
 
 
-def _summary(result: JobResult, attempt_label: str) -> None:
+def _allowing(prof: SandboxProfile, allow: list[str]) -> SandboxProfile:
+    """``prof`` with its network an allowlist of exactly ``allow`` (``HOST:PORT`` each), when any is given.
+
+    Raises:
+        typer.BadParameter: a destination is not ``HOST:PORT`` (a usage error naming ``--allow``, exit 2).
+    """
+    if not allow:
+        return prof
+    for value in allow:
+        if not re.fullmatch(DESTINATION_PATTERN, value):
+            raise typer.BadParameter(
+                f"{value[:80]!r} is not HOST:PORT (a lowercase DNS name, an IPv4 address or a bracketed IPv6 "
+                "address, then a port 1..65535)",
+                param_hint="--allow",
+            )
+    policy = decode_value(NetworkPolicy, {"mode": "allowlist", "allowlist": list(dict.fromkeys(allow))})
+    return prof.model_copy(update={"network_policy": policy})
+
+
+def _summary(result: JobResult, attempt_label: str, allowed: tuple[str, ...] = ()) -> None:
     err.print()
     err.print(f"[bold]run[/]        {result.run_id}")
     err.print(f"[bold]adapter[/]    {escape(result.adapter)} — grade: {attempt_label}")
     err.print("[bold]phases[/]     " + ", ".join(f"{k} {v * 1000:.0f} ms" for k, v in result.phases.items()))
+    if allowed:
+        err.print("[bold]allowed[/]  " + escape(", ".join(allowed)))
     colour = "green" if result.exit_code == 0 else "red"
     err.print(f"[bold]exit[/]       [{colour}]{result.exit_code}[/]")
     if result.captured:
@@ -182,6 +204,12 @@ def run_command(
     db: DbOpt = None,
     timeout: Annotated[float, typer.Option("--timeout", help="seconds the command may run")] = 3600.0,
     credential_file: CredentialOpt = None,
+    allow: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--allow", help="HOST:PORT the sandbox may reach (repeatable): the profile's network becomes this allowlist"
+        ),
+    ] = None,
 ) -> None:
     """Run one command in a fresh sandbox built from a profile, with mounts staged by the runner."""
     name = provider or "docker"
@@ -198,7 +226,7 @@ def run_command(
         raise typer.BadParameter(f"must be a positive number of seconds, not {timeout}", param_hint="--timeout")
     if capture and capture_dir is not None and capture_dir.exists() and not capture_dir.is_dir():
         raise typer.BadParameter(f"{capture_dir} exists and is not a directory", param_hint="--capture-dir")
-    prof = profile if remote else _read_profile(profile, name)
+    prof = profile if remote else _allowing(_read_profile(profile, name), allow or [])
     journal = open_journal(db)
     if remote and credential is None:
         credential = enrolled_credential(journal, name)
@@ -215,6 +243,7 @@ def run_command(
                 journal,
                 timeout,
                 credential,
+                allow or [],
             )
         )
     finally:
@@ -243,13 +272,14 @@ async def _run(
     journal: Any,
     timeout: float,
     credential: Credential | None = None,
+    allow: list[str] | None = None,
 ) -> int:
     observer = ConsoleObserver()
     registry = await _registry(name, credential, observer, journal)
     if isinstance(prof, Path):  # a provider service: the provider it serves decides who pins a tag
         (adapter,) = registry.adapters
         target = adapter.target
-        prof = _read_profile(prof, adapter.envelope.provider)
+        prof = _allowing(_read_profile(prof, adapter.envelope.provider), allow or [])
     else:
         target = _choose(registry, name, explicit)
     runner = Runner(registry, journal, runner_tag=runner_tag())
@@ -290,7 +320,8 @@ async def _run(
     label = grade.label
     if grade.short_of_next:
         label += f" (short of the next tier: {'; '.join(grade.short_of_next)})"
-    _summary(result, label)
+    allowed = tuple(prof.network_policy.allowlist) if allow else ()
+    _summary(result, label, allowed)
     return result.exit_code
 
 
