@@ -406,6 +406,7 @@ class RemoteProcess:
             additional_headers=self.provider.headers,
             max_size=MAX_DATA + 64 + (64 << 20),
             max_queue=4,
+            compression=None,  # output is already dense base64; deflating it cost more than the network
             open_timeout=DEADLINES["openProcess"],
             logger=WS_LOG,
         )

@@ -22,6 +22,7 @@ def _config(app: Any, host: str, port: int) -> uvicorn.Config:
         lifespan="on",
         ws_max_size=96 << 20,
         ws_ping_interval=None,
+        ws_per_message_deflate=False,  # see RemoteProcess._connect: compression costs more than it saves
         timeout_graceful_shutdown=5,
     )
     redact_logs(*SERVER_LOGGERS)  # after uvicorn configured its loggers
