@@ -10,6 +10,7 @@ import typer
 from sqlalchemy.exc import SQLAlchemyError
 
 from checkfu.runner.journal import Journal, sqlite_url
+from checkfu.runner.migrate import JournalTooNew
 from checkfu.wire.credentials import Credential, CredentialError, read_credential
 
 
@@ -45,6 +46,8 @@ def open_journal(url: str | None) -> Journal:
     """
     try:
         return Journal(url or sqlite_url(state_dir() / "journal.sqlite"))
+    except JournalTooNew as exc:
+        raise typer.BadParameter(f"cannot open the journal: {exc}", param_hint="--db") from None
     except (SQLAlchemyError, OSError) as exc:
         reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
         raise typer.BadParameter(f"cannot open the journal: {reason}", param_hint="--db") from None

@@ -18,6 +18,10 @@ whose lease has expired or whose owner is gone.
 Events record every provider call, with its duration and outcome. A call that
 belongs to no Run (``describe``, reconciliation's enumeration) is recorded with
 the empty string as its run id.
+
+The schema is versioned: the tables below are revision ``checkfu.runner.migrate.HEAD``,
+and opening a journal upgrades it in place (``checkfu.runner.migrate``). A change here
+comes with a new revision in ``migrations/versions``.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from sqlalchemy.pool import StaticPool
 from checkfu.contract.codec import decode
 from checkfu.contract.lifecycle import OPEN_ROW_STATES, RowKind, RowState
 from checkfu.contract.target import ExecutionTarget
+from checkfu.runner.migrate import upgrade
 
 if TYPE_CHECKING:
     from checkfu.runner.door import CallRecord
@@ -61,14 +66,24 @@ runs = sa.Table(
     sa.Column("summary", sa.Text, nullable=True),
     sa.Column("created_at", sa.Float, nullable=False),
     sa.Column("finished_at", sa.Float, nullable=True),
+    sa.Column("request", sa.Text, nullable=True),
+    sa.Column("attempt", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("lease_id", sa.String(128), nullable=True),
+    sa.Column("runner_id", sa.String(128), nullable=True),
+    sa.Column("site", sa.String(256), nullable=True),
+    sa.Column("claimed_at", sa.Float, nullable=True),
+    sa.Index("ix_runs_status_created_at", "status", "created_at"),
 )
+"""Every Run. A Run started in place (``checkfu run``) is written ``running``; a submitted one
+(``checkfu submit``) is written ``queued`` with its ``request``, and a runner of the fleet claims it
+(``checkfu.runner.queue``)."""
 
 leases = sa.Table(
     "leases",
     metadata,
     sa.Column("lease_id", sa.String(128), primary_key=True),
     sa.Column("run_id", sa.String(64), nullable=False),
-    sa.Column("owner", sa.String(256), nullable=False),
+    sa.Column("owner", sa.String(256), nullable=False, index=True),
     sa.Column("epoch", sa.BigInteger, nullable=False),
     sa.Column("expires_at", sa.Float, nullable=False),
     sa.Column("ended", sa.Boolean, nullable=False, default=False),
@@ -88,6 +103,8 @@ allocations = sa.Table(
     sa.Column("parent_key", sa.String(128), nullable=True),
     sa.Column("created_at", sa.Float, nullable=False),
     sa.Column("updated_at", sa.Float, nullable=False),
+    sa.Column("site", sa.String(256), nullable=True),
+    sa.Column("lease_epoch", sa.BigInteger, nullable=True),
 )
 
 events = sa.Table(
@@ -122,6 +139,37 @@ enrollments = sa.Table(
 """Who may be selected, within which ceiling, on what evidence. ``kind`` is ``in_tree`` (this package's own
 providers, recorded when a runner starts) or ``evidence`` (a third party enrolled with signed conformance
 evidence). The credential itself is never stored here: only the file it was issued to and its fingerprint."""
+
+runners = sa.Table(
+    "runners",
+    metadata,
+    sa.Column("runner_id", sa.String(128), primary_key=True),
+    sa.Column("owner", sa.String(256), nullable=False),
+    sa.Column("host", sa.String(256), nullable=False),
+    sa.Column("pid", sa.Integer, nullable=False),
+    sa.Column("runner_tag", sa.String(128), nullable=False),
+    sa.Column("concurrency", sa.Integer, nullable=False),
+    sa.Column("lease_ttl", sa.Float, nullable=False),
+    sa.Column("state", sa.String(16), nullable=False),
+    sa.Column("started_at", sa.Float, nullable=False),
+    sa.Column("heartbeat_at", sa.Float, nullable=False),
+    sa.Column("stopped_at", sa.Float, nullable=True),
+)
+"""One row per ``checkfu runner serve`` process: ``serving``, ``stopping`` or ``stopped``, with its heartbeat.
+``owner`` is the lease owner it writes (``checkfu.runner.leases.current_owner``)."""
+
+run_output = sa.Table(
+    "run_output",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("run_id", sa.String(64), nullable=False),
+    sa.Column("attempt", sa.Integer, nullable=False),
+    sa.Column("stream", sa.String(8), nullable=False),
+    sa.Column("data", sa.LargeBinary, nullable=False),
+    sa.Column("at", sa.Float, nullable=False),
+    sa.Index("ix_run_output_run_id", "run_id", "id"),
+)
+"""A submitted Run's output as its runner streamed it (``out`` or ``err``), by attempt, for ``checkfu runs wait``."""
 
 
 # Statements built once: executing a prebuilt statement with parameters skips the per-call
@@ -220,7 +268,11 @@ class Journal:
     def __init__(self, url: str) -> None:
         self.url = url
         self.engine = make_engine(url)
-        metadata.create_all(self.engine)
+        try:
+            upgrade(self.engine)
+        except BaseException:
+            self.engine.dispose()
+            raise
 
     @contextmanager
     def tx(self) -> Iterator[Connection]:

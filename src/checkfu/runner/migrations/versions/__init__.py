@@ -1,0 +1,1 @@
+"""Alembic revisions of the journal, oldest first (Alembic skips this file)."""
