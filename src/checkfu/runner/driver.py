@@ -24,7 +24,7 @@ from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from typing import TypeVar
 
 from checkfu.contract.envelope import Member, SandboxProviderCapabilities
-from checkfu.contract.errors import SandboxError, SandboxOperationUnsupported
+from checkfu.contract.errors import SandboxError, SandboxLeaseFenced, SandboxOperationUnsupported
 from checkfu.contract.frames import OutputOrder
 from checkfu.contract.members import (
     CompensateResult,
@@ -83,8 +83,11 @@ class RunSession:
         clock: Clock,
         limits: Limits | None = None,
         door: ProviderDoor | None = None,
+        site: str | None = None,
     ) -> None:
         self.core = SessionCore(envelope=envelope, lease=lease, runner_tag=runner_tag, limits=limits)
+        self.site = site
+        """The adapter placement every allocation of this attempt lands on (a Docker engine), journaled with it."""
         self.door = door or ProviderDoor(provider, source=str(envelope.target), clock=clock)
         self.journal = journal
         self.leases = leases
@@ -131,7 +134,13 @@ class RunSession:
             raise
 
     async def _run(self, plan: Plan[V]) -> V:
-        self._apply_now(plan.before)
+        try:
+            self._apply_now(plan.before)
+        except SandboxLeaseFenced as exc:  # taken over before even journaling: nothing to ask, nothing to undo
+            self.door.refused(
+                plan.member, exc, run_id=self.run_id, recorder=self.journal, allocation_key=plan.allocation_key
+            )
+            raise
         try:
             accepted = await self.door.call(
                 plan, run_id=self.run_id, recorder=self.journal, fence=lambda: self._fence(plan.deadline)
@@ -150,6 +159,7 @@ class RunSession:
         self.leases.renew(self.lease, ttl=max(self.leases.ttl, deadline + 60))
 
     def _apply_now(self, effects: Sequence[Effect]) -> None:
+        """Journal what the core says, fenced by the lease: a runner whose attempt was taken over writes nothing."""
         for effect in effects:
             if isinstance(effect, JournalAllocation):
                 self.journal.journal_allocation(
@@ -161,9 +171,13 @@ class RunSession:
                     lease_id=self.lease.lease_id,
                     now=self.clock.now(),
                     parent_key=effect.parent,
+                    site=self.site,
+                    fence=self.lease,
                 )
             elif isinstance(effect, SettleRow):
-                self.journal.set_allocation(effect.key, effect.state, now=self.clock.now(), object_id=effect.object_id)
+                self.journal.set_allocation(
+                    effect.key, effect.state, now=self.clock.now(), object_id=effect.object_id, fence=self.lease
+                )
 
     async def _apply(self, effects: Sequence[Effect]) -> None:
         """Apply effects during another failure: compensations are quiet and finish through cancellation."""

@@ -38,8 +38,9 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.pool import StaticPool
 
 from checkfu.contract.codec import decode
+from checkfu.contract.errors import SandboxLeaseFenced
 from checkfu.contract.lifecycle import OPEN_ROW_STATES, RowKind, RowState
-from checkfu.contract.target import ExecutionTarget
+from checkfu.contract.target import ExecutionTarget, Lease
 from checkfu.runner.migrate import upgrade
 
 if TYPE_CHECKING:
@@ -58,7 +59,7 @@ runs = sa.Table(
     metadata,
     sa.Column("run_id", sa.String(64), primary_key=True),
     sa.Column("runner_tag", sa.String(128), nullable=False),
-    sa.Column("target", sa.Text, nullable=False),
+    sa.Column("target", sa.Text, nullable=True),
     sa.Column("profile_digest", sa.String(80), nullable=True),
     sa.Column("command", sa.Text, nullable=True),
     sa.Column("status", sa.String(32), nullable=False),
@@ -75,8 +76,8 @@ runs = sa.Table(
     sa.Index("ix_runs_status_created_at", "status", "created_at"),
 )
 """Every Run. A Run started in place (``checkfu run``) is written ``running``; a submitted one
-(``checkfu submit``) is written ``queued`` with its ``request``, and a runner of the fleet claims it
-(``checkfu.runner.queue``)."""
+(``checkfu submit``) is written ``queued`` with its ``request`` and no ``target`` yet, and a runner of
+the fleet claims it and selects the adapter (``checkfu.runner.queue``)."""
 
 leases = sa.Table(
     "leases",
@@ -182,6 +183,31 @@ _UPDATE_ALLOCATION = (
 )
 _UPDATE_ALLOCATION_OBJECT = _UPDATE_ALLOCATION.values(object_id=sa.bindparam("object_id"))
 _INSERT_EVENT = events.insert()
+_HOLD_LEASE = (
+    leases.update()
+    .where(
+        leases.c.lease_id == sa.bindparam("held_id"),
+        leases.c.epoch == sa.bindparam("held_epoch"),
+        leases.c.ended.is_(False),
+    )
+    .values(epoch=leases.c.epoch)
+)
+"""Touch a lease only if it is still current: the row lock it takes (PostgreSQL) or the write lock
+(SQLite) holds it current until the transaction that wrote under it commits."""
+
+
+def _hold(c: Connection, lease: Lease) -> None:
+    """Within ``c``'s transaction: make sure ``lease`` is current and keep it so until commit.
+
+    Raises:
+        SandboxLeaseFenced: the lease was taken over (another epoch) or ended.
+    """
+    if c.execute(_HOLD_LEASE, {"held_id": lease.lease_id, "held_epoch": lease.lease_epoch}).rowcount != 1:
+        raise SandboxLeaseFenced(
+            f"lease {lease.lease_id} at epoch {lease.lease_epoch} is no longer current: another attempt took the Run "
+            "over, or it ended; nothing was written under it",
+            field="lease.lease_epoch",
+        )
 
 
 @dataclass(frozen=True)
@@ -196,6 +222,10 @@ class AllocationRow:
     object_id: str | None
     parent_key: str | None
     created_at: float
+    site: str | None = None
+    """Where the allocation lives among an adapter's placements (a Docker engine's name), when it has several."""
+    lease_epoch: int | None = None
+    """The epoch of the attempt that journaled it (``None`` for rows written before the fleet)."""
 
 
 @dataclass(frozen=True)
@@ -228,7 +258,8 @@ class EventRow:
 class RunRow:
     run_id: str
     runner_tag: str
-    target: ExecutionTarget
+    target: ExecutionTarget | None
+    """``None`` while a submitted Run waits for a runner to select its adapter."""
     profile_digest: str | None
     command: list[str] | None
     status: str
@@ -236,6 +267,11 @@ class RunRow:
     summary: dict[str, Any] | None
     created_at: float
     finished_at: float | None
+    attempt: int = 0
+    """Attempts a runner of the fleet claimed (0 for a Run started in place)."""
+    runner_id: str | None = None
+    site: str | None = None
+    """The adapter placement it landed on (a Docker engine's name, when there are several)."""
 
 
 def sqlite_url(path: Path) -> str:
@@ -356,9 +392,20 @@ class Journal:
         lease_id: str,
         now: float,
         parent_key: str | None = None,
+        site: str | None = None,
+        fence: Lease | None = None,
     ) -> None:
-        """Record an allocation as ``pending`` before the provider is asked for it."""
+        """Record an allocation as ``pending`` before the provider is asked for it.
+
+        With ``fence``, only while that lease is current (its epoch, not ended), checked in the same
+        transaction: a runner whose attempt was taken over journals nothing.
+
+        Raises:
+            SandboxLeaseFenced: ``fence`` was taken over or ended; nothing was written.
+        """
         with self.tx() as c:
+            if fence is not None:
+                _hold(c, fence)
             c.execute(
                 _INSERT_ALLOCATION,
                 {
@@ -373,14 +420,31 @@ class Journal:
                     "parent_key": parent_key,
                     "created_at": now,
                     "updated_at": now,
+                    "site": site,
+                    "lease_epoch": fence.lease_epoch if fence is not None else None,
                 },
             )
 
-    def set_allocation(self, key: str, state: AllocationState, *, now: float, object_id: str | None = None) -> None:
+    def set_allocation(
+        self,
+        key: str,
+        state: AllocationState,
+        *,
+        now: float,
+        object_id: str | None = None,
+        fence: Lease | None = None,
+    ) -> None:
+        """Move the row of ``key`` to ``state``; with ``fence``, only while that lease is current.
+
+        Raises:
+            SandboxLeaseFenced: ``fence`` was taken over or ended; nothing was written.
+        """
         params: dict[str, Any] = {"key": key, "state": state, "now": now}
         if object_id is not None:
             params["object_id"] = object_id
         with self.tx() as c:
+            if fence is not None:
+                _hold(c, fence)
             c.execute(_UPDATE_ALLOCATION if object_id is None else _UPDATE_ALLOCATION_OBJECT, params)
 
     def allocation(self, key: str) -> AllocationRow | None:
@@ -549,6 +613,8 @@ def _allocation_row(r: Any) -> AllocationRow:
         object_id=r["object_id"],
         parent_key=r["parent_key"],
         created_at=r["created_at"],
+        site=r["site"],
+        lease_epoch=r["lease_epoch"],
     )
 
 
@@ -556,7 +622,7 @@ def _run_row(r: Any) -> RunRow:
     return RunRow(
         run_id=r["run_id"],
         runner_tag=r["runner_tag"],
-        target=_target(r["target"]),
+        target=_target(r["target"]) if r["target"] else None,
         profile_digest=r["profile_digest"],
         command=json.loads(r["command"]) if r["command"] else None,
         status=r["status"],
@@ -564,4 +630,7 @@ def _run_row(r: Any) -> RunRow:
         summary=json.loads(r["summary"]) if r["summary"] else None,
         created_at=r["created_at"],
         finished_at=r["finished_at"],
+        attempt=r["attempt"],
+        runner_id=r["runner_id"],
+        site=r["site"],
     )

@@ -73,10 +73,22 @@ class LeaseRecord:
 
 
 class LeaseStore:
-    def __init__(self, journal: Journal, clock: Clock, *, ttl: float = DEFAULT_TTL) -> None:
+    """Leases in the journal's database.
+
+    With ``heartbeat``, something else (a runner of the fleet, ``checkfu.runner.fleet``) renews every
+    lease of this owner every fraction of ``ttl``, so a renewal asked for a longer time (a call's whole
+    deadline, a command's timeout) is held to ``ttl``: a runner that dies in the middle of a long call is
+    taken over one ``ttl`` later, not at the call's deadline.
+    """
+
+    def __init__(self, journal: Journal, clock: Clock, *, ttl: float = DEFAULT_TTL, heartbeat: bool = False) -> None:
         self.journal = journal
         self.clock = clock
         self.ttl = ttl
+        self.heartbeat = heartbeat
+
+    def _span(self, ttl: float | None) -> float:
+        return self.ttl if self.heartbeat or ttl is None else ttl
 
     def acquire(self, run_id: str, *, owner: str | None = None, ttl: float | None = None) -> Lease:
         lease = Lease(lease_id=f"lease-{uuid.uuid4().hex}", lease_epoch=1)
@@ -102,7 +114,7 @@ class LeaseStore:
         params = {
             "held_id": lease.lease_id,
             "held_epoch": lease.lease_epoch,
-            "until": self.clock.now() + (ttl or self.ttl),
+            "until": self.clock.now() + self._span(ttl),
         }
         with self.journal.tx() as c:
             done = c.execute(_RENEW, params).rowcount

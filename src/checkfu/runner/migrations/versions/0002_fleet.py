@@ -1,6 +1,7 @@
 """A fleet on one database: queued Runs, runners and their heartbeats, kept output, sites.
 
-- ``runs``: ``request`` (what a submitted Run asks for; NULL for a Run started in place),
+- ``runs``: ``target`` may be NULL (a submitted Run has none until a runner selects its adapter);
+  ``request`` (what a submitted Run asks for; NULL for a Run started in place),
   ``attempt`` (attempts claimed so far), ``lease_id`` (the current attempt's lease),
   ``runner_id`` (the runner holding it), ``site`` (the adapter placement it landed on),
   ``claimed_at``; an index over ``(status, created_at)`` for the claim.
@@ -26,12 +27,16 @@ depends_on: str | None = None
 
 
 def upgrade() -> None:
-    op.add_column("runs", sa.Column("request", sa.Text, nullable=True))
-    op.add_column("runs", sa.Column("attempt", sa.Integer, nullable=False, server_default="0"))
-    op.add_column("runs", sa.Column("lease_id", sa.String(128), nullable=True))
-    op.add_column("runs", sa.Column("runner_id", sa.String(128), nullable=True))
-    op.add_column("runs", sa.Column("site", sa.String(256), nullable=True))
-    op.add_column("runs", sa.Column("claimed_at", sa.Float, nullable=True))
+    # SQLite cannot relax NOT NULL in place: the batch copies ``runs`` into a new table (within the
+    # migrating transaction, so a crash leaves the old one whole).
+    with op.batch_alter_table("runs") as batch:
+        batch.alter_column("target", existing_type=sa.Text, nullable=True)
+        batch.add_column(sa.Column("request", sa.Text, nullable=True))
+        batch.add_column(sa.Column("attempt", sa.Integer, nullable=False, server_default="0"))
+        batch.add_column(sa.Column("lease_id", sa.String(128), nullable=True))
+        batch.add_column(sa.Column("runner_id", sa.String(128), nullable=True))
+        batch.add_column(sa.Column("site", sa.String(256), nullable=True))
+        batch.add_column(sa.Column("claimed_at", sa.Float, nullable=True))
     op.create_index("ix_runs_status_created_at", "runs", ["status", "created_at"])
     op.add_column("allocations", sa.Column("site", sa.String(256), nullable=True))
     op.add_column("allocations", sa.Column("lease_epoch", sa.BigInteger, nullable=True))
@@ -71,6 +76,8 @@ def downgrade() -> None:
     with op.batch_alter_table("allocations") as batch:
         batch.drop_column("lease_epoch")
         batch.drop_column("site")
+    op.execute("DELETE FROM runs WHERE target IS NULL")  # queued Runs have no place in the old schema
     with op.batch_alter_table("runs") as batch:
         for column in ("claimed_at", "site", "runner_id", "lease_id", "attempt", "request"):
             batch.drop_column(column)
+        batch.alter_column("target", existing_type=sa.Text, nullable=False)
