@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from checkfu.cli import checks, evidence, kit, provider, run
+from checkfu.cli import checks, evidence, fleet, kit, provider, run
 from checkfu.contract.errors import SandboxError
 
 app = typer.Typer(
@@ -28,6 +28,7 @@ app.add_typer(provider.provider_app, name="provider")
 app.add_typer(evidence.evidence_app, name="evidence")
 app.add_typer(evidence.keys_app, name="keys")
 app.command("run", context_settings={"allow_interspersed_args": False})(run.run_command)
+app.command("submit", help=fleet.SUBMIT_HELP, context_settings={"allow_interspersed_args": False})(fleet.submit_command)
 
 EXIT_REFUSED = 1
 EXIT_INTERNAL = 70

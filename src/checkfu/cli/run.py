@@ -8,6 +8,7 @@ import re
 import signal
 import sys
 import tomllib
+from dataclasses import dataclass
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Annotated, Any
@@ -18,6 +19,7 @@ from rich.markup import escape
 from rich.progress import DownloadColumn, Progress, TaskID
 from rich.table import Table
 
+from checkfu.cli.engines import EngineCertsOpt, EngineOpt, engine_sites
 from checkfu.cli.files import load
 from checkfu.cli.state import client_credential, enrolled_credential, is_url, open_journal, runner_tag
 from checkfu.contract.codec import decode_value
@@ -192,6 +194,54 @@ def _summary(result: JobResult, attempt_label: str, allowed: tuple[str, ...] = (
         err.print("[bold]enforced[/]   all nine axes")
 
 
+@dataclass(frozen=True)
+class CheckedRun:
+    """``checkfu run``'s options, checked before any work (``checkfu submit`` takes and checks the same)."""
+
+    name: str
+    remote: bool
+    credential: Credential | None
+    specs: list[MountSpec]
+    profile: SandboxProfile | Path
+    """A provider service's profile stays a path: it is read once the service's envelope says who pins."""
+
+
+def check_run_options(
+    *,
+    profile: Path,
+    mount: list[str] | None,
+    provider: str | None,
+    capture: list[str] | None,
+    capture_dir: Path | None,
+    timeout: float,
+    credential_file: Path | None,
+    allow: list[str] | None,
+) -> CheckedRun:
+    """Every check of ``checkfu run``'s options that needs no journal and no provider.
+
+    Raises:
+        SandboxAdapterUnavailable: no installed provider of that name.
+        SandboxError: a mount or the profile is refused.
+        typer.BadParameter: a usage error naming the option.
+    """
+    name = provider or "docker"
+    remote = is_url(name)
+    if not remote:
+        installed = sorted(ep.name for ep in entry_points(group=ENTRY_POINT_GROUP))
+        if name not in installed:
+            raise SandboxAdapterUnavailable(
+                f"no provider named {name!r} (installed: {', '.join(installed) or 'none'})", field="provider"
+            )
+    credential = client_credential(credential_file) if remote else None
+    specs: list[MountSpec] = [parse_mount(m) for m in (mount or [])]
+    if not timeout > 0:  # also refuses nan
+        raise typer.BadParameter(f"must be a positive number of seconds, not {timeout}", param_hint="--timeout")
+    if capture and capture_dir is not None and capture_dir.exists() and not capture_dir.is_dir():
+        raise typer.BadParameter(f"{capture_dir} exists and is not a directory", param_hint="--capture-dir")
+    prof = profile if remote else _allowing(_read_profile(profile, name), allow or [])
+    return CheckedRun(name=name, remote=remote, credential=credential, specs=specs, profile=prof)
+
+
 def run_command(
     command: Annotated[list[str], typer.Argument(help="the command to run inside the sandbox, after --")],
     profile: Annotated[Path, typer.Option("--profile", help="a SandboxProfile (TOML or JSON)")],
@@ -212,21 +262,23 @@ def run_command(
     ] = None,
 ) -> None:
     """Run one command in a fresh sandbox built from a profile, with mounts staged by the runner."""
-    name = provider or "docker"
-    remote = is_url(name)
-    if not remote:
-        installed = sorted(ep.name for ep in entry_points(group=ENTRY_POINT_GROUP))
-        if name not in installed:
-            raise SandboxAdapterUnavailable(
-                f"no provider named {name!r} (installed: {', '.join(installed) or 'none'})", field="provider"
-            )
-    credential = client_credential(credential_file) if remote else None
-    specs: list[MountSpec] = [parse_mount(m) for m in (mount or [])]
-    if not timeout > 0:  # also refuses nan
-        raise typer.BadParameter(f"must be a positive number of seconds, not {timeout}", param_hint="--timeout")
-    if capture and capture_dir is not None and capture_dir.exists() and not capture_dir.is_dir():
-        raise typer.BadParameter(f"{capture_dir} exists and is not a directory", param_hint="--capture-dir")
-    prof = profile if remote else _allowing(_read_profile(profile, name), allow or [])
+    checked = check_run_options(
+        profile=profile,
+        mount=mount,
+        provider=provider,
+        capture=capture,
+        capture_dir=capture_dir,
+        timeout=timeout,
+        credential_file=credential_file,
+        allow=allow,
+    )
+    name, remote, credential, specs, prof = (
+        checked.name,
+        checked.remote,
+        checked.credential,
+        checked.specs,
+        checked.profile,
+    )
     journal = open_journal(db)
     if remote and credential is None:
         credential = enrolled_credential(journal, name)
@@ -343,7 +395,7 @@ def runs_list(
                         "run_id": r.run_id,
                         "status": r.status,
                         "exit_code": r.exit_code,
-                        "adapter": str(r.target),
+                        "adapter": str(r.target) if r.target else None,
                         "created_at": r.created_at,
                         "finished_at": r.finished_at,
                         "command": r.command,
@@ -359,7 +411,7 @@ def runs_list(
             r.run_id,
             r.status,
             "" if r.exit_code is None else str(r.exit_code),
-            str(r.target),
+            str(r.target) if r.target else "(not yet selected)",
             " ".join(r.command or []),
         )
     Console().print(table)
@@ -390,7 +442,7 @@ def runs_show(
                     "run_id": r.run_id,
                     "status": r.status,
                     "exit_code": r.exit_code,
-                    "adapter": str(r.target),
+                    "adapter": str(r.target) if r.target else None,
                     "profile_digest": r.profile_digest,
                     "command": r.command,
                     "summary": r.summary,
@@ -432,12 +484,17 @@ def runs_show(
 
 @runner_app.command("reconcile")
 def runner_reconcile(
-    db: DbOpt = None, provider: Annotated[list[str] | None, typer.Option("--provider")] = None, as_json: JsonOpt = False
+    db: DbOpt = None,
+    provider: Annotated[list[str] | None, typer.Option("--provider")] = None,
+    as_json: JsonOpt = False,
+    engine: EngineOpt = None,
+    engine_certs: EngineCertsOpt = None,
 ) -> None:
     """Compensate every unsettled allocation whose lease expired or whose owner is gone."""
+    sites = engine_sites(engine, engine_certs)
     journal = open_journal(db)
     try:
-        registry = asyncio.run(load_registry(entry_point_names=provider, recorder=journal))
+        registry = asyncio.run(load_registry(entry_point_names=provider, recorder=journal, sites=sites))
         report = asyncio.run(reconcile(journal, registry, SystemClock(), runner_tag=runner_tag()))
     finally:
         journal.close()

@@ -8,6 +8,12 @@ anything carrying this runner's tag that the journal does not hold as live under
 a current lease is compensated too. A settled snapshot is kept: it is the Session's
 checkpoint and outlives the Run; ``deleteSnapshot`` is what ends it. A second pass
 finds nothing to do.
+
+Safe with several runners on one journal: only a lease that ended, expired or whose owner
+is gone is taken over, with a compare-and-set on its epoch, so a live runner's allocations
+are never touched. With several sites (a Docker engine each), each allocation is
+compensated at the site it was journaled at, each site is enumerated on its own, and a
+site that cannot be reached is reported as a failure: never taken for empty.
 """
 
 from __future__ import annotations
@@ -68,7 +74,7 @@ async def reconcile(journal: Journal, registry: Registry, clock: Clock, *, runne
     report = ReconcileReport()
     taken: dict[str, Lease] = {}
     live_keys: set[str] = set()
-    adapters = {target_key(a.target): a for a in registry.adapters}
+    adapters = {(target_key(a.target), a.site): a for a in registry.adapters}
     for row in journal.open_allocations(runner_tag=runner_tag):
         if row.kind == "snapshot" and row.state == "live":
             live_keys.add(row.allocation_key)  # a settled snapshot belongs to the Session, not the Run
@@ -76,9 +82,16 @@ async def reconcile(journal: Journal, registry: Registry, clock: Clock, *, runne
         if row.lease_id not in taken and not leases.reclaimable(row.lease_id):  # taken: reclaimed by this pass
             live_keys.add(row.allocation_key)
             continue
-        adapter = adapters.get(target_key(row.target))
+        adapter = adapters.get((target_key(row.target), row.site or ""))
         if adapter is None:
-            report.skipped[row.allocation_key] = f"no adapter for {row.target} is loaded"
+            down = registry.down_sites.get(row.site or "")
+            if down is not None:
+                report.failed[row.allocation_key] = (
+                    f"site {row.site} cannot be reached ({down}): left for a reconciliation once it is back"
+                )
+            else:
+                where = f" at site {row.site}" if row.site else ""
+                report.skipped[row.allocation_key] = f"no adapter for {row.target}{where} is loaded"
             continue
         try:
             lease = taken.get(row.lease_id) or leases.takeover(row.lease_id, only_if_reclaimable=True)
@@ -106,6 +119,8 @@ async def _sweep_enumerated(
     live_keys: set[str],
     report: ReconcileReport,
 ) -> None:
+    for site, why in registry.down_sites.items():
+        report.failed[f"listAllocations at {site}"] = f"site {site} cannot be reached, so it was not enumerated: {why}"
     for adapter in registry.adapters:
         env = adapter.envelope
         if not (env.lifecycle_assurances.enumerates_allocations and env.declares("listAllocations")):
@@ -137,6 +152,7 @@ async def _sweep_enumerated(
                 _settle(journal, row, leases.clock)
                 report.enumerated.append(key)
         except SandboxError as exc:
-            report.failed[f"listAllocations {adapter.target}"] = f"{exc.code}: {exc.message}"
+            where = f" at {adapter.site}" if adapter.site else ""
+            report.failed[f"listAllocations {adapter.target}{where}"] = f"{exc.code}: {exc.message}"
         finally:
             leases.end(lease)

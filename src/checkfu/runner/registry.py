@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import importlib
 import tomllib
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
@@ -80,6 +80,9 @@ class Adapter:
     provider: Provider
     source: str
     in_tree: bool = False
+    site: str = ""
+    """Which of several placements of the same target this is (a Docker engine's name); empty when there is one.
+    Every allocation is journaled with its site, and compensated and enumerated there."""
     door: ProviderDoor = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -122,6 +125,7 @@ class Registry:
         self._adapters: list[Adapter] = []
         self._unavailable: dict[str, str] = {}
         self._index: dict[TargetKey, list[Adapter]] = {}
+        self._down_sites: dict[str, str] = {}
 
     @property
     def adapters(self) -> tuple[Adapter, ...]:
@@ -159,8 +163,26 @@ class Registry:
         self._adapters.append(adapter)
         self._index.setdefault(target_key(adapter.target), []).append(adapter)
 
-    def mark_unavailable(self, source: str, reason: str) -> None:
+    @property
+    def down_sites(self) -> Mapping[str, str]:
+        """Sites that were configured but could not be reached, with why: never to be taken for empty."""
+        return MappingProxyType(self._down_sites)
+
+    def mark_unavailable(self, source: str, reason: str, *, site: str = "") -> None:
         self._unavailable[source] = reason
+        if site:
+            self._down_sites[site] = reason
+
+    def sites(self, target: ExecutionTarget) -> list[Adapter]:
+        """Every adapter advertising exactly ``target``: one, or one per site when it has several placements."""
+        return list(self._index.get(target_key(target), []))
+
+    def at(self, target: ExecutionTarget, site: str | None) -> Adapter | None:
+        """The adapter of ``target`` at ``site`` (``None`` or empty: the one without a site), if loaded."""
+        for adapter in self._index.get(target_key(target), []):
+            if adapter.site == (site or ""):
+                return adapter
+        return None
 
     def select(self, target: ExecutionTarget) -> Adapter:
         """The one adapter advertising exactly ``target``.
@@ -207,6 +229,7 @@ async def adapter_from_factory(
     *,
     in_tree: bool = False,
     recorder: Recorder | None = None,
+    site: str = "",
 ) -> Adapter:
     """Build a provider and ask it for its envelope. ``in_tree`` is a claim ``Registry.add`` checks."""
     try:
@@ -215,8 +238,14 @@ async def adapter_from_factory(
         raise
     except Exception as exc:
         raise SandboxProviderFailed(f"{source}: cannot start: {type(exc).__name__}: {exc}") from None
-    envelope = await describe(ProviderDoor(provider, source=source), recorder=recorder)
-    return Adapter(envelope=envelope, provider=provider, source=source, in_tree=in_tree)
+    try:
+        envelope = await describe(ProviderDoor(provider, source=source), recorder=recorder)
+    except BaseException:
+        close = getattr(provider, "close", None)
+        if callable(close):
+            close()
+        raise
+    return Adapter(envelope=envelope, provider=provider, source=source, in_tree=in_tree, site=site)
 
 
 def _ours(ep: EntryPoint) -> bool:
@@ -264,6 +293,7 @@ async def load_registry(
     config: Path | None = None,
     options: Mapping[str, Mapping[str, Any]] | None = None,
     recorder: Recorder | None = None,
+    sites: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
 ) -> Registry:
     """Build a registry from entry points (all, or the named ones) and an adapters file.
 
@@ -271,24 +301,36 @@ async def load_registry(
     name or ``module:callable``) and optional ``options``. An adapter that fails to start
     is recorded in ``unavailable`` with its reason rather than failing the whole load.
     Every ``describe`` is recorded through ``recorder`` when one is given.
+
+    ``sites`` places one entry point at several sites (a Docker engine each): for every
+    mapping in ``sites[name]``, one adapter from that entry point, built with ``options[name]``
+    plus that mapping, whose ``"site"`` names the site. A site that cannot be reached is in
+    ``unavailable`` and ``down_sites``.
     """
     registry = Registry()
-    specs: list[tuple[str, Factory | str, Mapping[str, Any], bool]] = []
+    specs: list[tuple[str, Factory | str, Mapping[str, Any], bool, str]] = []
     for name, (factory, ours) in entry_point_factories(entry_point_names).items():
-        specs.append((f"entry point {name}", factory, (options or {}).get(name, {}), ours))
+        common = (options or {}).get(name, {})
+        placed = (sites or {}).get(name)
+        if not placed:
+            specs.append((f"entry point {name}", factory, common, ours, ""))
+            continue
+        for place in placed:
+            site = str(place["site"])
+            specs.append((f"entry point {name} at {site}", factory, {**common, **place}, ours, site))
     if config is not None:
         try:
             doc = tomllib.loads(config.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
             raise SandboxAdapterUnavailable(f"cannot read adapters file {config}: {exc}", field="config") from None
         for i, table in enumerate(doc.get("adapters", [])):
-            specs.append((f"{config}#{i}", str(table.get("factory", "")), dict(table.get("options", {})), False))
-    for source, spec, opts, ours in specs:
+            specs.append((f"{config}#{i}", str(table.get("factory", "")), dict(table.get("options", {})), False, ""))
+    for source, spec, opts, ours, site in specs:
         try:
             resolved = _resolve_factory(spec) if isinstance(spec, str) else spec
-            registry.add(await adapter_from_factory(resolved, source, opts, in_tree=ours, recorder=recorder))
+            registry.add(await adapter_from_factory(resolved, source, opts, in_tree=ours, recorder=recorder, site=site))
         except SandboxError as exc:
-            registry.mark_unavailable(source, f"{exc.code}: {exc.message}")
+            registry.mark_unavailable(source, f"{exc.code}: {exc.message}", site=site)
         except (ImportError, AttributeError) as exc:
-            registry.mark_unavailable(source, f"cannot import: {exc}")
+            registry.mark_unavailable(source, f"cannot import: {exc}", site=site)
     return registry

@@ -16,7 +16,7 @@ from checkfu.contract.enforcement import Axis
 from checkfu.contract.errors import SandboxAdapterUnavailable
 from checkfu.contract.profile import SandboxProfile
 from checkfu.contract.requirements import require_capabilities
-from checkfu.contract.target import ExecutionTarget
+from checkfu.contract.target import ExecutionTarget, Lease
 from checkfu.contract.vocabulary import Platform
 from checkfu.runner.clock import Clock, SystemClock
 from checkfu.runner.driver import Limits, RunSession
@@ -73,10 +73,28 @@ class Runner:
             SandboxAdapterAmbiguous: more than one does.
             SandboxCapabilityUnavailable: listing every requirement the envelope does not meet.
         """
-        adapter = self.registry.select(target)
+        adapter = self._adapter(target)
         self._admit(adapter)
         require_capabilities(adapter.envelope, profile, platform=platform, mount_count=mount_count)
         return adapter
+
+    def _adapter(self, target: ExecutionTarget) -> Adapter:
+        """The adapter advertising ``target`` (a runner of the fleet places among several sites instead)."""
+        return self.registry.select(target)
+
+    def _begin(
+        self, run_id: str, adapter: Adapter, profile: SandboxProfile, command: list[str] | None, now: float
+    ) -> Lease:
+        """Journal the Run as started and take its lease (a runner of the fleet has both from its claim)."""
+        self.journal.start_run(
+            run_id,
+            runner_tag=self.runner_tag,
+            target=adapter.target,
+            now=now,
+            profile_digest=profile.digest,
+            command=command,
+        )
+        return self.leases.acquire(run_id)
 
     def _admit(self, adapter: Adapter) -> None:
         """Only enrolled adapters are selected: this package's own, a test double at placement ``test``, or a
@@ -133,15 +151,7 @@ class Runner:
         adapter = self.select(target, profile, platform=platform, mount_count=mount_count)
         run_id = run_id or new_run_id()
         now = self.clock.now()
-        self.journal.start_run(
-            run_id,
-            runner_tag=self.runner_tag,
-            target=adapter.target,
-            now=now,
-            profile_digest=profile.digest,
-            command=command,
-        )
-        lease = self.leases.acquire(run_id)
+        lease = self._begin(run_id, adapter, profile, command, now)
         not_enforced = tuple(adapter.envelope.enforcement.not_counting())
         attempt = Attempt(
             session=RunSession(
@@ -155,6 +165,7 @@ class Runner:
                 clock=self.clock,
                 limits=self.limits,
                 door=adapter.door,
+                site=adapter.site or None,
             ),
             adapter=adapter,
             not_enforced=not_enforced,

@@ -1,0 +1,352 @@
+"""``checkfu submit``, ``checkfu runs wait``, ``checkfu runner serve`` and ``checkfu runner list``: a fleet.
+
+``submit`` takes every option of ``checkfu run`` (the same function's options, checked by the
+same code) and queues the Run instead of running it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+import json
+import signal
+import sys
+import time
+from datetime import UTC, datetime
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from checkfu.cli import run as run_cli
+from checkfu.cli.engines import EngineCertsOpt, EngineOpt, engine_sites
+from checkfu.cli.state import client_credential, enrolled_credential, is_url, open_journal, runner_tag
+from checkfu.contract.errors import SandboxError, SandboxNotFound
+from checkfu.contract.profile import SandboxProfile
+from checkfu.fleet import follow, pinned_mounts, submit_request
+from checkfu.runner.clock import SystemClock
+from checkfu.runner.fleet import FleetConfig, FleetRunner
+from checkfu.runner.job import TIMEOUT_EXIT
+from checkfu.runner.journal import Journal
+from checkfu.runner.queue import RunQueue, RunRequest
+from checkfu.runner.registry import ENTRY_POINT_GROUP, Registry, adapter_from_factory, load_registry
+from checkfu.wire.client import RemoteProvider
+
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+EXIT_REFUSED = 1
+EXIT_INTERNAL = 70
+EXIT_INTERRUPTED = 130
+
+DbOpt = run_cli.DbOpt
+JsonOpt = run_cli.JsonOpt
+
+# checkfu submit -------------------------------------------------------------------------------
+
+SUBMITTED = frozenset(
+    {"command", "profile", "mount", "provider", "capture", "capture_dir", "db", "timeout", "credential_file", "allow"}
+)
+"""The options of ``checkfu run`` a submitted Run carries; any other one given is refused by name."""
+
+
+def _unsupported(options: dict[str, Any]) -> list[str]:
+    params = inspect.signature(run_cli.run_command).parameters
+    return sorted(
+        "--" + name.replace("_", "-")
+        for name, value in options.items()
+        if name not in SUBMITTED and name in params and value != params[name].default
+    )
+
+
+@functools.wraps(run_cli.run_command)
+def submit_command(**options: Any) -> None:
+    given = _unsupported(options)
+    if given:
+        raise typer.BadParameter(f"{', '.join(given)}: not carried by a submitted Run yet; use checkfu run")
+    if options["credential_file"] is not None:
+        raise typer.BadParameter(
+            "a submitted Run never carries a credential: give it to `checkfu runner serve` instead",
+            param_hint="--credential-file",
+        )
+    checked = run_cli.check_run_options(
+        profile=options["profile"],
+        mount=options["mount"],
+        provider=options["provider"],
+        capture=options["capture"],
+        capture_dir=options["capture_dir"],
+        timeout=options["timeout"],
+        credential_file=None,
+        allow=options["allow"],
+    )
+    profile = checked.profile
+    if not isinstance(profile, SandboxProfile):  # a provider service: its image must be pinned in the profile
+        profile = run_cli._allowing(run_cli._read_profile(profile, ""), options["allow"] or [])
+    capture_dir: Path | None = options["capture_dir"]
+    request = RunRequest(
+        provider=checked.name,
+        command=tuple(options["command"]),
+        profile=json.loads(profile.model_dump_json()),
+        mounts=pinned_mounts(checked.specs),
+        captures=tuple(options["capture"] or ()),
+        capture_dir=str(capture_dir.resolve()) if capture_dir is not None else None,
+        timeout=options["timeout"],
+        allowed=tuple(dict.fromkeys(options["allow"] or ())),
+    )
+    journal = open_journal(options["db"])
+    try:
+        run_id = submit_request(journal, request, runner_tag=runner_tag())
+    finally:
+        journal.close()
+    print(run_id)
+
+
+SUBMIT_HELP = (
+    "Queue a Run for the fleet and print its id: any `checkfu runner serve` on the same --db runs it as "
+    "`checkfu run` would. Takes the options of `checkfu run`; follow it with `checkfu runs wait RUN`."
+)
+
+# checkfu runs wait ----------------------------------------------------------------------------
+
+
+@run_cli.runs_app.command("wait")
+def runs_wait(
+    run: Annotated[str, typer.Argument(help="a run id or a unique prefix", metavar="RUN")],
+    db: DbOpt = None,
+    as_json: JsonOpt = False,
+    timeout: Annotated[
+        float | None, typer.Option("--timeout", help="stop waiting after this many seconds (exit 124)")
+    ] = None,
+) -> None:
+    """Stream a submitted Run's output once a runner runs it; exit with its status."""
+    journal = open_journal(db)
+    try:
+        found = journal.find_runs(run)
+        if len(found) != 1:
+            raise SandboxNotFound(f"{'no' if not found else len(found)} runs match {run!r}", field="run")
+        run_id = found[0].run_id
+
+        def attempt(n: int) -> None:
+            if n > 1 and not as_json:
+                err.print(f"[yellow]checkfu[/]: attempt {n} of {run_id}: the runner of the one before stopped")
+
+        def write(stream: Any) -> Any:
+            def out(data: bytes) -> None:
+                if not as_json:
+                    stream.buffer.write(data)
+                    stream.flush()
+
+            return out
+
+        def warned(text: str) -> None:
+            if not as_json:
+                err.print(f"[bold yellow]warning[/]: {escape(text)}")
+
+        try:
+            result = follow(
+                journal,
+                run_id,
+                on_stdout=write(sys.stdout),
+                on_stderr=write(sys.stderr),
+                on_attempt=attempt,
+                on_warning=warned,
+                timeout=timeout,
+            )
+        except TimeoutError as exc:
+            err.print(f"checkfu: {escape(str(exc))}; `checkfu runs wait {run_id}` waits again")
+            raise typer.Exit(TIMEOUT_EXIT) from None
+    finally:
+        journal.close()
+    code = _exit_code(result.status, result.exit_code)
+    if as_json:
+        error = result.error
+        print(
+            json.dumps(
+                {
+                    "run_id": result.run_id,
+                    "status": result.status,
+                    "exit_code": result.exit_code,
+                    "attempts": result.attempts,
+                    "error": None if error is None else {"code": error.code, "message": error.message},
+                }
+            )
+        )
+    elif result.error is not None:
+        err.print(f"[bold red]{result.error.code}[/]: {escape(result.error.message)}")
+    elif result.status in ("failed", "cancelled"):
+        detail = ((result.summary or {}).get("error") or {}).get("message", "")
+        err.print(f"checkfu: Run {run_id} {result.status}" + (f": {escape(str(detail))}" if detail else ""))
+    raise typer.Exit(code)
+
+
+def _exit_code(status: str, exit_code: int | None) -> int:
+    if status in ("succeeded", "command_failed") and exit_code is not None:
+        return exit_code
+    if status == "interrupted":
+        return EXIT_INTERRUPTED
+    if status == "failed":
+        return EXIT_INTERNAL
+    return EXIT_REFUSED
+
+
+# checkfu runner serve -------------------------------------------------------------------------
+
+
+def _loader(journal: Journal, credential_file: Path | None, sites: dict[str, list[dict[str, Any]]] | None) -> Any:
+    credential = client_credential(credential_file)
+
+    async def load(spec: str) -> Registry:
+        if is_url(spec):
+            registry = Registry()
+            cred = credential or enrolled_credential(journal, spec)
+            try:
+                registry.add(await adapter_from_factory(lambda: RemoteProvider(spec, cred), spec, {}, recorder=journal))
+            except SandboxError as exc:
+                registry.mark_unavailable(spec, f"{exc.code}: {exc.message}")
+            return registry
+        installed = {ep.name for ep in entry_points(group=ENTRY_POINT_GROUP)}
+        if spec not in installed:
+            registry = Registry()
+            registry.mark_unavailable(spec, f"no provider named {spec!r} is installed on this runner")
+            return registry
+        return await load_registry(entry_point_names=[spec], recorder=journal, sites=sites)
+
+    return load
+
+
+def _render(as_json: bool) -> Any:
+    def emit(event: dict[str, Any]) -> None:
+        stamped = {"at": round(time.time(), 3), **event}
+        if as_json:
+            print(json.dumps(stamped), flush=True)
+            return
+        what = event.get("event", "")
+        rest = " ".join(f"{k}={v}" for k, v in event.items() if k != "event")
+        colour = {"fenced": "bold red", "settled": "green", "claimed": "cyan", "site_down": "yellow"}.get(what, "dim")
+        err.print(f"[dim]{datetime.now(UTC).strftime('%H:%M:%S.%f')[:-3]}[/] [{colour}]{what}[/] {escape(rest)}")
+
+    return emit
+
+
+@run_cli.runner_app.command("serve")
+def runner_serve(
+    db: DbOpt = None,
+    concurrency: Annotated[int, typer.Option("--concurrency", min=1, max=256, help="Runs carried out at once")] = 4,
+    lease_ttl: Annotated[
+        float, typer.Option("--lease-ttl", min=1.0, help="seconds a lease holds without a heartbeat")
+    ] = 30.0,
+    heartbeat: Annotated[
+        float | None, typer.Option("--heartbeat", min=0.05, help="seconds between heartbeats (default: TTL/3)")
+    ] = None,
+    poll: Annotated[float, typer.Option("--poll", min=0.01, help="seconds between claims while idle")] = 0.2,
+    reconcile_every: Annotated[
+        float, typer.Option("--reconcile-every", min=1.0, help="seconds between reconciliations")
+    ] = 60.0,
+    engine: EngineOpt = None,
+    engine_certs: EngineCertsOpt = None,
+    credential_file: run_cli.CredentialOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="one JSON object per event on stdout")] = False,
+) -> None:
+    """Serve queued Runs from the database until SIGTERM: claim, heartbeat, take over, reconcile."""
+    if heartbeat is not None and heartbeat >= lease_ttl:
+        raise typer.BadParameter(f"must be shorter than --lease-ttl ({lease_ttl:g} s)", param_hint="--heartbeat")
+    sites = engine_sites(engine, engine_certs)
+    journal = open_journal(db)
+    config = FleetConfig(
+        concurrency=concurrency,
+        lease_ttl=lease_ttl,
+        heartbeat=heartbeat,
+        poll=poll,
+        reconcile_every=reconcile_every,
+    )
+    fleet = FleetRunner(
+        journal, _loader(journal, credential_file, sites), runner_tag=runner_tag(), config=config, emit=_render(as_json)
+    )
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, fleet.stop)
+        try:
+            await fleet.serve()
+        finally:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(sig)
+
+    try:
+        asyncio.run(main())
+    finally:
+        journal.close()
+
+
+# checkfu runner list --------------------------------------------------------------------------
+
+
+@run_cli.runner_app.command("list")
+def runner_list(
+    db: DbOpt = None,
+    show_all: Annotated[bool, typer.Option("--all", help="also runners that stopped or stopped heartbeating")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """The runners serving this database: their heartbeats and the leases they hold."""
+    journal = open_journal(db)
+    try:
+        queue = RunQueue(journal, SystemClock())
+        rows = queue.runners()
+        held = queue.leases_of(r.owner for r in rows)
+        counts = queue.counts()
+    finally:
+        journal.close()
+    now = time.time()
+    shown: list[dict[str, Any]] = []
+    for r in rows:
+        age = now - r.heartbeat_at
+        state = r.state
+        if state != "stopped" and age > r.lease_ttl:
+            state = "stale"  # no heartbeat for a whole TTL: dead or stalled; its leases are being taken over
+        if not show_all and state in ("stopped", "stale"):
+            continue
+        shown.append(
+            {
+                "runner_id": r.runner_id,
+                "host": r.host,
+                "pid": r.pid,
+                "state": state,
+                "runner_tag": r.runner_tag,
+                "concurrency": r.concurrency,
+                "lease_ttl": r.lease_ttl,
+                "started_at": r.started_at,
+                "heartbeat_at": r.heartbeat_at,
+                "heartbeat_age": round(age, 3),
+                "leases": [
+                    {
+                        "lease_id": h.lease_id,
+                        "run_id": h.run_id,
+                        "epoch": h.epoch,
+                        "expires_in": round(h.expires_at - now, 3),
+                    }
+                    for h in held
+                    if h.owner == r.owner
+                ],
+            }
+        )
+    if as_json:
+        print(json.dumps({"runners": shown, "runs": counts}))
+        return
+    table = Table("runner", "host", "pid", "state", "heartbeat", "leases")
+    for s in shown:
+        leases = ", ".join(f"{x['run_id']}@{x['epoch']} ({x['expires_in']:.0f} s)" for x in s["leases"]) or "-"
+        table.add_row(
+            escape(s["runner_id"]),
+            escape(s["host"]),
+            str(s["pid"]),
+            s["state"],
+            f"{s['heartbeat_age']:.1f} s ago",
+            escape(leases),
+        )
+    Console().print(table)
+    err.print("runs: " + (", ".join(f"{k} {v}" for k, v in sorted(counts.items())) or "none"))

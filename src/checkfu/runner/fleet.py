@@ -1,0 +1,662 @@
+"""A runner of the fleet: claims queued Runs from the shared journal and carries each one out.
+
+``FleetRunner.serve()`` is ``checkfu runner serve``. Several of them, on any number of hosts,
+share one database (PostgreSQL for a fleet) and nothing else:
+
+- **claiming**: up to ``concurrency`` Runs at once, each claimed in one transaction
+  (``RunQueue.claim``: ``FOR UPDATE SKIP LOCKED``), so no Run is claimed twice;
+- **heartbeat**: every ``heartbeat`` seconds one statement renews every lease this runner
+  holds, and its row in ``runners``. A lease of this runner that the heartbeat no longer
+  finds was taken over: that attempt is stopped at once, and writes nothing more;
+- **takeover**: a Run whose lease expired (its runner died, or stalled past the TTL) is
+  claimed by another runner with the lease's epoch bumped, which fences the old holder at
+  its next call or write. The abandoned attempt's allocations are compensated, under the
+  new epoch, before the new attempt starts; when they cannot be yet (their site is down),
+  the Run is postponed and taken over again later;
+- **placement**: a target with several sites (Docker engines) goes to the site with the
+  fewest open sandboxes in the journal that answers a ``describe``;
+- **reconciliation**: every ``reconcile_every`` seconds, as ``checkfu runner reconcile``
+  does, which only ever takes leases that ended, expired or whose owner is gone;
+- **shutdown** (SIGTERM, SIGINT; ``stop()``): no more claims; each Run in flight is stopped,
+  its sandbox released, and the Run given back to the queue with its lease ended, so
+  another runner takes it at once.
+
+Each attempt runs ``checkfu.runner.job.run_job``, exactly as ``checkfu run`` does, under a
+``LeaseStore`` in heartbeat mode; its output goes to ``run_output`` for ``checkfu runs wait``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import random
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+
+from checkfu.contract.codec import decode_value
+from checkfu.contract.errors import (
+    SandboxAdapterUnavailable,
+    SandboxError,
+    SandboxLeaseFenced,
+)
+from checkfu.contract.lifecycle import OPEN_ROW_STATES, row_transition
+from checkfu.contract.profile import SandboxProfile
+from checkfu.contract.target import ExecutionTarget, Lease
+from checkfu.runner.clock import Clock, SystemClock
+from checkfu.runner.door import ProviderFault
+from checkfu.runner.driver import Limits
+from checkfu.runner.job import run_job
+from checkfu.runner.journal import Journal, allocations
+from checkfu.runner.leases import LeaseStore, current_owner
+from checkfu.runner.mounts import parse_mount
+from checkfu.runner.queue import Claim, RunQueue, new_runner_id
+from checkfu.runner.reconcile import reconcile
+from checkfu.runner.registry import Adapter, Registry
+from checkfu.runner.runner import Attempt, Runner
+from checkfu.runner.session import compensate_plan, describe_plan
+
+OUTPUT_CAP = 16 << 20
+"""Bytes of output kept per attempt; beyond it output is counted, not kept (the summary says how much)."""
+
+FLUSH_SECONDS = 0.1
+"""How often an attempt's output goes to the journal while it runs."""
+
+Loader = Callable[[str], Awaitable[Registry]]
+"""Builds the adapters of one provider (an installed name, or a service URL): one per site when it has several."""
+
+Emit = Callable[[dict[str, Any]], None]
+
+
+@dataclass(frozen=True)
+class FleetConfig:
+    concurrency: int = 4
+    lease_ttl: float = 30.0
+    heartbeat: float | None = None
+    """Seconds between heartbeats; a third of the TTL when not given."""
+    poll: float = 0.2
+    """Seconds between claims while the queue is empty."""
+    reconcile_every: float = 60.0
+    retry_after: float = 5.0
+    """Seconds before a Run whose earlier attempt could not be reclaimed yet is taken over again."""
+    site_refresh: float = 15.0
+    """Seconds before a provider with a site that was down is loaded again."""
+    output_cap: int = OUTPUT_CAP
+
+    @property
+    def beat(self) -> float:
+        return self.heartbeat if self.heartbeat is not None else self.lease_ttl / 3
+
+
+class Adapters:
+    """The providers this runner has loaded, by the name (or URL) a Run asks for; all of them in ``combined``."""
+
+    def __init__(self, load: Loader, clock: Clock, refresh: float) -> None:
+        self._load = load
+        self._clock = clock
+        self._refresh = refresh
+        self._by_spec: dict[str, tuple[Registry, float]] = {}
+        self._lock = asyncio.Lock()
+        self.combined = Registry()
+
+    async def get(self, spec: str) -> Registry:
+        async with self._lock:
+            held = self._by_spec.get(spec)
+            if held is not None:
+                registry, loaded_at = held
+                stale = (registry.down_sites or not registry.adapters) and (
+                    self._clock.now() - loaded_at > self._refresh
+                )
+                if not stale:
+                    return registry
+            registry = await self._load(spec)
+            self._by_spec[spec] = (registry, self._clock.now())
+            self._rebuild()
+            return registry
+
+    def _rebuild(self) -> None:
+        combined = Registry()
+        seen: set[tuple[object, str]] = set()
+        for registry, _ in self._by_spec.values():
+            for adapter in registry.adapters:
+                key = (adapter.target.model_dump_json(), adapter.site)
+                if key not in seen:
+                    seen.add(key)
+                    combined.add(adapter)
+            for site, why in registry.down_sites.items():
+                if not any(a.site == site for a in combined.adapters):
+                    combined.mark_unavailable(f"site {site}", why, site=site)
+        self.combined = combined
+
+
+@dataclass
+class _Outcome:
+    status: str
+    exit_code: int | None
+    summary: dict[str, object] | None
+
+
+class _AttemptRunner(Runner):
+    """``Runner`` for one claimed attempt: the claim's Run id and lease, the placed site, fenced writes."""
+
+    def __init__(
+        self,
+        registry: Registry,
+        journal: Journal,
+        *,
+        runner_tag: str,
+        clock: Clock,
+        limits: Limits | None,
+        leases: LeaseStore,
+        claim: Claim,
+        queue: RunQueue,
+        placed: Adapter,
+    ) -> None:
+        super().__init__(registry, journal, runner_tag=runner_tag, clock=clock, limits=limits)
+        self.leases = leases
+        self.claim = claim
+        self.queue = queue
+        self.placed = placed
+        self.outcome: _Outcome | None = None
+
+    def record_in_tree(self) -> None:
+        """Done once, when the runner started serving."""
+
+    def _adapter(self, target: ExecutionTarget) -> Adapter:
+        return self.placed if self.placed.target == target else super()._adapter(target)
+
+    def _begin(
+        self, run_id: str, adapter: Adapter, profile: SandboxProfile, command: list[str] | None, now: float
+    ) -> Lease:
+        self.queue.place(
+            self.claim,
+            target_json=adapter.target.model_dump_json(),
+            site=adapter.site or None,
+            profile_digest=profile.digest,
+        )
+        return self.claim.lease
+
+    def start(
+        self,
+        target: ExecutionTarget,
+        profile: SandboxProfile,
+        *,
+        platform: Any,
+        mount_count: int = 0,
+        command: list[str] | None = None,
+        run_id: str | None = None,
+    ) -> Attempt:
+        return super().start(
+            target, profile, platform=platform, mount_count=mount_count, command=command, run_id=self.claim.run_id
+        )
+
+    def finish(
+        self, attempt: Attempt, *, status: str, exit_code: int | None = None, summary: dict[str, object] | None = None
+    ) -> None:
+        """Kept for the settlement, which the serving loop makes fenced, in one transaction with the lease's end."""
+        self.outcome = _Outcome(status, exit_code, summary)
+
+
+class _Output:
+    """The attempt's output and warnings, kept in the journal (up to a cap) for ``checkfu runs wait``."""
+
+    def __init__(self, queue: RunQueue, claim: Claim, cap: int) -> None:
+        self.queue = queue
+        self.claim = claim
+        self.cap = cap
+        self.kept = 0
+        self.dropped = 0
+        self.pending: list[tuple[str, bytes]] = []
+        self.warnings: list[str] = []
+        self.phases: dict[str, float] = {}
+
+    async def before(self, name: str) -> None:
+        pass
+
+    def phase(self, name: str, seconds: float) -> None:
+        self.phases[name] = seconds
+
+    def warning(self, text: str) -> None:
+        self.warnings.append(text)
+        self.pending.append(("warn", text.encode("utf-8", "replace")))
+
+    def selected(self, attempt: Attempt) -> None:
+        pass
+
+    def stage_progress(self, done: int, total: int) -> None:
+        pass
+
+    def output(self, stream: str, data: bytes) -> None:
+        room = self.cap - self.kept
+        if room <= 0:
+            self.dropped += len(data)
+            return
+        if len(data) > room:
+            self.dropped += len(data) - room
+            data = data[:room]
+        self.kept += len(data)
+        self.pending.append((stream, data))
+
+    def flush(self) -> None:
+        """Raises SandboxLeaseFenced: the attempt was taken over (nothing was kept)."""
+        if self.pending:
+            chunks, self.pending = self.pending, []
+            self.queue.append_output(self.claim, chunks)
+
+
+@dataclass
+class _Active:
+    claim: Claim
+    task: asyncio.Task[None]
+    why: str | None = None
+    """Why the task was cancelled: ``shutdown`` (give the Run back) or ``fenced`` (leave it alone)."""
+
+
+@dataclass
+class FleetStats:
+    claimed: int = 0
+    settled: int = 0
+    fenced: int = 0
+    given_back: int = 0
+    takeovers: int = 0
+    by_status: dict[str, int] = field(default_factory=dict)
+
+
+class FleetRunner:
+    """One ``checkfu runner serve`` process."""
+
+    def __init__(
+        self,
+        journal: Journal,
+        load: Loader,
+        *,
+        runner_tag: str,
+        config: FleetConfig | None = None,
+        clock: Clock | None = None,
+        limits: Limits | None = None,
+        emit: Emit | None = None,
+    ) -> None:
+        self.journal = journal
+        self.config = config or FleetConfig()
+        self.clock = clock or SystemClock()
+        self.limits = limits
+        self.runner_tag = runner_tag
+        self.emit = emit or (lambda _event: None)
+        self.queue = RunQueue(journal, self.clock)
+        self.leases = LeaseStore(journal, self.clock, ttl=self.config.lease_ttl, heartbeat=True)
+        self.adapters = Adapters(load, self.clock, self.config.site_refresh)
+        self.owner = current_owner()
+        self.runner_id = new_runner_id()
+        self.stats = FleetStats()
+        self._active: dict[str, _Active] = {}
+        self._recorded: set[int] = set()
+        self._stopping = asyncio.Event()
+        self._wake = asyncio.Event()
+
+    # the serving loop -----------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Stop claiming; Runs in flight are stopped, released and given back. Safe to call more than once."""
+        if not self._stopping.is_set():
+            self.emit({"event": "stopping", "runner_id": self.runner_id, "in_flight": sorted(self._active)})
+        self._stopping.set()
+        self._wake.set()
+
+    async def serve(self) -> FleetStats:
+        """Serve until ``stop()``; returns what was done."""
+        self.queue.register_runner(
+            runner_id=self.runner_id,
+            owner=self.owner,
+            pid=os.getpid(),
+            runner_tag=self.runner_tag,
+            concurrency=self.config.concurrency,
+            lease_ttl=self.config.lease_ttl,
+        )
+        self.emit({"event": "serving", "runner_id": self.runner_id, "owner": self.owner, "pid": os.getpid()})
+        background = [
+            asyncio.create_task(self._heartbeats(), name="checkfu-heartbeat"),
+            asyncio.create_task(self._reconciles(), name="checkfu-reconcile"),
+        ]
+        workers = [
+            asyncio.create_task(self._worker(i), name=f"checkfu-worker-{i}") for i in range(self.config.concurrency)
+        ]
+        try:
+            await self._stopping.wait()
+            self.queue.runner_state(self.runner_id, "stopping")
+            for active in list(self._active.values()):
+                if active.why is None:
+                    active.why = "shutdown"
+                    active.task.cancel()
+            await asyncio.gather(*workers, return_exceptions=True)
+        finally:
+            for task in background:
+                task.cancel()
+            await asyncio.gather(*background, return_exceptions=True)
+            self.queue.runner_state(self.runner_id, "stopped")
+            self.emit({"event": "stopped", "runner_id": self.runner_id, **self.stats.__dict__})
+        return self.stats
+
+    async def _worker(self, index: int) -> None:
+        idle = self.config.poll
+        while not self._stopping.is_set():
+            claim = self.queue.claim(
+                owner=self.owner, runner_id=self.runner_id, runner_tag=self.runner_tag, ttl=self.config.lease_ttl
+            )
+            if claim is None:
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), timeout=idle * (0.5 + random.random()))
+                continue
+            self.stats.claimed += 1
+            self.stats.takeovers += claim.takeover
+            self.emit(
+                {
+                    "event": "claimed",
+                    "run_id": claim.run_id,
+                    "attempt": claim.attempt,
+                    "lease_epoch": claim.lease.lease_epoch,
+                    "takeover": claim.takeover,
+                    "worker": index,
+                }
+            )
+            task = asyncio.create_task(self._attempt(claim), name=f"checkfu-run-{claim.run_id}")
+            active = _Active(claim, task)
+            self._active[claim.run_id] = active
+            try:
+                await asyncio.shield(task)
+            except asyncio.CancelledError:
+                if not task.done():  # the worker itself is cancelled: see the attempt through first
+                    active.why = active.why or "shutdown"
+                    task.cancel()
+                    with contextlib.suppress(BaseException):
+                        await task
+                raise
+            finally:
+                self._active.pop(claim.run_id, None)
+
+    async def _heartbeats(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.beat)
+            try:
+                held = self.queue.heartbeat(runner_id=self.runner_id, owner=self.owner, ttl=self.config.lease_ttl)
+            except sa.exc.SQLAlchemyError as exc:
+                self.emit({"event": "heartbeat_failed", "error": f"{type(exc).__name__}: {str(exc)[:300]}"})
+                continue
+            for active in list(self._active.values()):
+                if active.claim.lease.lease_id not in held and active.why is None and not active.task.done():
+                    active.why = "fenced"
+                    active.task.cancel()
+
+    async def _reconciles(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.reconcile_every * (0.5 + random.random()))
+            try:
+                report = await reconcile(self.journal, self.adapters.combined, self.clock, runner_tag=self.runner_tag)
+            except (SandboxError, sa.exc.SQLAlchemyError) as exc:
+                self.emit({"event": "reconcile_failed", "error": f"{type(exc).__name__}: {str(exc)[:300]}"})
+                continue
+            if not report.nothing_to_do or report.failed:
+                self.emit(
+                    {
+                        "event": "reconciled",
+                        "compensated": report.compensated,
+                        "strays": report.enumerated,
+                        "failed": report.failed,
+                    }
+                )
+
+    # one attempt ----------------------------------------------------------------------------------
+
+    async def _attempt(self, claim: Claim) -> None:
+        t0 = time.perf_counter()
+        output = _Output(self.queue, claim, self.config.output_cap)
+        outcome: _Outcome | None = None
+        error: SandboxError | None = None
+        flusher = asyncio.create_task(self._flush_while_running(output))
+        try:
+            outcome, error = await self._run(claim, output)
+        except asyncio.CancelledError:
+            active = self._active.get(claim.run_id)
+            why = active.why if active is not None else "shutdown"
+            if why == "fenced":
+                self._fenced(claim, "its lease was taken over (seen at the heartbeat)")
+            else:
+                self._give_back(claim, output)
+            return
+        except SandboxLeaseFenced as exc:
+            self._fenced(claim, exc.message)
+            return
+        except _Postponed as exc:
+            self._postpone(claim, str(exc))
+            return
+        except SandboxError as exc:  # refused before run_job began: nothing was allocated
+            error = exc
+        except Exception as exc:  # a defect of ours, reported on the Run rather than losing it
+            message = f"{type(exc).__name__}: {exc}"[:1000]
+            outcome = _Outcome("failed", None, {"error": {"code": "internal", "message": message}})
+        finally:
+            flusher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await flusher
+        try:
+            output.flush()
+            status, exit_code, summary = self._settlement(claim, outcome, error, output, time.perf_counter() - t0)
+            self.queue.settle(claim, status=status, exit_code=exit_code, summary=summary)
+        except SandboxLeaseFenced as exc:
+            self._fenced(claim, exc.message)
+            return
+        self.stats.settled += 1
+        self.stats.by_status[status] = self.stats.by_status.get(status, 0) + 1
+        self.emit(
+            {
+                "event": "settled",
+                "run_id": claim.run_id,
+                "attempt": claim.attempt,
+                "status": status,
+                "exit_code": exit_code,
+                "seconds": round(time.perf_counter() - t0, 4),
+            }
+        )
+
+    async def _run(self, claim: Claim, output: _Output) -> tuple[_Outcome | None, SandboxError | None]:
+        """Carry the attempt out: the outcome ``run_job`` recorded (``None`` when it stopped before selection),
+        and the error it raised, if any (everything allocated was released or compensated first, as
+        ``checkfu run`` does).
+
+        Raises:
+            SandboxError: refused before ``run_job`` began (no adapter, a profile that does not decode).
+            SandboxLeaseFenced: the attempt was taken over.
+            _Postponed: an earlier attempt's allocations cannot be reclaimed yet.
+        """
+        request = claim.request
+        registry = await self.adapters.get(request.provider)
+        if id(registry) not in self._recorded:
+            Runner(registry, self.journal, runner_tag=self.runner_tag, clock=self.clock)  # records the in-tree ones
+            self._recorded.add(id(registry))
+        if claim.takeover:
+            await self._reclaim_earlier(claim)
+        profile = decode_value(SandboxProfile, request.profile)
+        placed = await self._place(registry, request.provider)
+        specs = [parse_mount(m) for m in request.mounts]
+        runner = _AttemptRunner(
+            registry,
+            self.journal,
+            runner_tag=self.runner_tag,
+            clock=self.clock,
+            limits=self.limits,
+            leases=self.leases,
+            claim=claim,
+            queue=self.queue,
+            placed=placed,
+        )
+        try:
+            await run_job(
+                runner,
+                placed.target,
+                profile,
+                list(request.command),
+                mounts=specs,
+                captures=list(request.captures),
+                capture_dir=Path(request.capture_dir) / claim.run_id if request.capture_dir else None,
+                observer=output,
+                timeout=request.timeout,
+            )
+        except SandboxLeaseFenced:
+            raise
+        except SandboxError as exc:
+            return runner.outcome, exc
+        return runner.outcome, None
+
+    async def _reclaim_earlier(self, claim: Claim) -> None:
+        """Compensate every open allocation an earlier attempt of the Run left, under this attempt's lease.
+
+        Raises:
+            SandboxLeaseFenced: this attempt was taken over meanwhile.
+            _Postponed: an allocation cannot be compensated now (its site is down, its provider failed).
+        """
+        for row in self.journal.open_allocations(run_id=claim.run_id):
+            if row.kind == "snapshot" and row.state == "live":
+                continue  # a settled snapshot outlives its Run by design
+            adapter = self.adapters.combined.at(row.target, row.site)
+            if adapter is None:
+                where = f" at site {row.site}" if row.site else ""
+                raise _Postponed(f"allocation {row.allocation_key}: no adapter for {row.target}{where} is reachable")
+            plan = compensate_plan(adapter.target, claim.lease, row.allocation_key, row.runner_tag, self.limits)
+            try:
+                await adapter.door.call(
+                    plan,
+                    run_id=claim.run_id,
+                    recorder=self.journal,
+                    fence=lambda: self.leases.renew(claim.lease),
+                )
+            except ProviderFault as fault:
+                raise _Postponed(
+                    f"allocation {row.allocation_key}: {fault.error.code}: {fault.error.message}"
+                ) from None
+            self.journal.set_allocation(
+                row.allocation_key, row_transition(row.state, "compensate"), now=self.clock.now(), fence=claim.lease
+            )
+            self.emit({"event": "reclaimed", "run_id": claim.run_id, "allocation_key": row.allocation_key})
+
+    async def _place(self, registry: Registry, provider: str) -> Adapter:
+        """The adapter (site) this attempt runs on.
+
+        Raises:
+            SandboxAdapterUnavailable: the provider has no adapter here, or none of its sites answers.
+        """
+        found = [a for a in registry.adapters if a.envelope.provider == provider] or list(registry.adapters)
+        if not found:
+            why = "; ".join(f"{k}: {v}" for k, v in registry.unavailable.items()) or "not installed"
+            raise SandboxAdapterUnavailable(
+                f"no adapter for provider {provider!r} on this runner ({why})", field="provider"
+            )
+        targets = {a.target.model_dump_json() for a in found}
+        if len(targets) > 1:
+            raise SandboxAdapterUnavailable(
+                f"{len(targets)} different targets of provider {provider!r} on this runner; the fleet needs one",
+                field="provider",
+            )
+        sites = registry.sites(found[0].target)
+        if len(sites) == 1:
+            return sites[0]
+        load = self._open_by_site()
+        order = sorted(sites, key=lambda a: (load.get(a.site, 0), random.random()))
+        refused: list[str] = [f"{s}: {why}" for s, why in registry.down_sites.items()]
+        for adapter in order:
+            try:
+                await adapter.door.call(describe_plan(adapter.source, self.limits))
+            except (ProviderFault, SandboxError) as exc:
+                err = exc.error if isinstance(exc, ProviderFault) else exc
+                refused.append(f"{adapter.site}: {err.code}: {err.message}")
+                self.emit({"event": "site_down", "site": adapter.site, "error": refused[-1]})
+                continue
+            return adapter
+        raise SandboxAdapterUnavailable(
+            f"no site of {found[0].target} answers: {'; '.join(refused)}", field="provider", retryable=True
+        )
+
+    def _open_by_site(self) -> dict[str, int]:
+        """Open sandboxes (instance allocations) per site, fleet-wide, from the journal."""
+        with self.journal.tx() as c:
+            rows = c.execute(
+                sa.select(allocations.c.site, sa.func.count())
+                .where(allocations.c.state.in_(OPEN_ROW_STATES), allocations.c.kind == "instance")
+                .group_by(allocations.c.site)
+            ).all()
+        return {str(r[0] or ""): int(r[1]) for r in rows}
+
+    async def _flush_while_running(self, output: _Output) -> None:
+        while True:
+            await asyncio.sleep(FLUSH_SECONDS)
+            try:
+                output.flush()
+            except SandboxLeaseFenced:
+                active = self._active.get(output.claim.run_id)
+                if active is not None and active.why is None:
+                    active.why = "fenced"
+                    active.task.cancel()
+                return
+            except sa.exc.SQLAlchemyError as exc:
+                self.emit({"event": "output_failed", "run_id": output.claim.run_id, "error": str(exc)[:300]})
+
+    def _settlement(
+        self,
+        claim: Claim,
+        outcome: _Outcome | None,
+        error: SandboxError | None,
+        output: _Output,
+        seconds: float,
+    ) -> tuple[str, int | None, dict[str, Any]]:
+        summary: dict[str, Any] = dict(outcome.summary or {}) if outcome is not None else {}
+        summary.setdefault("phases", output.phases)
+        summary.update(
+            {
+                "runner_id": self.runner_id,
+                "attempt": claim.attempt,
+                "lease_epoch": claim.lease.lease_epoch,
+                "seconds": round(seconds, 4),
+                "warnings": output.warnings,
+                "allowed": list(claim.request.allowed),
+            }
+        )
+        if output.dropped:
+            summary["output_dropped_bytes"] = output.dropped
+            summary["output_cap_bytes"] = output.cap
+        if error is not None:
+            summary["error"] = {"code": error.code, "message": error.message, "field": error.field}
+            status = outcome.status if outcome is not None and outcome.status.startswith("refused:") else None
+            return status or f"refused:{error.code}", None, summary
+        assert outcome is not None
+        return outcome.status, outcome.exit_code, summary
+
+    def _fenced(self, claim: Claim, why: str) -> None:
+        self.stats.fenced += 1
+        self.emit({"event": "fenced", "run_id": claim.run_id, "attempt": claim.attempt, "why": why})
+
+    def _give_back(self, claim: Claim, output: _Output) -> None:
+        try:
+            with contextlib.suppress(SandboxLeaseFenced):
+                output.flush()
+            self.queue.give_back(claim, "its runner stopped (SIGTERM): released, and back in the queue")
+        except SandboxLeaseFenced as exc:
+            self._fenced(claim, exc.message)
+            return
+        self.stats.given_back += 1
+        self.emit({"event": "given_back", "run_id": claim.run_id, "attempt": claim.attempt})
+
+    def _postpone(self, claim: Claim, why: str) -> None:
+        try:
+            self.queue.postpone(claim, self.config.retry_after, why)
+        except SandboxLeaseFenced as exc:
+            self._fenced(claim, exc.message)
+            return
+        self.emit({"event": "postponed", "run_id": claim.run_id, "attempt": claim.attempt, "why": why})
+
+
+class _Postponed(Exception):
+    """The attempt cannot start yet: an earlier attempt's allocation cannot be compensated now."""
