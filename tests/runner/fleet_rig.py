@@ -1,0 +1,214 @@
+"""A fleet for tests: ``checkfu runner serve`` processes on one journal, driven and observed from outside.
+
+Every runner is the installed console script in a process of its own, with ``--json`` events on
+stdout (kept in a file the test reads as it goes). The fleet shares one runner tag of its own
+(``CHECKFU_RUNNER_TAG``), so what it leaves on a provider is found by that tag, and a state
+directory of its own. ``stop()`` ends every process the rig started, and only those.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+
+from checkfu.runner.journal import Journal, allocations, events, leases, run_output, runs
+from checkfu.runner.queue import is_terminal
+
+CHECKFU = Path(sys.executable).with_name("checkfu")
+SCRUBBED = ("CHECKFU_DEBUG", "CHECKFU_RUNNER_TAG", "XDG_STATE_HOME", "COLUMNS", "CHECKFU_PROVIDER_CREDENTIAL")
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_for(what: str, check: Callable[[], Any], timeout: float, pause: float = 0.05) -> Any:
+    """``check()``'s first truthy answer within ``timeout`` seconds."""
+    end = time.monotonic() + timeout
+    while True:
+        got = check()
+        if got:
+            return got
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(pause)
+
+
+@dataclass
+class RunnerProc:
+    name: str
+    proc: subprocess.Popen[bytes]
+    log: Path
+    paused: bool = False
+
+    def events(self) -> list[dict[str, Any]]:
+        out = []
+        for line in self.log.read_text(errors="replace").splitlines():
+            if line.startswith("{"):
+                with contextlib.suppress(ValueError):
+                    out.append(json.loads(line))
+        return out
+
+    def in_flight(self) -> list[str]:
+        """Runs this runner claimed and has not finished with, in claim order."""
+        open_: dict[str, float] = {}
+        for e in self.events():
+            if e.get("event") == "claimed":
+                open_[e["run_id"]] = e["at"]
+            elif e.get("event") in ("settled", "fenced", "given_back", "postponed"):
+                open_.pop(e.get("run_id", ""), None)
+        return list(open_)
+
+    def claimed_at(self, run_id: str, attempt: int) -> float | None:
+        for e in self.events():
+            if e.get("event") == "claimed" and e["run_id"] == run_id and e["attempt"] == attempt:
+                return float(e["at"])
+        return None
+
+
+@dataclass
+class FleetRig:
+    db: str
+    root: Path
+    env: dict[str, str]
+    tag: str
+    runners: list[RunnerProc] = field(default_factory=list)
+    services: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    @classmethod
+    def make(cls, db: str, root: Path, **extra_env: str) -> FleetRig:
+        tag = f"fleet-{uuid.uuid4().hex[:10]}"
+        env = {k: v for k, v in os.environ.items() if k not in SCRUBBED}
+        env.update({"XDG_STATE_HOME": str(root / "state"), "CHECKFU_RUNNER_TAG": tag, "COLUMNS": "200", **extra_env})
+        return cls(db=db, root=root, env=env, tag=tag)
+
+    # processes ----------------------------------------------------------------------------------
+
+    def checkfu(self, *argv: str, timeout: float = 120) -> subprocess.CompletedProcess[bytes]:
+        return subprocess.run(
+            [str(CHECKFU), *argv], env=self.env, capture_output=True, timeout=timeout, cwd=self.root, check=False
+        )
+
+    def serve_provider(self, name: str, credential_file: Path) -> str:
+        """``checkfu provider serve NAME`` as one shared process; its URL once it answers."""
+        port = free_port()
+        with (self.root / f"provider-{name}.log").open("wb") as log:  # the child keeps its own descriptor
+            proc = subprocess.Popen(
+                [str(CHECKFU), "provider", "serve", name, "--listen", f"127.0.0.1:{port}", "--credential-file",
+                 str(credential_file)],
+                env=self.env, stdout=log, stderr=subprocess.STDOUT, cwd=self.root,
+            )  # fmt: skip
+        self.services.append(proc)
+
+        def answers() -> bool:
+            if proc.poll() is not None:
+                raise AssertionError(f"the provider service exited: {(self.root / f'provider-{name}.log').read_text()}")
+            with socket.socket() as s:
+                return s.connect_ex(("127.0.0.1", port)) == 0
+
+        wait_for("the provider service", answers, 30)
+        return f"http://127.0.0.1:{port}"
+
+    def start_runner(self, name: str, *options: str) -> RunnerProc:
+        log = self.root / f"runner-{name}.jsonl"
+        with log.open("wb") as out, (self.root / f"runner-{name}.err").open("wb") as err:
+            proc = subprocess.Popen(
+                [str(CHECKFU), "runner", "serve", "--db", self.db, "--json", *options],
+                env=self.env, stdout=out, stderr=err, cwd=self.root,
+            )  # fmt: skip
+        runner = RunnerProc(name, proc, log)
+        self.runners.append(runner)
+        wait_for(f"runner {name} to serve", lambda: any(e["event"] == "serving" for e in runner.events()), 30)
+        return runner
+
+    def signal(self, runner: RunnerProc, sig: signal.Signals) -> float:
+        runner.proc.send_signal(sig)
+        runner.paused = sig == signal.SIGSTOP
+        if sig == signal.SIGCONT:
+            runner.paused = False
+        return time.time()
+
+    def stop_runners(self) -> None:
+        """SIGTERM, then SIGKILL, every runner this rig started (a paused one is resumed first)."""
+        self._end([r.proc for r in self.runners], before=signal.SIGCONT)
+
+    def stop(self) -> None:
+        """End every process this rig started: the runners, then the services."""
+        self.stop_runners()
+        self._end(self.services)
+
+    @staticmethod
+    def _end(procs: list[subprocess.Popen[bytes]], before: signal.Signals | None = None) -> None:
+        for proc in procs:
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    if before is not None:
+                        proc.send_signal(before)
+                    proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=10)
+
+    # the journal --------------------------------------------------------------------------------
+
+    def journal(self) -> Journal:
+        return Journal(self.db)
+
+    def statuses(self, run_ids: Iterable[str]) -> dict[str, str]:
+        wanted = list(run_ids)
+        j = self.journal()
+        try:
+            with j.tx() as c:
+                rows = c.execute(sa.select(runs.c.run_id, runs.c.status).where(runs.c.run_id.in_(wanted))).all()
+        finally:
+            j.close()
+        return {r.run_id: r.status for r in rows}
+
+    def wait_terminal(self, run_ids: list[str], timeout: float) -> dict[str, str]:
+        def done() -> dict[str, str] | None:
+            got = self.statuses(run_ids)
+            return got if len(got) == len(run_ids) and all(is_terminal(s) for s in got.values()) else None
+
+        result: dict[str, str] = wait_for("every Run to reach a terminal state", done, timeout, pause=0.2)
+        return result
+
+    def query(self, statement: Any) -> list[Any]:
+        j = self.journal()
+        try:
+            with j.tx() as c:
+                return list(c.execute(statement).all())
+        finally:
+            j.close()
+
+    def settle_events(self, run_id: str) -> list[Any]:
+        return self.query(sa.select(events).where(events.c.run_id == run_id, events.c.member == "settle"))
+
+    def open_allocations(self) -> list[Any]:
+        return self.query(sa.select(allocations).where(allocations.c.state.in_(("pending", "live"))))
+
+    def output_of(self, run_id: str) -> list[Any]:
+        return self.query(sa.select(run_output).where(run_output.c.run_id == run_id).order_by(run_output.c.id))
+
+    def lease_of(self, run_id: str) -> Any:
+        rows = self.query(
+            sa.select(leases).join(runs, runs.c.lease_id == leases.c.lease_id).where(runs.c.run_id == run_id)
+        )
+        return rows[0] if rows else None
