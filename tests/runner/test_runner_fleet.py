@@ -22,14 +22,22 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from fleet_rig import FleetRig, RunnerProc, wait_for
 
 import checkfu
 from checkfu.contract.members import ListAllocationsRequest
 from checkfu.contract.target import Lease
-from checkfu.runner.journal import allocations, events, runs
+from checkfu.runner.journal import events, runs
 from checkfu.testing import memory_profile
 from checkfu.wire.client import RemoteProvider
+from fleet_rig import (
+    FleetRig,
+    check_every_run_settled_once,
+    check_the_paused_runner_changed_nothing,
+    fleet_round,
+    runner_id,
+    takeover_seconds,
+    wait_for,
+)
 
 TTL = 2.0
 RUNNER_OPTIONS = ("--lease-ttl", str(TTL), "--heartbeat", "0.4", "--poll", "0.05", "--reconcile-every", "2")
@@ -88,96 +96,9 @@ def provider_holds(rig: Any) -> list[str]:
     return asyncio.run(ask())
 
 
-def in_flight(runner: RunnerProc) -> list[str]:
-    return runner.in_flight()
-
-
-def taken_over(rig: FleetRig, run_ids: list[str], by_not: str) -> bool:
-    rows = rig.query(sa.select(runs.c.run_id, runs.c.attempt, runs.c.runner_id).where(runs.c.run_id.in_(run_ids)))
-    return len(rows) == len(run_ids) and all(r.attempt >= 2 and r.runner_id != by_not for r in rows)
-
-
-def runner_id(runner: RunnerProc) -> str:
-    return next(e["runner_id"] for e in runner.events() if e["event"] == "serving")
-
-
-def check_every_run_settled_once(rig: FleetRig, ids: list[str]) -> None:
-    for run_id in ids:
-        settled = rig.settle_events(run_id)
-        assert len(settled) == 1, (run_id, settled)
-    rows = rig.query(sa.select(runs).where(runs.c.run_id.in_(ids)))
-    bad = [(r.run_id, r.status, r.exit_code) for r in rows if (r.status, r.exit_code) != ("succeeded", 0)]
-    assert bad == []
-
-
 def check_nothing_left(rig: Any) -> None:
     assert rig.open_allocations() == []
     assert provider_holds(rig) == []
-
-
-def fleet_round(rig: Any, ids: list[str], victims: tuple[RunnerProc, RunnerProc]) -> dict[str, Any]:
-    """Kill one runner while it holds Runs; pause another past its lease until they are taken over; resume it.
-
-    Returns what was seen: the killed and paused Runs, and when.
-    """
-    killed, paused = victims
-    killed_runs = wait_for(f"runner {killed.name} to hold a Run", lambda: in_flight(killed), 30)
-    t_kill = rig.signal(killed, signal.SIGKILL)
-    paused_runs = wait_for(f"runner {paused.name} to hold a Run", lambda: in_flight(paused), 30)
-    t_stop = rig.signal(paused, signal.SIGSTOP)
-    paused_id = runner_id(paused)
-    killed_id = runner_id(killed)
-    wait_for("the paused runner's Runs to be taken over", lambda: taken_over(rig, paused_runs, paused_id), 30)
-    wait_for("the killed runner's Runs to be taken over", lambda: taken_over(rig, killed_runs, killed_id), 30)
-    time.sleep(0.5)
-    t_cont = rig.signal(paused, signal.SIGCONT)
-    fenced = wait_for(
-        "the resumed runner to find itself fenced",
-        lambda: {e["run_id"] for e in paused.events() if e["event"] == "fenced"} >= set(paused_runs),
-        30,
-    )
-    return {
-        "killed_runs": killed_runs,
-        "t_kill": t_kill,
-        "killed_id": killed_id,
-        "paused_runs": paused_runs,
-        "t_stop": t_stop,
-        "t_cont": t_cont,
-        "paused_id": paused_id,
-        "fenced": fenced,
-    }
-
-
-def takeover_seconds(rig: FleetRig, run_id: str, since: float) -> float:
-    """From ``since`` to the first claim of a later attempt of ``run_id``, by any runner."""
-    claims = [
-        e["at"]
-        for r in rig.runners
-        for e in r.events()
-        if e["event"] == "claimed" and e["run_id"] == run_id and e["attempt"] >= 2
-    ]
-    assert claims, f"no later attempt of {run_id} was claimed"
-    return float(min(claims)) - since
-
-
-def check_the_paused_runner_changed_nothing(rig: FleetRig, seen: dict[str, Any], paused: RunnerProc) -> None:
-    for run_id in seen["paused_runs"]:
-        row = rig.query(sa.select(runs).where(runs.c.run_id == run_id))[0]
-        assert row.runner_id != seen["paused_id"] and row.attempt >= 2
-        summary = json.loads(row.summary)
-        assert summary["runner_id"] != seen["paused_id"] and summary["lease_epoch"] >= 2
-        # the paused attempt's allocations were compensated by the taker, and by nobody after it
-        first = rig.query(sa.select(allocations).where(allocations.c.run_id == run_id, allocations.c.lease_epoch == 1))
-        assert first and all(a.state == "compensated" for a in first)
-        # after the takeover, every call on those allocations is the taker's compensation or a fenced refusal
-        keys = [a.allocation_key for a in first]
-        later = rig.query(
-            sa.select(events).where(events.c.allocation_key.in_(keys), events.c.started_at > seen["t_stop"])
-        )
-        assert all(e.member == "compensate" or e.error_code == "SandboxLeaseFenced" for e in later), later
-        # it never settled the Run, and its output ends where it was paused
-        assert not any(e["event"] == "settled" and e["run_id"] == run_id for e in paused.events())
-        assert all(o.attempt >= 2 or o.at <= seen["t_stop"] + 0.5 for o in rig.output_of(run_id))
 
 
 def test_three_runners_through_a_sigkill_and_a_sigstop(rig: Any) -> None:

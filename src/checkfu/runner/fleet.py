@@ -32,6 +32,7 @@ import contextlib
 import os
 import random
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -295,6 +296,7 @@ class FleetRunner:
         self.stats = FleetStats()
         self._active: dict[str, _Active] = {}
         self._recorded: set[int] = set()
+        self._placed: Counter[str] = Counter()
         self._stopping = asyncio.Event()
         self._wake = asyncio.Event()
 
@@ -480,8 +482,18 @@ class FleetRunner:
             self._recorded.add(id(registry))
         if claim.takeover:
             await self._reclaim_earlier(claim)
+        decode_value(SandboxProfile, request.profile)  # refused before any placement when it does not decode
+        placed = await self._place(registry, request.provider)  # counted in _placed from here
+        try:
+            return await self._run_placed(claim, output, registry, placed)
+        finally:
+            self._placed[placed.site] -= 1
+
+    async def _run_placed(
+        self, claim: Claim, output: _Output, registry: Registry, placed: Adapter
+    ) -> tuple[_Outcome | None, SandboxError | None]:
+        request = claim.request
         profile = decode_value(SandboxProfile, request.profile)
-        placed = await self._place(registry, request.provider)
         specs = [parse_mount(m) for m in request.mounts]
         runner = _AttemptRunner(
             registry,
@@ -544,7 +556,8 @@ class FleetRunner:
             self.emit({"event": "reclaimed", "run_id": claim.run_id, "allocation_key": row.allocation_key})
 
     async def _place(self, registry: Registry, provider: str) -> Adapter:
-        """The adapter (site) this attempt runs on.
+        """The adapter (site) this attempt runs on: the site with the fewest open sandboxes that answers
+        a ``describe``. Counted in ``_placed`` (the caller gives it back when the attempt ends).
 
         Raises:
             SandboxAdapterUnavailable: the provider has no adapter here, or none of its sites answers.
@@ -563,14 +576,23 @@ class FleetRunner:
             )
         sites = registry.sites(found[0].target)
         if len(sites) == 1:
+            self._placed[sites[0].site] += 1
             return sites[0]
-        load = self._open_by_site()
-        order = sorted(sites, key=lambda a: (load.get(a.site, 0), random.random()))
         refused: list[str] = [f"{s}: {why}" for s, why in registry.down_sites.items()]
-        for adapter in order:
+        tried: set[str] = set()
+        while len(tried) < len(sites):
+            load = self._open_by_site()
+            for site, n in self._placed.items():
+                load[site] = load.get(site, 0) + n
+            adapter = min(
+                (a for a in sites if a.site not in tried), key=lambda a: (load.get(a.site, 0), random.random())
+            )
+            tried.add(adapter.site)
+            self._placed[adapter.site] += 1  # reserved before asking, so attempts placed meanwhile see it
             try:
                 await adapter.door.call(describe_plan(adapter.source, self.limits))
             except (ProviderFault, SandboxError) as exc:
+                self._placed[adapter.site] -= 1
                 err = exc.error if isinstance(exc, ProviderFault) else exc
                 refused.append(f"{adapter.site}: {err.code}: {err.message}")
                 self.emit({"event": "site_down", "site": adapter.site, "error": refused[-1]})
@@ -581,11 +603,17 @@ class FleetRunner:
         )
 
     def _open_by_site(self) -> dict[str, int]:
-        """Open sandboxes (instance allocations) per site, fleet-wide, from the journal."""
+        """Open sandboxes (instance allocations) per site of the rest of the fleet, from the journal; this runner's
+        own are counted by ``_placed`` from the moment they are placed, before any is journaled."""
+        mine = list(self._active)
         with self.journal.tx() as c:
             rows = c.execute(
                 sa.select(allocations.c.site, sa.func.count())
-                .where(allocations.c.state.in_(OPEN_ROW_STATES), allocations.c.kind == "instance")
+                .where(
+                    allocations.c.state.in_(OPEN_ROW_STATES),
+                    allocations.c.kind == "instance",
+                    allocations.c.run_id.not_in(mine),
+                )
                 .group_by(allocations.c.site)
             ).all()
         return {str(r[0] or ""): int(r[1]) for r in rows}

@@ -10,6 +10,13 @@ and ``egress_dns`` (comma-separated addresses of the DNS servers the egress
 proxies ask, default the engine's choice). ``progress``, a callable, receives
 each line of an image build's output as one ``str``.
 
+One provider drives one engine: the local one (``DOCKER_HOST``, or
+``/var/run/docker.sock``) unless ``url`` names another (``unix:///PATH``,
+``tcp://HOST:PORT`` with ``tls_dir`` holding ``ca.pem``, ``cert.pem`` and
+``key.pem``, or ``ssh://[USER@]HOST[:PORT]``; see ``transport.py``). ``site``
+names that engine among several (the runner's registry places one adapter per
+engine and journals each allocation with its site); it is used in messages only.
+
 ``pin_base_image`` turns a base image tag into the engine's image id, for a
 profile written by a person.
 """
@@ -17,15 +24,34 @@ profile written by a person.
 from __future__ import annotations
 
 import docker.errors
+import requests.exceptions
 
 from checkfu.contract.errors import SandboxAdapterUnavailable
-from checkfu.providers.docker.engine import DEFAULT_WORKERS, Engine, require_engine
-from checkfu.providers.docker.envelope import MATERIALIZATION_REVISION, PROVIDER, PROVIDER_REVISION, build_envelope
+from checkfu.providers.docker.engine import DEFAULT_WORKERS, PROBE_TIMEOUT, Engine, require_engine
+from checkfu.providers.docker.envelope import (
+    MATERIALIZATION_REVISION,
+    PROVIDER,
+    PROVIDER_REVISION,
+    build_envelope,
+    engine_facts,
+)
 from checkfu.providers.docker.materialize import BuildLine
 from checkfu.providers.docker.pinning import pin_base_image
 from checkfu.providers.docker.provider import DockerProvider
+from checkfu.providers.docker.transport import EngineUrl
 
-OPTIONS = ("sandbox_user", "home", "state_dir", "cache_tag", "workers", "egress_image", "egress_dns")
+OPTIONS = (
+    "sandbox_user",
+    "home",
+    "state_dir",
+    "cache_tag",
+    "workers",
+    "egress_image",
+    "egress_dns",
+    "url",
+    "tls_dir",
+    "site",
+)
 
 
 def create(progress: BuildLine | None = None, **options: str) -> DockerProvider:
@@ -43,12 +69,18 @@ def create(progress: BuildLine | None = None, **options: str) -> DockerProvider:
     workers = options.get("workers", str(DEFAULT_WORKERS))
     if not workers.isdigit() or int(workers) < 1:
         raise SandboxAdapterUnavailable(f"workers: {workers!r} is not a positive whole number", field="workers")
-    require_engine()
+    where: EngineUrl | None = None
+    if "url" in options:
+        where = EngineUrl.parse(options["url"], options.get("tls_dir"))
+        where.probe(PROBE_TIMEOUT)
+    else:
+        require_engine()
+    named = f" {options['site']} ({where.url})" if where is not None and "site" in options else ""
     try:
-        engine = Engine(workers=int(workers))
-    except docker.errors.DockerException as exc:
+        engine = Engine(workers=int(workers), where=where)
+    except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
         raise SandboxAdapterUnavailable(
-            f"the Docker tier is not available: the engine cannot be asked ({type(exc).__name__}: {exc})",
+            f"the Docker tier is not available: the engine{named} cannot be asked ({type(exc).__name__}: {exc})",
             field="provider",
         ) from None
     try:
@@ -61,6 +93,7 @@ def create(progress: BuildLine | None = None, **options: str) -> DockerProvider:
             progress=progress,
             egress_image=options.get("egress_image", "checkfu/debian:12"),
             egress_dns=tuple(options.get("egress_dns", "").split(",")),
+            facts=None if engine.local else engine_facts(engine),
         )
     except BaseException:
         engine.close()

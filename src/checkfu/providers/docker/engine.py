@@ -29,6 +29,7 @@ from checkfu.contract.errors import (
     SandboxProviderTimeout,
     SandboxStateConflict,
 )
+from checkfu.providers.docker.transport import EngineUrl, Stream
 
 T = TypeVar("T")
 
@@ -120,15 +121,39 @@ class Engine:
     """One docker-py client and the thread pool its blocking calls run in.
 
     The engine holds no event-loop state: one object may serve calls from any
-    number of event loops, one after another or at once.
+    number of event loops, one after another or at once. ``where`` says how it is
+    reached (``transport.EngineUrl``): the local socket from ``DOCKER_HOST`` by
+    default, or any engine by URL.
     """
 
-    def __init__(self, client: Any = None, *, workers: int = DEFAULT_WORKERS, build_timeout: int = 3600) -> None:
-        self.client = client if client is not None else docker.from_env(max_pool_size=workers)
+    def __init__(
+        self,
+        client: Any = None,
+        *,
+        workers: int = DEFAULT_WORKERS,
+        build_timeout: int = 3600,
+        where: EngineUrl | None = None,
+    ) -> None:
+        self.where = where if where is not None else EngineUrl.parse(f"unix://{socket_path()}")
+        self._workers = workers
+        if client is not None:
+            self.client = client
+        elif where is None:
+            self.client = docker.from_env(max_pool_size=workers)
+        else:
+            self.client = where.client(workers=workers)
         self.api: Any = self.client.api
-        self.socket = socket_path()
         self.build_timeout = build_timeout
         self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="checkfu-docker")
+
+    @property
+    def local(self) -> bool:
+        """An engine of this host: its containers' processes are this host's, seen in its ``/proc``."""
+        return self.where.local
+
+    def dial(self, timeout: float) -> Stream:
+        """A raw connection to the engine's API, for one hijacked exec (``process.hijack``)."""
+        return self.where.dial(timeout)
 
     async def run(self, what: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run blocking ``fn`` in the pool; a foreign error becomes a vocabulary member naming ``what``."""
@@ -142,7 +167,7 @@ class Engine:
 
     def build_client(self) -> Any:
         """A separate client whose reads may wait as long as an image build may take."""
-        return docker.from_env(timeout=self.build_timeout)
+        return self.where.client(workers=4, timeout=self.build_timeout)
 
     @property
     def api_version(self) -> str:

@@ -30,6 +30,7 @@ from __future__ import annotations
 import os
 import platform as host_platform
 from dataclasses import dataclass
+from typing import Any
 
 from checkfu.contract.enforcement import AXES, EnforcementStatement
 from checkfu.contract.envelope import LifecycleAssurances, SandboxProviderCapabilities
@@ -75,6 +76,25 @@ def host_facts() -> HostFacts:
     page = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 0
     memory = max(MINIMUM.memory_mib, (pages * page) >> 20)
     return HostFacts(architecture=arch, cpus=os.cpu_count() or 1, memory_mib=memory)
+
+
+def engine_facts(engine: Any) -> HostFacts:
+    """The architecture, CPUs and memory of the host an engine runs on, as the engine reports them
+    (for an engine on another host, whose ceilings are not this host's).
+
+    Raises:
+        SandboxCapabilityUnavailable: the engine's architecture is neither amd64 nor arm64.
+    """
+    info = engine.api.info()
+    machine = str(info.get("Architecture", "")).lower()
+    arch = ARCHITECTURES.get(machine)
+    if arch is None:
+        raise SandboxCapabilityUnavailable(
+            [Unmet("platforms", f"engine architecture {machine!r} is not amd64 or arm64")]
+        )
+    cpus = int(info.get("NCPU") or 1)
+    memory = max(MINIMUM.memory_mib, int(info.get("MemTotal") or 0) >> 20)
+    return HostFacts(architecture=arch, cpus=cpus, memory_mib=memory)
 
 
 def build_envelope(

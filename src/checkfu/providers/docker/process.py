@@ -22,7 +22,7 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +30,7 @@ from checkfu.contract.errors import SandboxProviderFailed, SandboxStateConflict
 from checkfu.contract.members import ProcessStarted
 from checkfu.contract.process import ProcessEvent, ProcessExit, ProcessOutput, ProcessStreamEnd
 from checkfu.providers.docker.engine import STATUS_ERRORS, Engine
+from checkfu.providers.docker.transport import Stream
 
 HEADER = 8
 STDOUT, STDERR = 1, 2
@@ -100,18 +101,20 @@ class ExecOutcome:
     stderr_truncated: bool
 
 
-def hijack(socket_path: str, api_version: str, exec_id: str, *, timeout: float = 60.0) -> tuple[socket.socket, bytes]:
-    """Start exec ``exec_id`` attached; the connected socket and the stream bytes already read.
+def hijack(
+    dial: Callable[[float], Stream], api_version: str, exec_id: str, *, timeout: float = 60.0
+) -> tuple[Stream, bytes]:
+    """Start exec ``exec_id`` attached over a connection ``dial`` opens; the stream and the bytes already read.
 
     Raises:
         SandboxNotFound: the exec (or its container) is gone.
         SandboxStateConflict: the container is not running (or is paused).
         SandboxProviderFailed: the engine refused the start otherwise, or closed the connection.
+        OSError: the engine cannot be reached.
     """
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock = dial(timeout)
     try:
         sock.settimeout(timeout)
-        sock.connect(socket_path)
         body = b'{"Detach":false,"Tty":false}'
         head = (
             f"POST /v{api_version}/exec/{exec_id}/start HTTP/1.1\r\nHost: docker\r\n"
@@ -153,7 +156,7 @@ def _error_message(body: bytes) -> str:
 
 
 def pump(
-    sock: socket.socket,
+    sock: Stream,
     initial: bytes,
     *,
     stdin: bytes | None,
@@ -218,7 +221,7 @@ def pump(
                 take(data)
 
 
-def _close_write(sock: socket.socket) -> None:
+def _close_write(sock: Stream) -> None:
     with contextlib.suppress(OSError):
         sock.shutdown(socket.SHUT_WR)
 
@@ -238,15 +241,24 @@ def wait_exit(api: Any, exec_id: str, *, limit: float = EXIT_WAIT) -> int | None
         pause = min(pause * 2, 0.05)
 
 
-def kill_group(api: Any, exec_id: str, container_id: str) -> None:
+def kill_group(engine: Engine, exec_id: str, container_id: str) -> None:
     """SIGKILL the process group of a running exec; nothing when it already ended.
 
+    The group id is the host pid the engine reports, checked to belong to the sandbox's cgroup
+    first (a reused pid is never signalled): in this host's ``/proc`` for a local engine, and
+    on a remote one by a short-lived helper container in the engine's host PID namespace,
+    running the sandbox's own image, labelled as the sandbox is so it can always be reclaimed.
+
     Raises:
-        SandboxProviderFailed: the process cannot be signalled from here.
+        SandboxProviderFailed: the process cannot be signalled.
     """
+    api = engine.api
     info = api.exec_inspect(exec_id)
     pid = info.get("Pid")
     if not info.get("Running") or not isinstance(pid, int) or pid <= 0:
+        return
+    if not engine.local:
+        _kill_group_remote(api, pid, container_id)
         return
     try:
         with open(f"/proc/{pid}/cgroup", encoding="utf-8") as f:
@@ -257,6 +269,28 @@ def kill_group(api: Any, exec_id: str, container_id: str) -> None:
         return
     except PermissionError as exc:
         raise SandboxProviderFailed(f"cannot end exec {exec_id[:12]}: {exc}") from exc
+
+
+def _kill_group_remote(api: Any, pid: int, container_id: str) -> None:
+    sandbox = api.inspect_container(container_id)
+    labels = {k: v for k, v in (sandbox.get("Config", {}).get("Labels") or {}).items() if k.startswith("checkfu.")}
+    labels["checkfu.kind"] = "companion"
+    script = f"grep -q {container_id} /proc/{pid}/cgroup 2>/dev/null && kill -KILL -{pid} 2>/dev/null; exit 0"
+    helper = api.create_container(
+        sandbox["Image"],
+        ["sh", "-c", script],
+        labels=labels,
+        host_config=api.create_host_config(pid_mode="host", network_mode="none", auto_remove=False),
+        user="0:0",
+    )
+    try:
+        api.start(helper["Id"])
+        api.wait(helper["Id"], timeout=30)
+    except Exception as exc:
+        raise SandboxProviderFailed(f"cannot end process group {pid} on the remote engine: {exc}") from exc
+    finally:
+        with contextlib.suppress(Exception):
+            api.remove_container(helper["Id"], force=True)
 
 
 def run_exec(
@@ -288,20 +322,20 @@ def run_exec(
         privileged=False,
     )
     exec_id = created["Id"]
-    sock, initial = hijack(engine.socket, engine.api_version, exec_id, timeout=max(1.0, timeout))
+    sock, initial = hijack(engine.dial, engine.api_version, exec_id, timeout=max(1.0, timeout))
     ended = False
     try:
         out, err, ended = pump(sock, initial, stdin=stdin if stdin else None, cap=cap, deadline=deadline, cancel=cancel)
     finally:
         if not ended:
-            kill_group(api, exec_id, container_id)
+            kill_group(engine, exec_id, container_id)
         sock.close()
     # Its output may end before it does (it closed its own stdout): wait for the real exit until the deadline,
     # then end it as a timed-out command. An exit status is never made up.
     code = wait_exit(api, exec_id, limit=max(EXIT_WAIT, deadline - time.monotonic()))
     overran = code is None
     if overran:
-        kill_group(api, exec_id, container_id)
+        kill_group(engine, exec_id, container_id)
         code = wait_exit(api, exec_id)
     if code is None:
         raise SandboxProviderFailed(f"exec {exec_id[:12]}: the engine reports no exit status; none is made up")
@@ -319,7 +353,7 @@ class DockerProcess:
     """An open process: ``ProcessStream`` over one hijacked exec stream."""
 
     def __init__(
-        self, engine: Engine, started: ProcessStarted, sock: socket.socket, initial: bytes, container_id: str
+        self, engine: Engine, started: ProcessStarted, sock: Stream, initial: bytes, container_id: str
     ) -> None:
         self._engine = engine
         self._started = started
@@ -364,23 +398,25 @@ class DockerProcess:
         decoder = FrameDecoder()
         pending = decoder.feed(self._initial)
         self._initial = b""
-        while True:
-            for stream, payload in pending:
-                if payload and stream in (STDOUT, STDERR):
-                    yield ProcessOutput(stream="out" if stream == STDOUT else "err", data=payload)
-            data = await self._engine.run("openProcess read", self._recv)
-            if not data:
-                break
-            pending = decoder.feed(data)
-        yield ProcessStreamEnd(stream="out")
-        yield ProcessStreamEnd(stream="err")
-        # Its output ended, yet the process may run on (it closed its own stdout): wait for the real exit,
-        # however long; the reader's own timeout or a kill ends the wait. An exit is never made up.
-        code = None
-        while code is None:
-            code = await self._engine.run("openProcess exit", wait_exit, self._engine.api, self.exec_id)
-        self._finished = True
-        self._sock.close()
+        try:
+            while True:
+                for stream, payload in pending:
+                    if payload and stream in (STDOUT, STDERR):
+                        yield ProcessOutput(stream="out" if stream == STDOUT else "err", data=payload)
+                data = await self._engine.run("openProcess read", self._recv)
+                if not data:
+                    break
+                pending = decoder.feed(data)
+            yield ProcessStreamEnd(stream="out")
+            yield ProcessStreamEnd(stream="err")
+            # Its output ended, yet the process may run on (it closed its own stdout): wait for the real exit,
+            # however long; the reader's own timeout or a kill ends the wait. An exit is never made up.
+            code = None
+            while code is None:
+                code = await self._engine.run("openProcess exit", wait_exit, self._engine.api, self.exec_id)
+            self._finished = True
+        finally:
+            self._sock.close()  # also when the engine went away meanwhile, or the reader stopped reading
         yield ProcessExit(exit_code=code)
 
     def _recv(self) -> bytes:
@@ -393,4 +429,4 @@ class DockerProcess:
         """SIGKILL the process and its group; idempotent."""
         if self._finished:
             return
-        await self._engine.run("openProcess kill", kill_group, self._engine.api, self.exec_id, self._container_id)
+        await self._engine.run("openProcess kill", kill_group, self._engine, self.exec_id, self._container_id)

@@ -363,10 +363,15 @@ class DockerProvider:
         """The envelope, once the engine has said whether sandboxes get a user namespace of their own, and
         whether it holds the egress image an ``allowlist`` sandbox's proxy runs in.
 
+        Every call asks the engine (a ``ping`` once the rest is known), so an engine that went down is
+        reported here: the runner of a fleet asks before it places a sandbox on one of several engines.
+
         Raises:
             SandboxProviderFailed: the engine does not answer.
         """
-        if not self._engine_read:
+        if self._engine_read:
+            await self.engine.run("describe", self.engine.api.ping)
+        else:
             user_namespace = "user" in await self.namespaces()
             allowlist = await self.engine.run("describe", self._egress_image_id) is not None
             self.envelope = build_envelope(self._facts, user_namespace=user_namespace, allowlist=allowlist)
@@ -857,7 +862,7 @@ class DockerProvider:
             privileged=False,
         )
         exec_id = str(created["Id"])
-        sock, initial = hijack(self.engine.socket, self.engine.api_version, exec_id)
+        sock, initial = hijack(self.engine.dial, self.engine.api_version, exec_id)
         return exec_id, sock, initial
 
     async def open_process(self, request: OpenProcessRequest) -> DockerProcess:
