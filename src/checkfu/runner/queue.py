@@ -113,6 +113,33 @@ class HeldLease:
     expires_at: float
 
 
+TAKEOVER_SCAN = 0.5
+"""Seconds between one runner's looks for Runs to take over."""
+
+_NEXT_QUEUED = (
+    sa.select(runs.c.run_id)
+    .where(runs.c.status == QUEUED)
+    .order_by(runs.c.created_at)
+    .limit(1)
+    .with_for_update(skip_locked=True)
+    .scalar_subquery()
+)
+_CLAIM_QUEUED = (
+    runs.update()
+    .where(runs.c.run_id == _NEXT_QUEUED, runs.c.status == QUEUED)
+    .values(
+        status=RUNNING,
+        attempt=runs.c.attempt + 1,
+        lease_id=sa.bindparam("lease_id"),
+        runner_id=sa.bindparam("runner_id"),
+        runner_tag=sa.bindparam("runner_tag"),
+        claimed_at=sa.bindparam("now"),
+    )
+    .returning(runs.c.run_id, runs.c.attempt, runs.c.request)
+)
+"""One statement: the oldest queued Run, row-locked skipping any another runner holds (PostgreSQL), made this
+runner's. Built once."""
+
 _HOLD = (
     leases.update()
     .where(
@@ -134,6 +161,7 @@ class RunQueue:
     def __init__(self, journal: Journal, clock: Clock) -> None:
         self.journal = journal
         self.clock = clock
+        self._next_scan = float("-inf")
 
     # submitting ---------------------------------------------------------------------------------
 
@@ -171,15 +199,31 @@ class RunQueue:
     # claiming -----------------------------------------------------------------------------------
 
     def claim(self, *, owner: str, runner_id: str, runner_tag: str, ttl: float) -> Claim | None:
-        """The next Run for this runner, under a lease it now holds; ``None`` when there is none."""
-        for _ in range(8):  # SQLite: another runner may win the conditional update; try the next Run
+        """The next Run for this runner, under a lease it now holds; ``None`` when there is none.
+
+        Runs to take over are looked for at most every ``TAKEOVER_SCAN`` seconds (they are rare, and the
+        look scans the running Runs), queued ones at every call.
+        """
+        now = self.clock.now()
+        if now >= self._next_scan:
+            self._next_scan = now + TAKEOVER_SCAN
+            for _ in range(8):  # another runner may win the compare-and-set; look again
+                try:
+                    found = self._take_over(owner=owner, runner_id=runner_id, runner_tag=runner_tag, ttl=ttl)
+                except _LostRace:
+                    continue
+                if found is not None:
+                    self._next_scan = now  # there may be more
+                    return found
+                break
+        for _ in range(8):
             try:
-                return self._claim_once(owner=owner, runner_id=runner_id, runner_tag=runner_tag, ttl=ttl)
+                return self._claim_queued(owner=owner, runner_id=runner_id, runner_tag=runner_tag, ttl=ttl)
             except _LostRace:
                 continue
         return None
 
-    def _claim_once(self, *, owner: str, runner_id: str, runner_tag: str, ttl: float) -> Claim | None:
+    def _take_over(self, *, owner: str, runner_id: str, runner_tag: str, ttl: float) -> Claim | None:
         now = self.clock.now()
         with self.journal.tx() as c:
             stale = c.execute(
@@ -194,66 +238,60 @@ class RunQueue:
                 .limit(1)
                 .with_for_update(of=runs, skip_locked=True)
             ).first()
-            if stale is not None:
-                moved = c.execute(
-                    leases.update()
-                    .where(
-                        leases.c.lease_id == stale.lease_id,
-                        leases.c.epoch == stale.epoch,
-                        sa.or_(leases.c.ended.is_(True), leases.c.expires_at < now),
-                    )
-                    .values(epoch=stale.epoch + 1, owner=owner, expires_at=now + ttl, ended=False)
-                ).rowcount
-                if moved != 1:
-                    raise _LostRace
-                c.execute(
-                    runs.update()
-                    .where(runs.c.run_id == stale.run_id)
-                    .values(attempt=stale.attempt + 1, runner_id=runner_id, runner_tag=runner_tag, claimed_at=now)
-                )
-                return Claim(
-                    run_id=stale.run_id,
-                    lease=Lease(lease_id=stale.lease_id, lease_epoch=stale.epoch + 1),
-                    attempt=stale.attempt + 1,
-                    request=_request(stale.request),
-                    takeover=True,
-                )
-            fresh = c.execute(
-                sa.select(runs.c.run_id, runs.c.attempt, runs.c.request)
-                .where(runs.c.status == QUEUED)
-                .order_by(runs.c.created_at)
-                .limit(1)
-                .with_for_update(skip_locked=True)
-            ).first()
-            if fresh is None:
+            if stale is None:
                 return None
-            lease_id = f"lease-{uuid.uuid4().hex}"
             moved = c.execute(
-                runs.update()
-                .where(runs.c.run_id == fresh.run_id, runs.c.status == QUEUED)
-                .values(
-                    status=RUNNING,
-                    attempt=fresh.attempt + 1,
-                    lease_id=lease_id,
-                    runner_id=runner_id,
-                    runner_tag=runner_tag,
-                    claimed_at=now,
+                leases.update()
+                .where(
+                    leases.c.lease_id == stale.lease_id,
+                    leases.c.epoch == stale.epoch,
+                    sa.or_(leases.c.ended.is_(True), leases.c.expires_at < now),
                 )
+                .values(epoch=stale.epoch + 1, owner=owner, expires_at=now + ttl, ended=False)
             ).rowcount
             if moved != 1:
                 raise _LostRace
             c.execute(
+                runs.update()
+                .where(runs.c.run_id == stale.run_id)
+                .values(attempt=stale.attempt + 1, runner_id=runner_id, runner_tag=runner_tag, claimed_at=now)
+            )
+        return Claim(
+            run_id=stale.run_id,
+            lease=Lease(lease_id=stale.lease_id, lease_epoch=stale.epoch + 1),
+            attempt=stale.attempt + 1,
+            request=_request(stale.request),
+            takeover=True,
+        )
+
+    def _claim_queued(self, *, owner: str, runner_id: str, runner_tag: str, ttl: float) -> Claim | None:
+        now = self.clock.now()
+        lease_id = f"lease-{uuid.uuid4().hex}"
+        with self.journal.tx() as c:
+            got = c.execute(
+                _CLAIM_QUEUED,
+                {"lease_id": lease_id, "runner_id": runner_id, "runner_tag": runner_tag, "now": now},
+            ).first()
+            if got is None:
+                if self._queued_exists(c):
+                    raise _LostRace  # SQLite: another runner took the one this statement chose
+                return None
+            c.execute(
                 leases.insert().values(
-                    lease_id=lease_id, run_id=fresh.run_id, owner=owner, epoch=1, expires_at=now + ttl, ended=False
+                    lease_id=lease_id, run_id=got.run_id, owner=owner, epoch=1, expires_at=now + ttl, ended=False
                 )
             )
         return Claim(
-            run_id=fresh.run_id,
+            run_id=got.run_id,
             lease=Lease(lease_id=lease_id, lease_epoch=1),
-            attempt=fresh.attempt + 1,
-            request=_request(fresh.request),
-            takeover=fresh.attempt > 0,
+            attempt=got.attempt,
+            request=_request(got.request),
+            takeover=got.attempt > 1,
         )
+
+    @staticmethod
+    def _queued_exists(c: sa.Connection) -> bool:
+        return c.execute(sa.select(runs.c.run_id).where(runs.c.status == QUEUED).limit(1)).first() is not None
 
     # holding ------------------------------------------------------------------------------------
 
