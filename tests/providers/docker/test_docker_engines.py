@@ -13,6 +13,8 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
+import socket
 import subprocess
 import sys
 import threading
@@ -24,7 +26,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from private_engines import PrivateEngine, can_run_dockerd, new_engine
+from private_engines import PrivateEngine, _free_port, can_run_dockerd, new_engine
 
 import checkfu
 from checkfu.runner.fleet import FleetConfig, FleetRunner
@@ -291,3 +293,76 @@ def test_a_fleet_of_three_on_two_engines_through_a_sigkill_and_a_sigstop(
     finally:
         rig.stop()
         assert shared_holds(client, rig.tag) == []
+
+
+@pytest.fixture
+def sshd(
+    engines: tuple[PrivateEngine, PrivateEngine], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[str]:
+    """An ``sshd`` of this test's own on a loopback port, whose sessions see engine ``a`` as their Docker engine;
+    yields the ``ssh://`` URL the runner reaches engine ``a`` by. The client's key and settings live in a home
+    directory of this test's own."""
+    sshd_bin, keygen = Path("/usr/sbin/sshd"), shutil.which("ssh-keygen")
+    if not sshd_bin.exists() or keygen is None or shutil.which("ssh") is None:
+        if os.environ.get("CHECKFU_REQUIRE_DOCKER") == "1":
+            pytest.fail("openssh-server and openssh-client are needed (scripts/setup installs them)")
+        pytest.skip("openssh-server is not installed")
+    a, _ = engines
+    root = tmp_path / "sshd"
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    root.mkdir()
+    subprocess.run([keygen, "-q", "-t", "ed25519", "-N", "", "-f", str(root / "host")], check=True)
+    subprocess.run([keygen, "-q", "-t", "ed25519", "-N", "", "-f", str(home / ".ssh" / "id_ed25519")], check=True)
+    (root / "authorized_keys").write_bytes((home / ".ssh" / "id_ed25519.pub").read_bytes())
+    port = _free_port()
+    (root / "sshd_config").write_text(
+        f"Port {port}\nListenAddress 127.0.0.1\nHostKey {root / 'host'}\nPidFile {root / 'sshd.pid'}\n"
+        f"AuthorizedKeysFile {root / 'authorized_keys'}\nPermitRootLogin prohibit-password\n"
+        "PasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\n"
+        f"SetEnv DOCKER_HOST={a.socket_url}\n"
+    )
+    (home / ".ssh" / "config").write_text(
+        "Host 127.0.0.1\n  StrictHostKeyChecking no\n  UserKnownHostsFile /dev/null\n  LogLevel ERROR\n"
+        f"  IdentityFile {home / '.ssh' / 'id_ed25519'}\n"
+    )
+    Path("/run/sshd").mkdir(exist_ok=True)  # sshd's privilege separation directory
+    proc = subprocess.Popen([str(sshd_bin), "-D", "-e", "-f", str(root / "sshd_config")], stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            assert proc.poll() is None and time.monotonic() < deadline, "sshd did not start"
+            time.sleep(0.05)
+        # ssh reads the passwd entry's home, not $HOME: the real client, told where this test's settings are
+        bin_dir = tmp_path / "bin"
+        bin_dir.mkdir()
+        wrapper = bin_dir / "ssh"
+        wrapper.write_text(f'#!/bin/sh\nexec {shutil.which("ssh")} -F {home / ".ssh" / "config"} "$@"\n')
+        wrapper.chmod(0o755)
+        monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+        monkeypatch.setenv("HOME", str(home))
+        yield f"ssh://root@127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+
+
+def test_an_engine_reached_over_ssh_runs_and_reclaims_like_any_other(
+    engines: tuple[PrivateEngine, PrivateEngine], sshd: str, busybox_id: str, tmp_path: Path
+) -> None:
+    a, _ = engines
+    db = sqlite_url(tmp_path / "journal.sqlite")
+    tag = f"ssh-{uuid.uuid4().hex[:8]}"
+    run_id = checkfu.submit(
+        ["sh", "-c", "cat; echo over ssh"], db=db, provider="docker", profile=busybox_profile(busybox_id)
+    )
+    with InProcessRunner(db, {"docker": [{"site": "s", "url": sshd}]}, tag, concurrency=1):
+        (row,) = wait_terminal(db, [run_id], timeout=120).values()
+    assert (row.status, row.site) == ("succeeded", "s"), row.summary.get("error")
+    out = bytearray()
+    checkfu.wait(run_id, db=db, on_stdout=out.extend)
+    assert bytes(out) == b"over ssh\n"  # stdin's end reached the process through ssh and dial-stdio
+    assert a.labelled(tag) == []

@@ -33,6 +33,9 @@ from urllib.parse import urlsplit
 
 import docker
 import docker.tls
+import requests.adapters
+import urllib3.connection
+import urllib3.connectionpool
 
 from checkfu.contract.errors import SandboxAdapterUnavailable
 
@@ -110,7 +113,9 @@ class EngineUrl:
             )
             return client
         if self.scheme == "ssh":
-            return docker.DockerClient(base_url=self.url, use_ssh_client=True, max_pool_size=workers, **extra)
+            client = docker.DockerClient.__new__(docker.DockerClient)
+            client.api = _SshClient(self, workers=workers, **extra)
+            return client
         return docker.DockerClient(base_url=self.url, max_pool_size=workers, **extra)
 
     def probe(self, timeout: float) -> None:
@@ -164,6 +169,81 @@ class _PinnedTrustClient(docker.APIClient):  # type: ignore[misc]
     session's own ``verify``; an engine's API must be verified against its own CA only, and never
     go through a proxy, so this client ignores the environment.
     """
+
+    @property
+    def trust_env(self) -> bool:
+        return False
+
+    @trust_env.setter
+    def trust_env(self, _value: bool) -> None:
+        pass
+
+
+class _SshConnection(urllib3.connection.HTTPConnection):
+    """One HTTP connection to the engine through its own ``ssh … docker system dial-stdio`` child, which
+    ends with the connection (docker-py's own shell-out leaves its children running and needs paramiko)."""
+
+    def __init__(self, where: EngineUrl, timeout: float) -> None:
+        super().__init__("localhost", timeout=timeout)
+        self.where = where
+        self._stream: SshStream | None = None
+
+    def connect(self) -> None:
+        self._stream = SshStream.connect(self.where, self.timeout if isinstance(self.timeout, int | float) else 60)
+        self.sock = self._stream.sock
+
+    def close(self) -> None:
+        super().close()
+        stream, self._stream = self._stream, None
+        if stream is not None:
+            stream.close()
+
+
+class _SshPool(urllib3.connectionpool.HTTPConnectionPool):
+    def __init__(self, where: EngineUrl, timeout: float, maxsize: int) -> None:
+        super().__init__("localhost", timeout=timeout, maxsize=maxsize)
+        self.where = where
+        self._timeout = timeout
+
+    def _new_conn(self) -> _SshConnection:
+        return _SshConnection(self.where, self._timeout)
+
+
+class _SshAdapter(requests.adapters.HTTPAdapter):
+    """Requests to ``http+docker://ssh/...`` go through a pool of ``_SshConnection``\\ s."""
+
+    def __init__(self, where: EngineUrl, timeout: float, maxsize: int) -> None:
+        self.where = where
+        self._pool = _SshPool(where, timeout, maxsize)
+        super().__init__()
+
+    def get_connection_with_tls_context(
+        self, request: Any, verify: Any, proxies: Any = None, cert: Any = None
+    ) -> _SshPool:
+        return self._pool
+
+    def get_connection(self, url: Any, proxies: Any = None) -> _SshPool:
+        return self._pool
+
+    def request_url(self, request: Any, proxies: Any) -> str:
+        return str(request.path_url)
+
+    def close(self) -> None:
+        super().close()
+        self._pool.close()
+
+
+class _SshClient(docker.APIClient):  # type: ignore[misc]
+    """An API client whose requests reach the engine through ``ssh``; its version asked of the engine."""
+
+    def __init__(self, where: EngineUrl, *, workers: int, timeout: int | None = None) -> None:
+        # a placeholder URL and version, so that constructing asks nothing of any engine
+        super().__init__(base_url="tcp://127.0.0.1:9", version="1.24", timeout=timeout or 60)
+        self._custom_adapter = _SshAdapter(where, timeout or 60, workers)
+        self._unmount("http://", "https://")
+        self.mount("http+docker://ssh", self._custom_adapter)
+        self.base_url = "http+docker://ssh"
+        self._version = self._retrieve_server_version()
 
     @property
     def trust_env(self) -> bool:
