@@ -206,6 +206,7 @@ class Proxy:
         self.resolve = resolve
         self.log = log
         self._slots = asyncio.Semaphore(MAX_CONNECTIONS)
+        self.connections: set[asyncio.Task[None]] = set()
 
     async def destinations(self, host: str, port: int) -> list[str]:
         """The addresses to try for ``host:port``, in order.
@@ -255,7 +256,11 @@ class Proxy:
         raise Refused(f"{_joined(host, port)} did not answer ({'; '.join(errors)})", 504 if timed_out else 502)
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        """One connection of the sandbox, start to end; never raises."""
+        """One connection of the sandbox, start to end; never raises (but is cancelled with ``serve``)."""
+        task = asyncio.current_task()
+        if task is not None:
+            self.connections.add(task)
+            task.add_done_callback(self.connections.discard)
         async with self._slots:
             _tune(writer)
             try:
@@ -410,11 +415,16 @@ async def relay(
 
 
 async def serve(listener: socket.socket, proxy: Proxy) -> None:
-    """Serve ``listener`` (a listening TCP socket) forever."""
+    """Serve ``listener`` (a listening TCP socket) until cancelled; then close it and end every connection."""
     listener.setblocking(False)
     server = await asyncio.start_server(proxy.handle, sock=listener, limit=HEAD_LIMIT)
-    async with server:
-        await server.serve_forever()
+    try:
+        async with server:
+            await server.serve_forever()
+    finally:
+        for task in list(proxy.connections):
+            task.cancel()
+        await asyncio.gather(*proxy.connections, return_exceptions=True)
 
 
 # As the container runs it ----------------------------------------------------------------------
