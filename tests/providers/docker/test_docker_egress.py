@@ -24,8 +24,8 @@ import pytest
 from docker_kit import LEASE, Box, Kit, leftovers, resources
 
 from checkfu.conformance.destinations import Destination, NameServer, beside, destination, name_server
-from checkfu.contract.errors import SandboxCapabilityUnavailable
-from checkfu.contract.members import CompensateRequest, ListAllocationsRequest
+from checkfu.contract.errors import SandboxCapabilityUnavailable, SandboxProviderFailed
+from checkfu.contract.members import ActivateRequest, CloneRequest, CompensateRequest, ListAllocationsRequest
 from checkfu.contract.profile import SandboxProfile
 from checkfu.providers.docker import DockerProvider, egress
 from checkfu.providers.docker import labels as L
@@ -320,21 +320,62 @@ async def test_compensate_reclaims_a_half_provisioned_allowlist_allocation_cold(
     assert held(client, key) == []
 
 
+async def test_a_door_that_finds_no_proxy_fails_activate_and_stops_the_sandbox(
+    ekit: Kit, client: Any, net: Net, busybox_id: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = egress.source
+    monkeypatch.setattr(egress, "DOOR_TIMEOUT", 2.0)
+    monkeypatch.setattr(egress, "source", lambda role: "raise SystemExit(1)" if role == "proxy" else real(role))
+    key, result = await ekit.provision("no-proxy", profile=allowlisted(ekit, (net.listed.address,), image=busybox_id))
+    call = {"target": ekit.target, "lease": LEASE, "allocation_key": key, "instance_id": result.instance_id}
+    with pytest.raises(SandboxProviderFailed) as failed:
+        await ekit.provider.activate(ActivateRequest(**call))
+    assert "the egress door did not open (exit 4: no proxy at /egress/door.sock" in failed.value.message
+    assert not client.api.inspect_container(result.instance_id)["State"]["Running"]
+    await ekit.provider.compensate(
+        CompensateRequest(target=ekit.target, lease=LEASE, allocation_key=key, runner_tag=ekit.runner_tag)
+    )
+    assert held(client, key) == []
+
+
+async def test_a_clone_of_an_allowlist_sandbox_gets_a_way_out_of_its_own(
+    box: Box, ekit: Kit, client: Any, net: Net
+) -> None:
+    profile = allowlisted(ekit, net.allowlist)
+    request = ekit.provision_request(ekit.key("clone"), profile=profile)
+    clone = await ekit.provider.clone(
+        CloneRequest(**request.model_dump(), source_allocation_key=box.key, source_instance_id=box.instance_id)
+    )
+    c = Box(ekit, request.allocation_key, clone.instance_id)
+    await ekit.provider.activate(ActivateRequest(**c.call))
+    proxy = client.api.inspect_container(egress.proxy_name(c.instance_id))["Config"]["Labels"]
+    assert proxy[L.ALLOCATION_KEY] == c.key != box.key
+    answer = await probe(c, "connect", net.listed.host, net.listed.port)
+    assert answer.startswith("HTTP/1.1 200 ") and "checkfu-destination" in answer
+    await c.release()
+    assert held(client, c.key) == []
+    assert client.api.inspect_container(egress.proxy_name(box.instance_id))["State"]["Running"], "the source's own"
+
+
 async def test_without_the_egress_image_allowlist_is_neither_advertised_nor_served(
     ekit: Kit, client: Any, runner_tag: str, net: Net, tmp_path: Path
 ) -> None:
-    p = DockerProvider(state_dir=tmp_path, cache_tag=runner_tag, workers=4, egress_image="checkfu/absent:0")
-    try:
-        env = (await p.describe()).envelope
-        assert env.network_modes == ("none",) and env.egress_certification == "unsupported"
-        key = ekit.key("no-image")
-        request = ekit.provision_request(key, profile=allowlisted(ekit, (net.listed.address,)))
-        with pytest.raises(SandboxCapabilityUnavailable) as refused:
-            await p.provision(request)
-        assert refused.value.field == "profile.network_policy.mode" or "egress image" in refused.value.message
-    finally:
-        p.close()
-    assert held(client, key) == []
+    keys = []
+    for described in (True, False):  # refused by the envelope, or (not asked yet) when the image is looked for
+        p = DockerProvider(state_dir=tmp_path, cache_tag=runner_tag, workers=4, egress_image="checkfu/absent:0")
+        try:
+            if described:
+                env = (await p.describe()).envelope
+                assert env.network_modes == ("none",) and env.egress_certification == "unsupported"
+            keys.append(ekit.key("no-image"))
+            request = ekit.provision_request(keys[-1], profile=allowlisted(ekit, (net.listed.address,)))
+            with pytest.raises(SandboxCapabilityUnavailable) as refused:
+                await p.provision(request)
+            assert refused.value.field == "profile.network_policy.mode"
+            assert ("egress image 'checkfu/absent:0'" in refused.value.message) is not described
+        finally:
+            p.close()
+    assert [held(client, key) for key in keys] == [[], []]
 
 
 # the command line -----------------------------------------------------------------------------

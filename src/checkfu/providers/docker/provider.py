@@ -356,7 +356,9 @@ class DockerProvider:
                 f"'allowlist' needs the egress image {self.egress_image!r} (with python3) on this engine, and "
                 "nothing is pulled (scripts/base-images builds checkfu/debian:12)"
             )
-            raise SandboxCapabilityUnavailable([Unmet("network_policy.mode", why)], provider=self.envelope.provider)
+            raise SandboxCapabilityUnavailable(
+                [Unmet("profile.network_policy.mode", why)], provider=self.envelope.provider
+            )
         return image
 
     async def describe(self) -> DescribeResult:
@@ -733,10 +735,12 @@ class DockerProvider:
         if instance.proxy is None:
             self._verify_sealed(instance)
         else:
-            self._all(
-                lambda: self._verify_sealed(instance),
-                lambda: egress.open_door(api, instance.name),
-            )
+            try:
+                self._all(lambda: self._verify_sealed(instance), lambda: egress.open_door(api, instance.name))
+            except SandboxProviderFailed:
+                with contextlib.suppress(Exception):  # a sandbox whose door did not open is not left running
+                    api.kill(instance.container_id)
+                raise
             self._verify_proxy(instance)
             door = egress.door_name(instance.name)
             self._fanout.submit(self._gone, functools.partial(api.remove_container, door, force=True))
