@@ -8,11 +8,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import socket
+import ssl
 import struct
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 
 from checkfu.providers.docker.egress_door import run_door
 from checkfu.providers.docker.egress_proxy import Allowlist, Proxy, Refused, _handed, read_host, serve
@@ -189,6 +196,57 @@ async def test_connect_to_a_listed_address_relays_both_ways_and_carries_a_half_c
         assert await asyncio.wait_for(reader.read(), 5) == b"300000 bytes\n"
         await close(writer)
     assert log == [f"allowed CONNECT 127.0.0.1:{dest} -> 127.0.0.1:{dest}"]
+
+
+def _tls_contexts(tmp: Path) -> tuple[ssl.SSLContext, ssl.SSLContext]:
+    """A server context with a fresh self-signed certificate for ``tls.test``, and a client context trusting it."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "tls.test")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(hours=1))
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName("tls.test")]), critical=False)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    (tmp / "cert.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    (tmp / "key.pem").write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
+    server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server.load_cert_chain(tmp / "cert.pem", tmp / "key.pem")
+    client = ssl.create_default_context(cafile=str(tmp / "cert.pem"))
+    return server, client
+
+
+async def test_tls_goes_through_connect_end_to_end_and_the_proxy_never_sees_inside(tmp_path: Path) -> None:
+    server_ctx, client_ctx = _tls_contexts(tmp_path)
+
+    async def tls_origin(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"hello over tls\n")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(tls_origin, "127.0.0.1", 0, ssl=server_ctx)
+    dest = server.sockets[0].getsockname()[1]
+    resolver = Resolver({"tls.test": ["127.0.0.1"]})
+    try:
+        async with proxy_at([f"tls.test:{dest}", f"127.0.0.1:{dest}"], resolver) as (port, log):
+            reader, writer, head = await connect_through(port, f"tls.test:{dest}")
+            assert head.startswith(b"HTTP/1.1 200 ")
+            await writer.start_tls(client_ctx, server_hostname="tls.test")  # verified against tls.test's certificate
+            assert await asyncio.wait_for(reader.readline(), 5) == b"hello over tls\n"
+            await close(writer)
+    finally:
+        server.close()
+        await server.wait_closed()
+    assert log == [f"allowed CONNECT tls.test:{dest} -> 127.0.0.1:{dest}"]
 
 
 async def test_unlisted_hosts_ports_and_names_are_refused_and_no_name_is_resolved() -> None:

@@ -456,7 +456,11 @@ def run_proxy(config: dict[str, Any]) -> int:
     control.close()
     os.unlink(path)
     print(f"serving {listener.getsockname()[0]}:{listener.getsockname()[1]} of the sandbox", flush=True)
-    asyncio.run(serve(listener, Proxy(allowlist, log=functools.partial(print, flush=True))))
+
+    async def main() -> None:  # the proxy is made inside the loop it serves in (Python 3.9 binds it at creation)
+        await serve(listener, Proxy(allowlist, log=functools.partial(print, flush=True)))
+
+    asyncio.run(main())
     return 0
 
 
