@@ -249,6 +249,34 @@ async def test_tls_goes_through_connect_end_to_end_and_the_proxy_never_sees_insi
     assert log == [f"allowed CONNECT tls.test:{dest} -> 127.0.0.1:{dest}"]
 
 
+async def test_16_mib_echoed_through_the_proxy_to_a_slow_reader_arrive_whole_and_in_order() -> None:
+    async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while data := await reader.read(1 << 16):
+            writer.write(data)
+            await writer.drain()
+        writer.close()
+
+    payload = bytes(range(256)) * (16 << 12)  # 16 MiB, far past every buffer on the way
+    async with listening(echo) as dest, proxy_at([f"127.0.0.1:{dest}"]) as (port, _):
+        reader, writer, head = await connect_through(port, f"127.0.0.1:{dest}")
+        assert head.startswith(b"HTTP/1.1 200 ")
+
+        async def send() -> None:
+            writer.write(payload)
+            await writer.drain()
+            writer.write_eof()
+
+        sending = asyncio.create_task(send())
+        received = bytearray()
+        while chunk := await asyncio.wait_for(reader.read(1 << 16), 10):
+            received += chunk
+            if len(received) % (1 << 20) < (1 << 16):
+                await asyncio.sleep(0.001)  # read slowly now and then, so the proxy pauses the other way
+        await sending
+        await close(writer)
+    assert bytes(received) == payload
+
+
 async def test_unlisted_hosts_ports_and_names_are_refused_and_no_name_is_resolved() -> None:
     seen: list[int] = []
 
