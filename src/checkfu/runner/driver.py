@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import TypeVar
 
 from checkfu.contract.envelope import Member, SandboxProviderCapabilities
@@ -279,7 +279,14 @@ class RunSession:
         opened = await self._run(
             self._plan("openProcess", lambda: self.core.open_process(inst, argv, env=env, cwd=cwd))
         )
-        return CheckedProcess(opened.stream, opened.started, self.limits.max_output_bytes)
+
+        async def reclaim(error: SandboxError) -> None:
+            # The stream's fault is part of the Run's story, as a failed call would be.
+            self.door.refused("openProcess", error, run_id=self.run_id, recorder=self.journal, key=inst.allocation_key)
+            if inst.state not in ("released", "absent"):
+                await self._apply(self.core._reclaim(inst)(error))
+
+        return CheckedProcess(opened.stream, opened.started, self.limits.max_output_bytes, on_fault=reclaim)
 
     async def read_files(
         self, inst: Instance, paths: Sequence[str], *, max_bytes: int | None = None
@@ -339,40 +346,66 @@ class RunSession:
 class CheckedProcess:
     """An open process whose events are bounded and well-ordered, or a typed error.
 
-    Anything the stream raises is the provider's fault, translated by the door's one table.
+    Anything the stream raises is the provider's fault, translated by the door's one table; so is an
+    event that breaks the order or the bounds. Either way ``on_fault`` runs once, before the error is
+    raised: the session compensates the instance by its key, as after any other fault of an instance call.
     """
 
-    def __init__(self, stream: ProcessStream, started: ProcessStarted, max_chunk: int) -> None:
+    def __init__(
+        self,
+        stream: ProcessStream,
+        started: ProcessStarted,
+        max_chunk: int,
+        *,
+        on_fault: Callable[[SandboxError], Awaitable[None]] | None = None,
+    ) -> None:
         self.stream = stream
         self.started = started
         self.max_chunk = max_chunk
+        self._on_fault = on_fault
+
+    async def _faulted(self, error: SandboxError) -> SandboxError:
+        on_fault, self._on_fault = self._on_fault, None
+        if on_fault is not None:
+            await kill_process(self.stream)
+            await on_fault(error)
+        return error
 
     async def send_stdin(self, data: bytes) -> None:
-        with _translated():
-            await self.stream.send_stdin(data)
+        try:
+            with _translated():
+                await self.stream.send_stdin(data)
+        except SandboxError as exc:
+            raise await self._faulted(exc) from None
 
     async def close_stdin(self) -> None:
-        with _translated():
-            await self.stream.close_stdin()
+        try:
+            with _translated():
+                await self.stream.close_stdin()
+        except SandboxError as exc:
+            raise await self._faulted(exc) from None
 
     async def kill(self) -> None:
         await kill_process(self.stream)
 
     async def events(self) -> AsyncIterator[ProcessEvent]:
         check = OutputOrder(self.max_chunk)
-        with _translated():
-            stream = aiter(self.stream.events())
-        while True:
+        try:
             with _translated():
-                try:
-                    event = await anext(stream)
-                except StopAsyncIteration:
-                    break
-            check.feed(event)
-            yield event
-            if isinstance(event, ProcessExit):
-                return
-        check.end()
+                stream = aiter(self.stream.events())
+            while True:
+                with _translated():
+                    try:
+                        event = await anext(stream)
+                    except StopAsyncIteration:
+                        break
+                check.feed(event)
+                yield event
+                if isinstance(event, ProcessExit):
+                    return
+            check.end()
+        except SandboxError as exc:
+            raise await self._faulted(exc) from None
 
 
 @contextlib.contextmanager
