@@ -24,6 +24,7 @@ from checkfu.contract.errors import SandboxAdapterUnavailable
 from checkfu.contract.profile import SandboxProfile
 from checkfu.control.enrollment import enroll
 from checkfu.control.grading import GradeCard, grade, grade_envelope, render_html, render_text
+from checkfu.runner.documents import DocumentError, read_bounded
 from checkfu.runner.registry import Adapter, Registry, load_registry
 from checkfu.runner.runner import Runner
 from checkfu.wire.credentials import Credential, CredentialError
@@ -205,9 +206,9 @@ def _public_key(path: Path, option: str) -> Any:
 
 def _read_file(path: Path, option: str) -> bytes:
     try:
-        return path.read_bytes()
-    except OSError as exc:
-        raise typer.BadParameter(f"cannot read {path}: {exc.strerror or exc}", param_hint=option) from None
+        return read_bounded(path)
+    except DocumentError as exc:
+        raise typer.BadParameter(str(exc), param_hint=option) from None
 
 
 @provider_app.command("enroll")

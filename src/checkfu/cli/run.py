@@ -7,7 +7,6 @@ import json
 import re
 import signal
 import sys
-import tomllib
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Annotated, Any
@@ -18,10 +17,10 @@ from rich.markup import escape
 from rich.progress import DownloadColumn, Progress, TaskID
 from rich.table import Table
 
-from checkfu.cli.files import load
+from checkfu.cli.files import load, read_document
 from checkfu.cli.state import client_credential, enrolled_credential, is_url, open_journal, runner_tag
 from checkfu.contract.codec import decode_value
-from checkfu.contract.errors import SandboxAdapterUnavailable, SandboxProfileInvalid
+from checkfu.contract.errors import SandboxAdapterUnavailable
 from checkfu.contract.profile import DESTINATION_PATTERN, NetworkPolicy, SandboxProfile
 from checkfu.contract.tiers import assess
 from checkfu.runner.clock import SystemClock
@@ -127,12 +126,7 @@ def _pin_image(profile: dict[str, Any], provider: str) -> None:
 def _read_profile(path: Path, provider: str) -> SandboxProfile:
     if path.suffix.lower() != ".toml":
         return load(SandboxProfile, path)
-    try:
-        doc = tomllib.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise SandboxProfileInvalid(f"cannot read {path}: {exc.strerror or exc}") from None
-    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise SandboxProfileInvalid(f"{path}: not valid TOML: {exc}") from None
+    doc = read_document(SandboxProfile, path)  # bounded: size, regular file, nesting
     _pin_image(doc, provider)
     return decode_value(SandboxProfile, doc)
 
