@@ -63,9 +63,9 @@ def evidence_verify(
         return
     t = verified.tally
     err.print(
-        f"[green]verified[/]: {escape(str(verified.target))}, envelope {verified.envelope_digest}\n"
-        f"  signed by key {verified.key_id[:16]}; {t.get('pass', 0)} passed, {t.get('fail', 0)} failed, "
-        f"{t.get('skip', 0)} skipped ({escape(verified.suite_version)}, {escape(verified.finished_at)})"
+        f"[green]verified[/]: {escape(str(verified.target))}, envelope {escape(verified.envelope_digest)}\n"
+        f"  signed by key {escape(verified.key_id[:16])}; {t.get('pass', 0):d} passed, {t.get('fail', 0):d} failed, "
+        f"{t.get('skip', 0):d} skipped ({escape(verified.suite_version)}, {escape(verified.finished_at)})"
     )
 
 
