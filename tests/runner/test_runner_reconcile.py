@@ -318,3 +318,53 @@ async def test_describe_goes_through_the_door_and_is_journaled(tmp_path: Path) -
         assert (event.member, event.outcome, event.allocation_key) == ("describe", "ok", None)
     finally:
         journal.close()
+
+
+# Runs are settled, not only their allocations -----------------------------------------------------
+
+
+async def test_a_killed_run_is_settled_as_abandoned_and_a_second_pass_does_nothing(rig: Any) -> None:
+    session, _ = await crashed_run(rig, instances=2)
+    never = rig.start()  # killed before it allocated anything
+    rig.clock.advance(100_000)
+    report = await reconcile(rig.journal, rig.registry, rig.clock, runner_tag=rig.runner.runner_tag)
+    assert sorted(report.settled_runs) == sorted([session.run_id, never.run_id])
+    statuses = {r.run_id: r.status for r in rig.journal.list_runs()}
+    assert statuses == {session.run_id: "abandoned", never.run_id: "abandoned"}
+    run = rig.journal.run(session.run_id)
+    assert run is not None and run.finished_at is not None and run.summary is not None
+    assert set(run.summary["allocations"].values()) == {"compensated"}
+    again = await reconcile(rig.journal, rig.registry, rig.clock, runner_tag=rig.runner.runner_tag)
+    assert again.nothing_to_do and again.settled_runs == []
+
+
+async def test_a_live_run_is_not_settled(rig: Any) -> None:
+    session, _ = await crashed_run(rig)  # its lease is current and its owner (this process) alive
+    report = await reconcile(rig.journal, rig.registry, rig.clock, runner_tag=rig.runner.runner_tag)
+    assert report.settled_runs == [] and report.unsettled_runs == []
+    run = rig.journal.run(session.run_id)
+    assert run is not None and run.status == "running"
+
+
+async def test_a_run_that_still_holds_something_is_not_settled(make_rig: Any) -> None:
+    rig = make_rig(wrap=Misbehaving)
+    session, (inst,) = await crashed_run(rig)
+    rig.clock.advance(100_000)
+    rig.provider.set("compensate", crash)
+    report = await reconcile(rig.journal, rig.registry, rig.clock, runner_tag=rig.runner.runner_tag)
+    assert list(report.left) == [inst.allocation_key] and report.unsettled_runs == [session.run_id]
+    run = rig.journal.run(session.run_id)
+    assert run is not None and run.status == "running"  # not claimed settled while its sandbox is held
+    rig.provider.set("compensate", None)
+    report = await reconcile(rig.journal, rig.registry, rig.clock, runner_tag=rig.runner.runner_tag)
+    assert report.settled_runs == [session.run_id]
+
+
+async def test_a_run_journaled_an_instant_ago_without_a_lease_is_left_to_take_it(rig: Any) -> None:
+    tag, now = rig.runner.runner_tag, rig.clock.now()
+    rig.journal.start_run("run-starting", runner_tag=tag, target=rig.memory.target, now=now)
+    report = await reconcile(rig.journal, rig.registry, rig.clock, runner_tag=rig.runner.runner_tag)
+    assert report.settled_runs == []
+    rig.clock.advance(3600)
+    report = await reconcile(rig.journal, rig.registry, rig.clock, runner_tag=rig.runner.runner_tag)
+    assert report.settled_runs == ["run-starting"]

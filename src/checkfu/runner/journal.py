@@ -321,6 +321,7 @@ class Journal:
 
     # runs ---------------------------------------------------------------------------------
 
+    @journaled("start_run")
     def start_run(
         self,
         run_id: str,
@@ -344,6 +345,7 @@ class Journal:
                 )
             )
 
+    @journaled("finish_run")
     def finish_run(
         self,
         run_id: str,
@@ -409,6 +411,7 @@ class Journal:
 
     # allocations --------------------------------------------------------------------------
 
+    @journaled("journal_allocation")
     def journal_allocation(
         self,
         key: str,
@@ -477,6 +480,7 @@ class Journal:
 
     # events -------------------------------------------------------------------------------
 
+    @journaled("record_event")
     def record_event(
         self,
         run_id: str,
@@ -526,6 +530,7 @@ class Journal:
 
     # enrollments --------------------------------------------------------------------------------
 
+    @journaled("record_enrollment")
     def record_enrollment(
         self,
         target: ExecutionTarget,
