@@ -10,7 +10,8 @@ Usage::
 POINT is ``before:MEMBER#N`` (the N-th call of MEMBER is journaled, with its allocation row written first
 where it allocates, and the provider not yet asked) or ``answered:MEMBER#N`` (the provider has answered; the
 runner has not yet checked the answer nor settled its row). At POINT the process says ``killpoint POINT`` on
-stderr and freezes its event loop (no further step of the Run can happen) until it is killed.
+stderr and freezes its event loop (no further step of the Run can happen) until it is killed, or, with
+``KILLPOINT_RESUME_FILE`` set, until that file exists (the test changes the world meanwhile, then lets it go on).
 
 The session mode needs a Session's members that ``checkfu run`` never calls: provision, activate, exec,
 clone (activated and released: ``release#1``), snapshot, deleteSnapshot, release (``release#2``), through
@@ -21,6 +22,7 @@ environment would use.
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 import time
 from collections import Counter
@@ -40,10 +42,16 @@ def freeze_at(point: str) -> None:
     original = ProviderDoor._invoke
     seen: Counter[str] = Counter()
 
+    resume = os.environ.get("KILLPOINT_RESUME_FILE")
+
     def stop(where: str) -> None:
         if where == point:
             print(f"killpoint {point}", file=sys.stderr, flush=True)
-            time.sleep(3600)  # the event loop itself stands still: nothing of the Run moves on
+            deadline = time.monotonic() + 3600
+            while time.monotonic() < deadline:  # the event loop itself stands still: nothing of the Run moves on
+                if resume and os.path.exists(resume):
+                    return  # KILLPOINT_RESUME_FILE: held only until the test makes that file
+                time.sleep(0.02)
 
     async def _invoke(self: ProviderDoor, plan: Any) -> object:
         seen[plan.member] += 1
