@@ -11,6 +11,7 @@ from rich.markup import escape
 
 from checkfu.cli import checks, evidence, fleet, kit, provider, run
 from checkfu.contract.errors import SandboxError
+from checkfu.runner.journal import JournalError
 
 app = typer.Typer(
     name="checkfu",
@@ -41,7 +42,14 @@ def main() -> None:
     try:
         app()
     except SandboxError as exc:
-        err.print(f"[bold red]{exc.code}[/]: {escape(exc.message)}", highlight=False, markup=True)
+        err.print(f"[bold red]{escape(exc.code)}[/]: {escape(exc.message)}", highlight=False, markup=True)
+        sys.exit(EXIT_REFUSED)
+    except JournalError as exc:
+        err.print(
+            f"[bold red]journal unavailable[/]: {escape(str(exc))}. Nothing was asked of a provider without its "
+            "record; run `checkfu runner reconcile` once the journal answers to settle what it could not record",
+            highlight=False,
+        )
         sys.exit(EXIT_REFUSED)
     except KeyboardInterrupt:
         err.print("interrupted")

@@ -37,9 +37,9 @@ def _check(model: type[Model], key: str, file: Path, as_json: bool, *, quiet: bo
         if as_json:
             print(json.dumps(_refusal(exc)))
         else:
-            where = f" (field {escape(exc.field)})" if exc.field else ""
+            where = f" (field {exc.field})" if exc.field else ""
             Console(stderr=True, highlight=False).print(
-                f"[bold red]refused[/] {exc.code}{where}: {escape(exc.message)}"
+                f"[bold red]refused[/] {escape(exc.code)}{escape(where)}: {escape(exc.message)}"
             )
         raise typer.Exit(1) from None
     if quiet:
@@ -47,7 +47,7 @@ def _check(model: type[Model], key: str, file: Path, as_json: bool, *, quiet: bo
     if as_json:
         print(json.dumps({"ok": True, key: dump(value)}))
     else:
-        out.print(f"[bold green]ok[/] {escape(str(file))} is a valid {model.__name__}")
+        out.print(f"[bold green]ok[/] {escape(str(file))} is a valid {escape(model.__name__)}")
     return value
 
 
@@ -81,7 +81,7 @@ def envelope_check(file: FileArg, as_json: JsonOpt = False) -> None:
     if a.not_counting:
         out.print("[yellow]not enforced[/]:")
         for axis in a.not_counting:
-            out.print(f"  - {axis} ({env.enforcement.authority(axis)})")
+            out.print(f"  - {escape(axis)} ({escape(env.enforcement.authority(axis))})")
     else:
         out.print("enforced  all nine axes count as enforcement")
     if card.uncertified_allowlist:
@@ -105,4 +105,4 @@ def profile_check(file: FileArg, as_json: JsonOpt = False) -> None:
     prof = _check(SandboxProfile, "profile", file, as_json)
     if not as_json:
         assert isinstance(prof, SandboxProfile)
-        Console(highlight=False).print(f"digest    {prof.digest}")
+        Console(highlight=False).print(f"digest    {escape(prof.digest)}")

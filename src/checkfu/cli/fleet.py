@@ -99,7 +99,7 @@ def submit_command(**options: Any) -> None:
     )
     journal = open_journal(options["db"])
     try:
-        run_id = submit_request(journal, request, runner_tag=runner_tag())
+        run_id = submit_request(journal, request, runner_tag=runner_tag(options["db"]))
     finally:
         journal.close()
     print(run_id)
@@ -264,7 +264,11 @@ def runner_serve(
         reconcile_every=reconcile_every,
     )
     fleet = FleetRunner(
-        journal, _loader(journal, credential_file, sites), runner_tag=runner_tag(), config=config, emit=_render(as_json)
+        journal,
+        _loader(journal, credential_file, sites),
+        runner_tag=runner_tag(db),
+        config=config,
+        emit=_render(as_json),
     )
 
     async def main() -> None:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import shlex
 import signal
 import sys
-import tomllib
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -18,16 +18,18 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import DownloadColumn, Progress, TaskID
 from rich.table import Table
+from rich.text import Text
 
 from checkfu.cli.engines import EngineCertsOpt, EngineOpt, engine_sites
-from checkfu.cli.files import load
+from checkfu.cli.files import load, read_document
 from checkfu.cli.state import client_credential, enrolled_credential, is_url, open_journal, runner_tag
 from checkfu.contract.codec import decode_value
-from checkfu.contract.errors import SandboxAdapterUnavailable, SandboxProfileInvalid
+from checkfu.contract.errors import SandboxAdapterUnavailable, SandboxError
 from checkfu.contract.profile import DESTINATION_PATTERN, NetworkPolicy, SandboxProfile
 from checkfu.contract.tiers import assess
 from checkfu.runner.clock import SystemClock
 from checkfu.runner.job import JobResult, run_job
+from checkfu.runner.journal import JournalError
 from checkfu.runner.mounts import MountSpec, parse_mount
 from checkfu.runner.reconcile import reconcile
 from checkfu.runner.registry import ENTRY_POINT_GROUP, Registry, adapter_from_factory, load_registry
@@ -57,19 +59,21 @@ class ConsoleObserver:
     def __init__(self) -> None:
         self.staging: Progress | None = None
         self.task: TaskID | None = None
+        self.attempt: Attempt | None = None
 
     async def before(self, name: str) -> None:
         pass
 
     def phase(self, name: str, seconds: float) -> None:
-        err.print(f"[dim]• {name:<11} {seconds * 1000:8.1f} ms[/]")
+        err.print(f"[dim]• {escape(name):<11} {seconds * 1000:8.1f} ms[/]")
 
     def warning(self, text: str) -> None:
         err.print(f"[bold yellow]warning[/]: {escape(text)}")
 
     def selected(self, attempt: Attempt) -> None:
+        self.attempt = attempt
         a = assess(attempt.adapter.envelope)
-        err.print(f"[dim]• adapter     {escape(str(attempt.adapter.target))} — grade: {a.label}[/]")
+        err.print(f"[dim]• adapter     {escape(str(attempt.adapter.target))} — grade: {escape(a.label)}[/]")
 
     def build_line(self, line: str) -> None:
         err.print(f"[dim]  build: {escape(line.rstrip())}[/]")
@@ -90,7 +94,7 @@ class ConsoleObserver:
         if done >= total:
             self.staging.stop()
             self.staging = None
-            err.print(f"[dim]  staged {total} bytes[/]")
+            err.print(f"[dim]  staged {total:d} bytes[/]")
 
     def output(self, stream: str, data: bytes) -> None:
         target = sys.stdout if stream == "out" else sys.stderr
@@ -122,19 +126,14 @@ def _pin_image(profile: dict[str, Any], provider: str) -> None:
         image_id = pin_base_image(ref)
     except SandboxAdapterUnavailable as exc:
         raise SandboxAdapterUnavailable(f"{exc.message}. {ENGINE_DOWN}", field="provider") from None
-    err.print(f"[dim]• pinned      {escape(ref)} → {image_id}[/]")
+    err.print(f"[dim]• pinned      {escape(ref)} → {escape(image_id)}[/]")
     profile["base_image"] = image_id
 
 
 def _read_profile(path: Path, provider: str) -> SandboxProfile:
     if path.suffix.lower() != ".toml":
         return load(SandboxProfile, path)
-    try:
-        doc = tomllib.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise SandboxProfileInvalid(f"cannot read {path}: {exc.strerror or exc}") from None
-    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise SandboxProfileInvalid(f"{path}: not valid TOML: {exc}") from None
+    doc = read_document(SandboxProfile, path)  # bounded: size, regular file, nesting
     _pin_image(doc, provider)
     return decode_value(SandboxProfile, doc)
 
@@ -179,17 +178,17 @@ def _allowing(prof: SandboxProfile, allow: list[str]) -> SandboxProfile:
 
 def _summary(result: JobResult, attempt_label: str, allowed: tuple[str, ...] = ()) -> None:
     err.print()
-    err.print(f"[bold]run[/]        {result.run_id}")
-    err.print(f"[bold]adapter[/]    {escape(result.adapter)} — grade: {attempt_label}")
-    err.print("[bold]phases[/]     " + ", ".join(f"{k} {v * 1000:.0f} ms" for k, v in result.phases.items()))
+    err.print(f"[bold]run[/]        {escape(result.run_id)}")
+    err.print(f"[bold]adapter[/]    {escape(result.adapter)} — grade: {escape(attempt_label)}")
+    err.print("[bold]phases[/]     " + ", ".join(f"{escape(k)} {v * 1000:.0f} ms" for k, v in result.phases.items()))
     if allowed:
         err.print("[bold]allowed[/]  " + escape(", ".join(allowed)))
     colour = "green" if result.exit_code == 0 else "red"
-    err.print(f"[bold]exit[/]       [{colour}]{result.exit_code}[/]")
+    err.print(f"[bold]exit[/]       [{colour}]{result.exit_code:d}[/]")
     if result.captured:
         err.print("[bold]captured[/]   " + escape(", ".join(result.captured)))
     if result.not_enforced:
-        err.print("[bold yellow]not enforced[/] " + ", ".join(result.not_enforced))
+        err.print("[bold yellow]not enforced[/] " + escape(", ".join(result.not_enforced)))
     else:
         err.print("[bold]enforced[/]   all nine axes")
 
@@ -296,6 +295,7 @@ def run_command(
                 timeout,
                 credential,
                 allow or [],
+                db,
             )
         )
     finally:
@@ -325,6 +325,7 @@ async def _run(
     timeout: float,
     credential: Credential | None = None,
     allow: list[str] | None = None,
+    db: str | None = None,
 ) -> int:
     observer = ConsoleObserver()
     registry = await _registry(name, credential, observer, journal)
@@ -334,7 +335,7 @@ async def _run(
         prof = _allowing(_read_profile(prof, adapter.envelope.provider), allow or [])
     else:
         target = _choose(registry, name, explicit)
-    runner = Runner(registry, journal, runner_tag=runner_tag())
+    runner = Runner(registry, journal, runner_tag=runner_tag(db))
     task = asyncio.current_task()
     loop = asyncio.get_running_loop()
     got: list[int] = []
@@ -360,11 +361,13 @@ async def _run(
         )
     except asyncio.CancelledError:
         signum = got[0] if got else signal.SIGINT
-        err.print(
-            f"[bold red]interrupted[/] by {signal.Signals(signum).name}: released and compensated; "
-            "nothing is left behind"
-        )
+        said = f"[bold red]interrupted[/] by {escape(signal.Signals(signum).name)}"
+        if not _report_left(observer.attempt, db, said):
+            err.print(f"{said}: released and compensated; nothing is left behind")
         return 128 + signum
+    except (SandboxError, JournalError):
+        _report_left(observer.attempt, db, "[bold red]failed[/]")
+        raise
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
@@ -374,7 +377,42 @@ async def _run(
         label += f" (short of the next tier: {'; '.join(grade.short_of_next)})"
     allowed = tuple(prof.network_policy.allowlist) if allow else ()
     _summary(result, label, allowed)
+    if _report_left(observer.attempt, db, f"[bold red]the command exited {result.exit_code:d}, but[/]"):
+        return LEFT_BEHIND_EXIT
     return result.exit_code
+
+
+LEFT_BEHIND_EXIT = 1
+"""The exit status of a Run that finished but left something of its sandbox behind (see ``_report_left``)."""
+
+
+def _report_left(attempt: Attempt | None, db: str | None, said: str) -> bool:
+    """Say what of the Run is still held (never claim it was released) and how to finish; returns whether
+    anything is. Also say what the journal could not record (that needs no action: reconciliation settles it)."""
+    if attempt is None:
+        return False
+    session = attempt.session
+    finish = "checkfu runner reconcile" + (f" --db {shlex.quote(db)}" if db else "")
+    if session.unjournaled:
+        err.print(
+            "[bold yellow]warning[/]: the journal could not record everything (it was locked or unreachable); "
+            f"`{escape(finish)}` settles its rows once it answers:"
+        )
+        for what, why in session.unjournaled.items():
+            err.print(f"  {escape(what)}: {escape(why[:300])}")
+    if not session.left:
+        return False
+    err.print(
+        f"{said}: {len(session.left):d} allocation(s) of {escape(session.run_id)} could not be released "
+        "and are left behind:"
+    )
+    for key, why in session.left.items():
+        err.print(f"  {escape(key)}: {escape(why[:300])}")
+    err.print(
+        f"to finish: once {escape(str(session.target))} answers again (for Docker, once the engine is up), "
+        f"run `{escape(finish)}`; it releases them by their keys"
+    )
+    return True
 
 
 @runs_app.command("list")
@@ -406,13 +444,13 @@ def runs_list(
         )
         return
     table = Table("run", "status", "exit", "adapter", "command")
-    for r in rows:
+    for r in rows:  # everything recorded is data, never markup: each cell is plain Text
         table.add_row(
-            r.run_id,
-            r.status,
-            "" if r.exit_code is None else str(r.exit_code),
-            str(r.target) if r.target else "(not yet selected)",
-            " ".join(r.command or []),
+            Text(r.run_id),
+            Text(r.status),
+            Text("" if r.exit_code is None else str(r.exit_code)),
+            Text(str(r.target) if r.target else "(not yet selected)"),
+            Text(shlex.join(r.command or [])),
         )
     Console().print(table)
 
@@ -466,20 +504,21 @@ def runs_show(
         )
         return
     out = Console(highlight=False)
-    out.print(f"run {r.run_id}  {r.status}  exit {r.exit_code}  {r.target}")
-    out.print(f"command {' '.join(r.command or [])}")
+    # Everything recorded is data, never markup (an argv of '[/]', an adapter named '[local]'): plain Text only.
+    out.print(Text(f"run {r.run_id}  {r.status}  exit {r.exit_code}  {r.target}"))
+    out.print(Text(f"command {shlex.join(r.command or [])}"))
     table = Table("member", "duration", "outcome", "allocation", "detail")
     for e in events:
         table.add_row(
-            e.member,
-            f"{e.duration_ms:.1f} ms",
-            e.error_code or e.outcome,
-            e.allocation_key or "",
-            (e.detail or "")[:80],
+            Text(e.member),
+            Text(f"{e.duration_ms:.1f} ms"),
+            Text(e.error_code or e.outcome),
+            Text(e.allocation_key or ""),
+            Text((e.detail or "")[:80]),
         )
     out.print(table)
     for a in allocs:
-        out.print(f"allocation {a.allocation_key} {a.kind} {a.state}")
+        out.print(Text(f"allocation {a.allocation_key} {a.kind} {a.state}"))
 
 
 @runner_app.command("reconcile")
@@ -490,12 +529,16 @@ def runner_reconcile(
     engine: EngineOpt = None,
     engine_certs: EngineCertsOpt = None,
 ) -> None:
-    """Compensate every unsettled allocation whose lease expired or whose owner is gone."""
+    """Compensate every unsettled allocation whose lease expired or whose owner is gone, and settle its Run.
+
+    Exits 1 when anything is left (a compensation failed, or a provider could not be reached): what is
+    left and how to finish are listed.
+    """
     sites = engine_sites(engine, engine_certs)
     journal = open_journal(db)
     try:
         registry = asyncio.run(load_registry(entry_point_names=provider, recorder=journal, sites=sites))
-        report = asyncio.run(reconcile(journal, registry, SystemClock(), runner_tag=runner_tag()))
+        report = asyncio.run(reconcile(journal, registry, SystemClock(), runner_tag=runner_tag(db)))
     finally:
         journal.close()
     if as_json:
@@ -506,15 +549,30 @@ def runner_reconcile(
                     "enumerated": report.enumerated,
                     "failed": report.failed,
                     "skipped": report.skipped,
+                    "unaccounted": report.unaccounted,
+                    "settled_runs": report.settled_runs,
+                    "unsettled_runs": report.unsettled_runs,
                 }
             )
         )
     else:
         err.print(
-            f"compensated {len(report.compensated)}, strays {len(report.enumerated)}, "
-            f"failed {len(report.failed)}, skipped {len(report.skipped)}"
+            f"compensated {len(report.compensated):d}, strays {len(report.enumerated):d}, "
+            f"runs settled {len(report.settled_runs):d}; left: failed {len(report.failed):d}, "
+            f"not reached {len(report.skipped):d}"
         )
-        for key, why in {**report.failed, **report.skipped}.items():
-            err.print(f"  {escape(key)}: {escape(why)}")
-    if report.failed:
+        for key, why in report.left.items():
+            err.print(f"  left {escape(key)}: {escape(why)}")
+        if report.unaccounted:
+            err.print(
+                f"{len(report.unaccounted):d} held under this runner's tag are not in this journal and were left "
+                f"alone (another journal's: reconcile with its --db): {escape(', '.join(report.unaccounted[:10]))}"
+            )
+        if report.left:
+            finish = "checkfu runner reconcile" + (f" --db {shlex.quote(db)}" if db else "")
+            err.print(
+                f"[bold red]not finished[/]: {len(report.left):d} allocation(s) are still held; once their provider "
+                f"answers again (for Docker, once the engine is up), run `{escape(finish)}` again"
+            )
+    if report.left:
         raise typer.Exit(1)

@@ -4,8 +4,9 @@ The shared engine at ``/var/run/docker.sock`` is never stopped or reconfigured: 
 has its own socket, data root (``overlay2`` on the host's ext4, as the shared engine uses), exec
 root (and with it its own managed containerd), pid file, cgroup parent and configuration file
 (an empty one, so a host ``daemon.json`` cannot interfere), and touches nothing of the host's
-network: no bridge (``--bridge none``), no iptables rules, no IP forwarding change. Its
-sandboxes need no network (profiles with ``network_policy = none``).
+network: a bridge of its own (``engine_bridge``; never ``--bridge none``, which deletes the host's
+``docker0`` as the engine starts), no iptables rules, no IP forwarding change. Its sandboxes
+need no network (profiles with ``network_policy = none``).
 
 An engine may also listen on ``tcp://127.0.0.1:PORT`` with TLS (``--tlsverify``): a CA, a
 server certificate for 127.0.0.1 and a client certificate made here with ``cryptography``, in
@@ -36,6 +37,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
+
+from engine_bridge import make_bridge, remove_bridge
 
 ROOT = Path("/var/lib/checkfu-test-engines")
 
@@ -118,6 +121,7 @@ class PrivateEngine:
     tls: bool = False
     port: int = 0
     proc: subprocess.Popen[bytes] | None = None
+    bridge: str | None = None
     client_dir: Path = field(init=False)
 
     def __post_init__(self) -> None:
@@ -144,6 +148,8 @@ class PrivateEngine:
         self.root.mkdir(parents=True, exist_ok=True)
         config = self.root / "daemon.json"
         config.write_text("{}")
+        if self.bridge is None:
+            self.bridge = make_bridge()
         argv = [
             "dockerd",
             "--config-file", str(config),
@@ -152,7 +158,7 @@ class PrivateEngine:
             "--exec-root", str(self.exec_root),
             "--pidfile", str(self.root / "dockerd.pid"),
             "--storage-driver", "overlay2",
-            "--bridge", "none",
+            "--bridge", self.bridge,
             "--iptables=false",
             "--ip6tables=false",
             "--ip-forward=false",
@@ -276,6 +282,9 @@ class PrivateEngine:
             for mount in sorted(mounts, key=len, reverse=True):
                 subprocess.run(["umount", "-l", mount], check=False, capture_output=True)
             shutil.rmtree(base, ignore_errors=True)
+        if self.bridge is not None:
+            remove_bridge(self.bridge)
+            self.bridge = None
 
 
 def new_engine(name: str, *, tls: bool = False) -> PrivateEngine:
