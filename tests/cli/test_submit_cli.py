@@ -1,0 +1,63 @@
+"""``checkfu submit`` takes ``checkfu run``'s options, refused by run's own checks before anything is queued;
+``checkfu runs wait`` on a Run no runner has claimed says so and exits 124 at its ``--timeout``."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+CHECKFU = str(Path(sys.executable).with_name("checkfu"))
+PROFILE = Path(__file__).resolve().parents[2] / "examples" / "profiles" / "debian-none.toml"
+
+
+def checkfu(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CHECKFU_")}
+    env["XDG_STATE_HOME"] = str(tmp_path / "state")
+    return subprocess.run([CHECKFU, *args], check=False, capture_output=True, text=True, timeout=120, env=env)
+
+
+def queued(tmp_path: Path, db: str) -> list[dict[str, object]]:
+    done = checkfu(tmp_path, "runs", "list", "--db", db, "--json")
+    assert done.returncode == 0, done.stderr
+    runs: list[dict[str, object]] = json.loads(done.stdout)
+    return runs
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (["--profile", "no-such-profile.toml"], "no-such-profile.toml"),
+        (["--profile", str(PROFILE), "--timeout", "0"], "--timeout"),
+        (["--profile", str(PROFILE), "--allow", "not a destination"], "allow"),
+        (["--profile", str(PROFILE), "--mount", "relative:workspace"], "workspace"),
+        (["--profile", str(PROFILE), "--provider", "no-such-provider"], "no-such-provider"),
+        (["--profile", str(PROFILE), "--credential-file", "/dev/null"], "--credential-file"),
+    ],
+)
+def test_submit_refuses_what_run_refuses_and_queues_nothing(args: list[str], named: str, tmp_path: Path) -> None:
+    db = f"sqlite:///{tmp_path / 'journal.sqlite'}"
+    done = checkfu(tmp_path, "submit", "--db", db, *args, "--", "true")
+    assert done.returncode != 0
+    assert named in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+    assert done.stdout == ""  # no run id
+    assert queued(tmp_path, db) == []
+
+
+def test_a_submitted_run_is_queued_and_waited_for(tmp_path: Path) -> None:
+    db = f"sqlite:///{tmp_path / 'journal.sqlite'}"
+    done = checkfu(tmp_path, "submit", "--db", db, "--profile", str(PROFILE), "--", "echo", "hi")
+    assert done.returncode == 0, done.stderr
+    run_id = done.stdout.strip()
+    assert run_id.startswith("run-") and "\n" not in run_id
+    (row,) = queued(tmp_path, db)
+    assert (row["run_id"], row["status"]) == (run_id, "queued")
+    waited = checkfu(tmp_path, "runs", "wait", run_id, "--db", db, "--timeout", "1")
+    assert waited.returncode == 124, waited.stderr  # no runner serves this journal
+    assert "queued" in waited.stderr
+    assert "Traceback" not in waited.stderr
