@@ -5,6 +5,7 @@ Every test runs on an SQLite file and on a database in the throwaway PostgreSQL 
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections import Counter
 from typing import Any
@@ -16,6 +17,8 @@ from checkfu.contract.errors import SandboxLeaseFenced
 from checkfu.runner.clock import ManualClock
 from checkfu.runner.journal import Journal, events, leases, runs
 from checkfu.runner.queue import Claim, RunQueue, RunRequest
+from checkfu.runner.reconcile import reconcile
+from checkfu.runner.registry import Registry
 from checkfu.testing import memory_envelope, memory_profile
 
 TTL = 30.0
@@ -232,3 +235,20 @@ def _count(journal: Journal, table: Any) -> int:
 def test_nothing_is_written_by_a_claim_that_finds_nothing(queue: RunQueue, journal: Journal) -> None:
     assert claim(queue) is None
     assert _count(journal, leases) == 0 and _count(journal, events) == 0
+
+
+def test_reconciliation_never_settles_a_queued_run_as_abandoned(
+    queue: RunQueue, journal: Journal, clock: ManualClock
+) -> None:
+    """A queued Run whose runner died belongs to the fleet: another runner takes it over and runs it again.
+    Reconciliation (which settles a ``checkfu run`` Run of a dead runner as ``abandoned``) leaves it alone."""
+    (run_id,) = submit(queue)
+    first = claim(queue, "a")
+    assert first is not None
+    clock.advance(TTL + 1)  # runner a is gone: its lease expired
+    report = asyncio.run(reconcile(journal, Registry(), clock, runner_tag="t"))
+    assert report.settled_runs == []
+    row = journal.run(run_id)
+    assert row is not None and row.status == "running"
+    second = claim(queue, "b")
+    assert second is not None and (second.run_id, second.attempt, second.takeover) == (run_id, 2, True)
