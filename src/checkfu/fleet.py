@@ -22,16 +22,16 @@ import json
 import os
 import subprocess
 import time
-import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from checkfu.contract.codec import decode_value
+from checkfu.contract.codec import decode_value, strict_json
 from checkfu.contract.errors import SandboxError, SandboxNotFound, SandboxProfileInvalid, error_for_code
 from checkfu.contract.profile import SandboxProfile
 from checkfu.runner.clock import SystemClock
+from checkfu.runner.documents import DocumentError, check_nesting, parse_toml, read_bounded
 from checkfu.runner.journal import Journal, RunRow, sqlite_url
 from checkfu.runner.mounts import DirectorySource, GitSource, MountSpec, parse_mount, resolve_mount
 from checkfu.runner.queue import RunQueue, RunRequest, is_terminal
@@ -114,14 +114,18 @@ def _profile(profile: SandboxProfile | Mapping[str, Any] | str | Path) -> Sandbo
     if isinstance(profile, Mapping):
         return decode_value(SandboxProfile, dict(profile))
     path = Path(profile)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SandboxProfileInvalid(f"cannot read {path}: {exc}", field="profile") from None
-    try:
-        doc = tomllib.loads(text) if path.suffix.lower() == ".toml" else json.loads(text)
-    except (tomllib.TOMLDecodeError, ValueError) as exc:
-        raise SandboxProfileInvalid(f"{path}: {exc}", field="profile") from None
+    try:  # read bounded, as every document a person names is
+        raw = read_bounded(path)
+        if path.suffix.lower() == ".toml":
+            doc = parse_toml(raw, path)
+        else:
+            try:
+                doc = strict_json(raw.decode("utf-8"))
+            except (UnicodeDecodeError, ValueError) as exc:
+                raise DocumentError(f"{path}: not a valid JSON document: {str(exc).splitlines()[0][:200]}") from None
+            check_nesting(doc, path)
+    except DocumentError as exc:
+        raise SandboxProfileInvalid(f"cannot read the profile: {exc}", field="profile") from None
     return decode_value(SandboxProfile, doc)
 
 

@@ -61,3 +61,18 @@ def test_a_submitted_run_is_queued_and_waited_for(tmp_path: Path) -> None:
     assert waited.returncode == 124, waited.stderr  # no runner serves this journal
     assert "queued" in waited.stderr
     assert "Traceback" not in waited.stderr
+
+
+def test_the_sdk_reads_a_profile_bounded_and_queues_nothing_it_refuses(tmp_path: Path) -> None:
+    """``checkfu.submit`` reads the profile file as ``checkfu run`` does: a FIFO is refused by what it is (it
+    never blocks waiting for a writer), as is a device; nothing is queued."""
+    import checkfu  # noqa: PLC0415
+    from checkfu.contract.errors import SandboxProfileInvalid  # noqa: PLC0415
+
+    db = f"sqlite:///{tmp_path / 'journal.sqlite'}"
+    fifo = tmp_path / "profile.toml"
+    os.mkfifo(fifo)
+    for path, kind in ((fifo, "a FIFO"), (Path("/dev/zero"), "a character device")):
+        with pytest.raises(SandboxProfileInvalid, match=kind):
+            checkfu.submit(["true"], db=db, provider="memory", profile=path)
+    assert queued(tmp_path, db) == []
