@@ -18,6 +18,7 @@ PROFILE = Path(__file__).resolve().parents[2] / "examples" / "profiles" / "debia
 def checkfu(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("CHECKFU_")}
     env["XDG_STATE_HOME"] = str(tmp_path / "state")
+    env["COLUMNS"] = "400"  # a usage error's box is not wrapped mid-message
     return subprocess.run([CHECKFU, *args], check=False, capture_output=True, text=True, timeout=120, env=env)
 
 
