@@ -22,6 +22,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from checkfu.cli import run as run_cli
 from checkfu.cli.engines import EngineCertsOpt, EngineOpt, engine_sites
@@ -132,7 +133,7 @@ def runs_wait(
 
         def attempt(n: int) -> None:
             if n > 1 and not as_json:
-                err.print(f"[yellow]checkfu[/]: attempt {n} of {run_id}: the runner of the one before stopped")
+                err.print(f"[yellow]checkfu[/]: attempt {n:d} of {escape(run_id)}: the runner of the one before stopped")
 
         def write(stream: Any) -> Any:
             def out(data: bytes) -> None:
@@ -157,7 +158,7 @@ def runs_wait(
                 timeout=timeout,
             )
         except TimeoutError as exc:
-            err.print(f"checkfu: {escape(str(exc))}; `checkfu runs wait {run_id}` waits again")
+            err.print(f"checkfu: {escape(str(exc))}; `checkfu runs wait {escape(run_id)}` waits again")
             raise typer.Exit(TIMEOUT_EXIT) from None
     finally:
         journal.close()
@@ -176,10 +177,12 @@ def runs_wait(
             )
         )
     elif result.error is not None:
-        err.print(f"[bold red]{result.error.code}[/]: {escape(result.error.message)}")
+        err.print(f"[bold red]{escape(result.error.code)}[/]: {escape(result.error.message)}")
     elif result.status in ("failed", "cancelled"):
         detail = ((result.summary or {}).get("error") or {}).get("message", "")
-        err.print(f"checkfu: Run {run_id} {result.status}" + (f": {escape(str(detail))}" if detail else ""))
+        err.print(
+            f"checkfu: Run {escape(run_id)} {escape(result.status)}" + (f": {escape(str(detail))}" if detail else "")
+        )
     raise typer.Exit(code)
 
 
@@ -227,7 +230,8 @@ def _render(as_json: bool) -> Any:
         what = event.get("event", "")
         rest = " ".join(f"{k}={v}" for k, v in event.items() if k != "event")
         colour = {"fenced": "bold red", "settled": "green", "claimed": "cyan", "site_down": "yellow"}.get(what, "dim")
-        err.print(f"[dim]{datetime.now(UTC).strftime('%H:%M:%S.%f')[:-3]}[/] [{colour}]{what}[/] {escape(rest)}")
+        stamp = datetime.now(UTC).strftime("%H:%M:%S.%f")[:-3]
+        err.print(f"[dim]{escape(stamp)}[/] [{colour}]{escape(what)}[/] {escape(rest)}")
 
     return emit
 
@@ -344,13 +348,13 @@ def runner_list(
     table = Table("runner", "host", "pid", "state", "heartbeat", "leases")
     for s in shown:
         leases = ", ".join(f"{x['run_id']}@{x['epoch']} ({x['expires_in']:.0f} s)" for x in s["leases"]) or "-"
-        table.add_row(
-            escape(s["runner_id"]),
-            escape(s["host"]),
-            str(s["pid"]),
-            s["state"],
-            f"{s['heartbeat_age']:.1f} s ago",
-            escape(leases),
+        table.add_row(  # everything recorded is data, never markup: each cell is plain Text
+            Text(s["runner_id"]),
+            Text(s["host"]),
+            Text(str(s["pid"])),
+            Text(s["state"]),
+            Text(f"{s['heartbeat_age']:.1f} s ago"),
+            Text(leases),
         )
     Console().print(table)
-    err.print("runs: " + (", ".join(f"{k} {v}" for k, v in sorted(counts.items())) or "none"))
+    err.print("runs: " + escape(", ".join(f"{k} {v}" for k, v in sorted(counts.items())) or "none"))
