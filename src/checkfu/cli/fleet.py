@@ -133,7 +133,9 @@ def runs_wait(
 
         def attempt(n: int) -> None:
             if n > 1 and not as_json:
-                err.print(f"[yellow]checkfu[/]: attempt {n:d} of {escape(run_id)}: the runner of the one before stopped")
+                err.print(
+                    f"[yellow]checkfu[/]: attempt {n:d} of {escape(run_id)}: the runner of the one before stopped"
+                )
 
         def write(stream: Any) -> Any:
             def out(data: bytes) -> None:
