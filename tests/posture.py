@@ -15,8 +15,9 @@ process table, never through the provider), it reads what the kernel says of tha
 ``judge`` turns one posture into a finding per enforcement axis (does the control hold?), from the
 profile the sandbox was asked for and the mount targets it was given; ``unchanged`` says whether an
 axis of a process is exactly that of a reference process (the runner), which is how a tier that claims
-nothing on an axis is checked: it really adds nothing there. gVisor's own posture tests of its
-sandboxes were the model; this code is ours.
+nothing on an axis is checked: it really adds nothing there. The issue names gVisor's posture tests of its
+own sandboxes as the model (read the sandbox's state from the host instead of asking the runtime); this code is
+our own.
 """
 
 from __future__ import annotations
