@@ -19,6 +19,7 @@ def unmet_requirements(
     terminal: bool = False,
     writable_mounts: bool = False,
     mount_symlinks: bool = False,
+    interactive: bool = False,
 ) -> list[Unmet]:
     """Every way ``envelope`` falls short of ``profile`` and the attempt, each naming its field.
 
@@ -56,6 +57,8 @@ def unmet_requirements(
         unmet.append(Unmet(f"profile.resource_limits.{dim}", problem.split(": ", 1)[1]))
     if mount_count > envelope.effective_max_mounts:
         unmet.append(Unmet("mounts", f"{mount_count} mounts asked, at most {envelope.effective_max_mounts} served"))
+    if interactive and not envelope.declares("openProcess"):
+        unmet.append(Unmet("stdin", "streaming stdin (-i) needs openProcess, which is not served"))
     if terminal and not (envelope.terminal and envelope.declares("openProcess")):
         unmet.append(Unmet("tty", "a pseudo-terminal (-t) is not served (the envelope's terminal is false)"))
     if writable_mounts and not envelope.writable_mounts:
@@ -76,6 +79,7 @@ def require_capabilities(
     terminal: bool = False,
     writable_mounts: bool = False,
     mount_symlinks: bool = False,
+    interactive: bool = False,
 ) -> None:
     """Raises SandboxCapabilityUnavailable listing every unmet requirement, if any."""
     unmet = unmet_requirements(
@@ -86,6 +90,7 @@ def require_capabilities(
         terminal=terminal,
         writable_mounts=writable_mounts,
         mount_symlinks=mount_symlinks,
+        interactive=interactive,
     )
     if unmet:
         raise SandboxCapabilityUnavailable(unmet, provider=envelope.provider)

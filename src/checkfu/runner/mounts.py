@@ -247,10 +247,18 @@ def _human(n: int) -> str:
     return f"{n} B"
 
 
+NAME_MAX = 255
+"""The longest name (one path component) a Linux file system holds, in bytes."""
+
+
 def _check_rel(rel: str, where: str) -> None:
     problem = path_problem(rel, relative=True)
+    if problem is None:
+        long = next((part for part in rel.split("/") if len(part.encode("utf-8")) > NAME_MAX), None)
+        if long is not None:
+            problem = f"has a name of {len(long.encode())} bytes; no file system holds more than {NAME_MAX}"
     if problem is not None:
-        raise SandboxPathRejected(f"mount {where}: {rel!r} {problem}", field="mounts")
+        raise SandboxPathRejected(f"mount {where}: {rel[:300]!r} {problem}", field="mounts")
 
 
 class _Hashing:

@@ -32,6 +32,7 @@ class Needs:
     terminal: bool = False
     writable_mounts: bool = False
     mount_symlinks: bool = False
+    interactive: bool = False
 
 
 def new_run_id() -> str:
@@ -99,6 +100,7 @@ class Runner:
             terminal=n.terminal,
             writable_mounts=n.writable_mounts,
             mount_symlinks=n.mount_symlinks,
+            interactive=n.interactive,
         )
         return adapter
 

@@ -77,6 +77,14 @@ def _one_file(stream: Any, path: str, budget: int) -> FileContent | None:
         return FileContent(path=path, mode=member.mode & 0o7777, digest=_digest(data), data=data)
 
 
+def _utf8(name: str) -> bool:
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _kind(member: tarfile.TarInfo) -> EntryKind:
     if member.isdir():
         return "dir"
@@ -127,6 +135,13 @@ def list_dir(
                     truncated = True
                     break
                 entry_kind = _kind(member)
+                if not _utf8(rel):
+                    # A name that is not UTF-8 has no exact place in a result: it is listed by a readable
+                    # spelling of its bytes as ``other``, so a reader skips it by name and never asks for it.
+                    rel, entry_kind = (
+                        rel.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace"),
+                        "other",
+                    )
                 entries.append(
                     DirEntry(
                         path=f"{base}/{rel}",
