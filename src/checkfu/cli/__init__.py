@@ -1,7 +1,7 @@
 """The ``checkfu`` command. Thin: it calls only the public API and renders what comes back.
 
 ``main`` answers ``checkfu --version`` before importing anything else, so it costs Python's own
-start-up and no more; the command tree lives in ``checkfu.cli.app``.
+start-up and no more; the command tree lives in ``checkfu.cli.commands``.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def version_text() -> str:
 
 def __getattr__(name: str) -> Any:
     if name == "app":
-        from checkfu.cli.app import app  # noqa: PLC0415
+        from checkfu.cli.commands import app  # noqa: PLC0415
 
         return app
     raise AttributeError(name)
@@ -45,7 +45,7 @@ def main() -> None:
     from rich.markup import escape  # noqa: PLC0415
 
     from checkfu.cli import run  # noqa: PLC0415
-    from checkfu.cli.app import app  # noqa: PLC0415
+    from checkfu.cli.commands import app  # noqa: PLC0415
     from checkfu.contract.errors import SandboxError  # noqa: PLC0415
 
     running = len(sys.argv) > 1 and sys.argv[1] == "run"
