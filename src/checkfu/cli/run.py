@@ -9,6 +9,8 @@ import os
 import re
 import signal
 import sys
+import tempfile
+import time
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Annotated, Any
@@ -43,7 +45,7 @@ from checkfu.runner.admission import (
     workdir_problems,
 )
 from checkfu.runner.clock import SystemClock
-from checkfu.runner.job import JobResult, run_job
+from checkfu.runner.job import JobResult, resolve_mounts, run_job
 from checkfu.runner.mounts import DirectorySource, MountSpec, parse_mount
 from checkfu.runner.reconcile import reconcile
 from checkfu.runner.registry import ENTRY_POINT_GROUP, Registry, adapter_from_factory, load_registry
@@ -279,16 +281,21 @@ def _env(values: list[str], files: list[Path], warn: list[str]) -> tuple[dict[st
 
 
 def _capture_dir_problems(path: Path) -> list[Problem]:
-    """``--capture-dir`` must be a directory this user can write, or creatable as one."""
+    """``--capture-dir`` must be a directory this user can write, or creatable as one: a file is made and removed
+    in it (or in its nearest existing parent), which is the only test that holds for root and read-only mounts."""
     probe = path
     while not probe.exists() and probe != probe.parent:
         probe = probe.parent
     if probe == path and not path.is_dir():
         why = f"{path} exists and is not a directory"
-    elif not os.access(probe, os.W_OK | os.X_OK) or not probe.is_dir():
-        why = f"{path} cannot be written ({probe} is not a writable directory)"
+    elif not probe.is_dir():
+        why = f"{path} cannot be made ({probe} is not a directory)"
     else:
-        return []
+        try:
+            with tempfile.TemporaryFile(dir=probe):
+                return []
+        except OSError as exc:
+            why = f"{path} cannot be written ({probe}: {exc.strerror})"
     return [Problem(SandboxPathRejected(f"--capture-dir: {why}", field="capture-dir"))]
 
 
@@ -630,6 +637,11 @@ async def _run(
     summary: dict[str, Any],
 ) -> int:
     observer = ConsoleObserver(quiet=quiet)
+    # Mounts are read, bounded and hashed before any provider is asked anything (describe included).
+    t0 = time.perf_counter()
+    resolved = await resolve_mounts(specs, observer)
+    resolve_seconds = time.perf_counter() - t0
+    observer.phase("resolve", resolve_seconds)
     registry = await _registry(name, credential, observer, journal)
     profile_name = prof.name if isinstance(prof, ReadProfile) else ""
     if isinstance(prof, ReadProfile):  # a provider service: the provider it serves decides who pins a tag
@@ -678,7 +690,9 @@ async def _run(
             interact=interact,
             tty=tty,
             capture_root=state_dir() / "captures",
+            resolved=resolved,
         )
+        result.phases = {"resolve": resolve_seconds, **result.phases}
     except asyncio.CancelledError:
         signum = got[0] if got else signal.SIGINT
         err.print(

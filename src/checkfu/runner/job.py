@@ -155,6 +155,7 @@ async def run_job(
     interact: Interact | None = None,
     tty: tuple[int, int] | None = None,
     capture_root: Path | None = None,
+    resolved: Sequence[ResolvedMount] | None = None,
 ) -> JobResult:
     """Run ``argv`` in a fresh sandbox; returns its exit code and what happened.
 
@@ -162,6 +163,8 @@ async def run_job(
     ``interact`` feeds the process from the caller (``-i``), ``tty`` gives it a pseudo-terminal
     of ``(rows, cols)`` (``-t``). Every input is checked before any work, every problem listed.
     Captures go to ``capture_dir``, else to ``capture_root/RUN`` (default ``captures/RUN``).
+    ``resolved`` are ``mounts`` already resolved (``resolve_mounts``), by a caller that resolves
+    them before it asks any provider anything.
 
     Raises:
         SandboxError: a refusal or a provider fault; whatever was allocated has been
@@ -178,8 +181,10 @@ async def run_job(
         + target_problems([m.target for m in mounts])
         + capture_problems(captures)
     )
-    async with phases.run("resolve"):
-        resolved = await _resolve_all(mounts, obs)
+    if resolved is None:
+        async with phases.run("resolve"):
+            resolved = await resolve_mounts(mounts, obs)
+    resolved = list(resolved)
     needs = Needs(
         terminal=tty is not None,
         writable_mounts=any(r.plan.writable for r in resolved),
@@ -260,7 +265,7 @@ class _Stop(Exception):
     """Resolution was abandoned: the Run was cancelled while a worker thread hashed."""
 
 
-async def _resolve_all(mounts: Sequence[MountSpec], obs: Observer) -> list[ResolvedMount]:
+async def resolve_mounts(mounts: Sequence[MountSpec], obs: Observer) -> list[ResolvedMount]:
     """Resolve every mount in a worker thread (hashing never blocks the loop, so a signal is taken at once);
     a cancellation stops the hashing at its next chunk."""
     stop = threading.Event()
@@ -305,7 +310,7 @@ async def _drive(
     session: RunSession,
     profile: SandboxProfile,
     platform: Platform,
-    resolved: list[ResolvedMount],
+    resolved: Sequence[ResolvedMount],
     argv: Sequence[str],
     captures: Sequence[str],
     capture_dir: Path | None,
