@@ -417,3 +417,38 @@ def test_a_one_gib_mount_is_staged_in_bounded_memory(dcli: Cli, tmp_path: Path) 
     grown = (peak - baseline) * 1024
     print(f"1 GiB mount: peak RSS {peak / 1024:.1f} MiB, {baseline / 1024:.1f} MiB without a mount")
     assert grown < 96 << 20, f"peak {peak} KiB against {baseline} KiB without a mount"
+
+
+# captures of real directories (issue 16, defects 5 and 6) -------------------------------------------------
+
+
+@pytest.mark.docker
+def test_a_capture_of_many_files_and_a_name_that_is_not_utf8_keeps_the_commands_status(
+    dcli: Cli, tmp_path: Path
+) -> None:
+    script = (
+        "mkdir -p /home/sandbox/out/many && cd /home/sandbox/out && printf good > good.txt "
+        "&& printf bad > \"$(printf 'bad\\377name')\" "
+        "&& i=0; while [ $i -lt 1100 ]; do echo $i > many/f$i; i=$((i+1)); done; exit 7"
+    )
+    into = tmp_path / "into"
+    done = dcli(
+        "run",
+        "--profile",
+        BUSYBOX,
+        "--capture",
+        "/home/sandbox/out",
+        "--capture-dir",
+        str(into),
+        "--",
+        "sh",
+        "-c",
+        script,
+        timeout=300,
+    )
+    assert done.code == 7, str(done)  # the command's status, not a provider failure
+    out = into / "home" / "sandbox" / "out"
+    assert (out / "good.txt").read_bytes() == b"good"
+    assert len(list((out / "many").iterdir())) == 1100 and (out / "many" / "f1099").read_bytes() == b"1099\n"
+    assert "not captured" in done.said and "bad\\xffname" in done.said, str(done)  # skipped by name
+    assert "captured 1101 files into" in done.said
