@@ -541,6 +541,10 @@ def test_help_has_no_type_clutter_and_version_and_completion_answer() -> None:
         text = invoke(*args).stdout
         for clutter in ("<bool>", "<str>", "<path>", "<float>", "<int>", "list[str]", "TEXT", "BOOLEAN"):
             assert clutter not in text, (args, clutter)
+    lines = invoke("run", "--help").stdout.splitlines()
+    for option, metavar in (("--db ", "URL"), ("--credential-file ", "FILE"), ("--profile ", "FILE")):
+        line = next(x for x in lines if option in x)
+        assert metavar in line, (option, line)  # every option that takes a value says what kind
     version = invoke("--version")
     assert version.exit_code == 0 and version.stdout.startswith("checkfu ")
     completion = invoke("--show-completion", "bash")

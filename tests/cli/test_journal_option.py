@@ -43,3 +43,26 @@ def test_runs_list_needs_a_positive_limit(limit: str, tmp_path: Path) -> None:
     assert done.returncode == 2
     assert "--limit" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_the_runner_tag_names_the_journal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two journals of one state directory get two tags, so a reconcile on one never matches the other's
+    sandboxes; every spelling of one journal gets one tag; the default journal keeps the state directory's."""
+    from checkfu.cli.state import default_journal_url, runner_tag  # noqa: PLC0415
+
+    monkeypatch.delenv("CHECKFU_RUNNER_TAG", raising=False)
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    monkeypatch.chdir(tmp_path)
+    base = runner_tag()
+    assert base.startswith("runner-") and runner_tag(None) == base == runner_tag(default_journal_url())
+    other = runner_tag("sqlite:///other.sqlite")
+    assert other != base and other.startswith(base + "-j")
+    assert runner_tag(f"sqlite+pysqlite:///{tmp_path}/other.sqlite") == other  # the same file, spelled otherwise
+    (tmp_path / "link.sqlite").symlink_to(tmp_path / "other.sqlite")
+    assert runner_tag("sqlite:///link.sqlite") == other
+    assert runner_tag("sqlite:///third.sqlite") not in (base, other)
+    pg = "postgresql+psycopg://u:secret@DB.example:5432/j"
+    assert runner_tag(pg) == runner_tag("postgresql://u:other@db.example:5432/j") != base
+    assert "secret" not in runner_tag(pg)
+    monkeypatch.setenv("CHECKFU_RUNNER_TAG", "pinned")
+    assert runner_tag("sqlite:///other.sqlite") == "pinned"

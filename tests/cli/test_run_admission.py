@@ -118,6 +118,7 @@ def test_a_refusal_lists_every_problem_with_unknown_keys_named(cli: Cli, tmp_pat
         "inside /sys",
     ):
         assert phrase in said, f"{phrase!r}:\n{done}"
+    assert said.count("'9LIVES' is not an environment name") == 1, said  # each problem once, where it was given
     refused(cli, done)
 
 
@@ -132,7 +133,14 @@ def test_json_summary_of_a_refusal(cli: Cli, tmp_path: Path) -> None:
     assert body["error"]["code"] == "SandboxProfileInvalid" and "1X" in body["error"]["message"]
 
 
-def test_no_profile_runs_in_the_built_in_default_named_in_the_summary(cli: Cli) -> None:
-    done = cli("run", *HOST, "--", "true")
+def test_no_profile_runs_in_the_built_in_default_named_in_the_summary(cli: Cli, tmp_path: Path) -> None:
+    out = tmp_path / "s.json"
+    done = cli("run", *HOST, "--json", str(out), "--", "true")
     assert done.code == 0, str(done)
     assert "profile built-in default for the host-process tier" in done.said
+    # named in the closing summary and in its JSON, not only in the progress lines above them
+    summary = done.said[done.said.index(" run run-") :]
+    assert "profile built-in default for the host-process tier" in summary, done.said
+    import json  # noqa: PLC0415
+
+    assert json.loads(out.read_text())["profile"] == "built-in default for the host-process tier"

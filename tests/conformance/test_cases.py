@@ -96,6 +96,49 @@ async def test_the_docker_tier_passes_every_case_it_does_not_skip() -> None:
 # Deliberately broken providers fail exactly the cases their defects break -----------------------------
 
 
+def _docker_or_skip() -> None:
+    if os.environ.get("CHECKFU_REQUIRE_DOCKER") != "1":
+        pytest.importorskip("docker").from_env().ping()
+
+
+@pytest.mark.docker
+async def test_case_9_fails_a_docker_proxy_that_lets_any_address_through(monkeypatch: pytest.MonkeyPatch) -> None:
+    _docker_or_skip()
+    from checkfu.providers.docker import egress  # noqa: PLC0415
+
+    real = egress.source
+    permissive = real("proxy").replace(
+        "            if (canonical, port) not in self.addresses:\n", "            if False:\n"
+    )
+    assert permissive != real("proxy")
+    monkeypatch.setattr(egress, "source", lambda role: permissive if role == "proxy" else real(role))
+    report = await run_suite("docker", only=(9,))
+    assert failing(report) == {9}, explain(report)
+    assert "the sandbox says it reached the unlisted" in report.cases[0].reason
+
+
+@pytest.mark.docker
+async def test_case_9_fails_a_docker_sandbox_with_a_route_around_its_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
+    _docker_or_skip()
+    from checkfu.providers.docker import DockerProvider, egress, spec  # noqa: PLC0415
+
+    real_spec, real_source = spec.sandbox_spec, egress.source
+
+    def routed(api: Any, **kw: Any) -> dict[str, Any]:
+        config = real_spec(api, **kw)
+        config["host_config"]["NetworkMode"] = "bridge"  # the sandbox gets a route of its own
+        return config
+
+    door = real_source("door").replace('if interfaces != ["lo"]:', "if False:")  # and its door does not object
+    assert door != real_source("door")
+    monkeypatch.setattr(spec, "sandbox_spec", routed)
+    monkeypatch.setattr(DockerProvider, "_verify_sealed", lambda self, instance: None)
+    monkeypatch.setattr(egress, "source", lambda role: door if role == "door" else real_source(role))
+    report = await run_suite("docker", only=(9,))
+    assert failing(report) == {9}, explain(report)
+    assert "a direct connection reached the unlisted" in report.cases[0].reason
+
+
 class KeepsWhatItReleases(MemoryProvider):
     """Answers release as if it destroyed the instance, and keeps it running."""
 

@@ -109,21 +109,25 @@ async def test_an_owner_on_another_host_waits_for_expiry(rig: Any) -> None:
     assert report.compensated == [inst.allocation_key]
 
 
-async def test_strays_the_journal_does_not_hold_are_compensated_by_enumeration(rig: Any) -> None:
+async def test_enumeration_takes_only_what_this_journal_accounts_for(rig: Any) -> None:
     tag = rig.runner.runner_tag
     requests = Requests(rig.memory.target, runner_tag=tag)
     image = (await rig.memory.materialize(requests.materialize())).image
     for key in ("ak-stray-1", "ak-stray-2"):
-        await rig.memory.provision(requests.provision(key, image))  # behind the journal's back
+        await rig.memory.provision(requests.provision(key, image))  # behind this journal's back: another's
     foreign = Requests(rig.memory.target, runner_tag="another-runner")
     await rig.memory.provision(foreign.provision("ak-theirs", image))
+    _, (kept,) = await crashed_run(rig)
+    rig.journal.set_allocation(kept.allocation_key, "released", now=rig.clock.now())  # released, yet still held
     _, (mine,) = await crashed_run(rig)  # a live Run of this runner: its lease is current
 
     report = await reconcile(rig.journal, rig.registry, rig.clock, runner_tag=tag)
-    assert sorted(report.enumerated) == ["ak-stray-1", "ak-stray-2"]
+    assert report.enumerated == [kept.allocation_key]  # the journal says released: the provider kept it
+    assert sorted(report.unaccounted) == ["ak-stray-1", "ak-stray-2"]  # never recorded here: not ours to take
     assert report.compensated == [] and report.failed == {}
-    assert rig.held_keys() == {"ak-theirs", mine.allocation_key}  # another runner's and the live Run's remain
-    assert (await reconcile(rig.journal, rig.registry, rig.clock, runner_tag=tag)).nothing_to_do
+    assert rig.held_keys() == {"ak-stray-1", "ak-stray-2", "ak-theirs", mine.allocation_key}
+    again = await reconcile(rig.journal, rig.registry, rig.clock, runner_tag=tag)
+    assert again.nothing_to_do and sorted(again.unaccounted) == ["ak-stray-1", "ak-stray-2"]
 
 
 async def test_a_settled_snapshot_outlives_the_run(rig: Any) -> None:
@@ -136,7 +140,8 @@ async def test_a_settled_snapshot_outlives_the_run(rig: Any) -> None:
     await session.release(inst)  # durable: the snapshot stays
     rig.clock.advance(100_000)
     report = await reconcile(rig.journal, rig.registry, rig.clock, runner_tag=rig.runner.runner_tag)
-    assert report.nothing_to_do
+    assert (report.compensated, report.enumerated, report.left) == ([], [], {})
+    assert report.settled_runs == [session.run_id]  # its runner is gone, and it holds nothing but the checkpoint
     assert [h.allocation_key for h in rig.memory.live_objects()] == [snap.allocation_key]
     row = rig.journal.allocation(snap.allocation_key)
     assert row is not None and row.state == "live"
@@ -211,7 +216,15 @@ def test_the_cli_on_a_fresh_journal(tmp_path: Path) -> None:
         check=False,
     )
     assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout) == {"compensated": [], "enumerated": [], "failed": {}, "skipped": {}}
+    assert json.loads(done.stdout) == {
+        "compensated": [],
+        "enumerated": [],
+        "failed": {},
+        "skipped": {},
+        "unaccounted": [],
+        "settled_runs": [],
+        "unsettled_runs": [],
+    }
     assert b"Traceback" not in done.stderr
 
 
@@ -243,10 +256,11 @@ def test_the_cli_settles_an_unsettled_row(tmp_path: Path) -> None:
     result = CliRunner().invoke(
         app, ["runner", "reconcile", "--db", url, "--provider", "memory", "--json"], env=cli_env(tmp_path, "runner-cli")
     )
-    assert result.exit_code == 0, result.output
+    assert result.exit_code == 1, result.output  # something is left: its provider is not loaded
     report = json.loads(result.stdout)
     assert report["compensated"] == ["ak-orphan"]
     assert list(report["skipped"]) == ["ak-no-adapter"]
+    assert report["unsettled_runs"] == ["run-old"] and report["settled_runs"] == []
     assert report["failed"] == {} and report["enumerated"] == []
     journal = Journal(url)
     try:
@@ -257,8 +271,14 @@ def test_the_cli_settles_an_unsettled_row(tmp_path: Path) -> None:
     second = CliRunner().invoke(
         app, ["runner", "reconcile", "--db", url, "--provider", "memory", "--json"], env=cli_env(tmp_path, "runner-cli")
     )
-    assert second.exit_code == 0
+    assert second.exit_code == 1
     assert json.loads(second.stdout)["compensated"] == []
+    said = CliRunner().invoke(
+        app, ["runner", "reconcile", "--db", url, "--provider", "memory"], env=cli_env(tmp_path, "runner-cli")
+    )
+    text = " ".join(said.stderr.split())
+    assert "left ak-no-adapter: no adapter for not-loaded@" in text
+    assert f"run `checkfu runner reconcile --db {url}` again" in text
 
 
 # One door: reconciliation's and describe's provider calls are journaled like a Run's own -------------
@@ -298,3 +318,53 @@ async def test_describe_goes_through_the_door_and_is_journaled(tmp_path: Path) -
         assert (event.member, event.outcome, event.allocation_key) == ("describe", "ok", None)
     finally:
         journal.close()
+
+
+# Runs are settled, not only their allocations -----------------------------------------------------
+
+
+async def test_a_killed_run_is_settled_as_abandoned_and_a_second_pass_does_nothing(rig: Any) -> None:
+    session, _ = await crashed_run(rig, instances=2)
+    never = rig.start()  # killed before it allocated anything
+    rig.clock.advance(100_000)
+    report = await reconcile(rig.journal, rig.registry, rig.clock, runner_tag=rig.runner.runner_tag)
+    assert sorted(report.settled_runs) == sorted([session.run_id, never.run_id])
+    statuses = {r.run_id: r.status for r in rig.journal.list_runs()}
+    assert statuses == {session.run_id: "abandoned", never.run_id: "abandoned"}
+    run = rig.journal.run(session.run_id)
+    assert run is not None and run.finished_at is not None and run.summary is not None
+    assert set(run.summary["allocations"].values()) == {"compensated"}
+    again = await reconcile(rig.journal, rig.registry, rig.clock, runner_tag=rig.runner.runner_tag)
+    assert again.nothing_to_do and again.settled_runs == []
+
+
+async def test_a_live_run_is_not_settled(rig: Any) -> None:
+    session, _ = await crashed_run(rig)  # its lease is current and its owner (this process) alive
+    report = await reconcile(rig.journal, rig.registry, rig.clock, runner_tag=rig.runner.runner_tag)
+    assert report.settled_runs == [] and report.unsettled_runs == []
+    run = rig.journal.run(session.run_id)
+    assert run is not None and run.status == "running"
+
+
+async def test_a_run_that_still_holds_something_is_not_settled(make_rig: Any) -> None:
+    rig = make_rig(wrap=Misbehaving)
+    session, (inst,) = await crashed_run(rig)
+    rig.clock.advance(100_000)
+    rig.provider.set("compensate", crash)
+    report = await reconcile(rig.journal, rig.registry, rig.clock, runner_tag=rig.runner.runner_tag)
+    assert list(report.left) == [inst.allocation_key] and report.unsettled_runs == [session.run_id]
+    run = rig.journal.run(session.run_id)
+    assert run is not None and run.status == "running"  # not claimed settled while its sandbox is held
+    rig.provider.set("compensate", None)
+    report = await reconcile(rig.journal, rig.registry, rig.clock, runner_tag=rig.runner.runner_tag)
+    assert report.settled_runs == [session.run_id]
+
+
+async def test_a_run_journaled_an_instant_ago_without_a_lease_is_left_to_take_it(rig: Any) -> None:
+    tag, now = rig.runner.runner_tag, rig.clock.now()
+    rig.journal.start_run("run-starting", runner_tag=tag, target=rig.memory.target, now=now)
+    report = await reconcile(rig.journal, rig.registry, rig.clock, runner_tag=rig.runner.runner_tag)
+    assert report.settled_runs == []
+    rig.clock.advance(3600)
+    report = await reconcile(rig.journal, rig.registry, rig.clock, runner_tag=rig.runner.runner_tag)
+    assert report.settled_runs == ["run-starting"]

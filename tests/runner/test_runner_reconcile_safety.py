@@ -86,14 +86,14 @@ async def test_a_long_streaming_command_keeps_its_lease(tmp_path: Path) -> None:
 async def test_a_crashing_provider_is_reported_not_raised(tmp_path: Path, member: str) -> None:
     memory = MemoryProvider()
     clock = ManualClock()
-    other = Journal(sqlite_url(tmp_path / "other.sqlite"))
+    journal = Journal(sqlite_url(tmp_path / "journal.sqlite"))
     session = (
-        Runner(registry_of(memory, memory.envelope), other, runner_tag="rt", clock=clock)
+        Runner(registry_of(memory, memory.envelope), journal, runner_tag="rt", clock=clock)
         .start(memory.target, PROFILE, platform=AMD64)
         .session
     )
-    await session.provision(PROFILE, AMD64, (await session.materialize(PROFILE, AMD64)).image)  # a stray
-    journal = Journal(sqlite_url(tmp_path / "journal.sqlite"))
+    await session.provision(PROFILE, AMD64, (await session.materialize(PROFILE, AMD64)).image)
+    clock.advance(100_000)  # its runner is gone: the allocation is an orphan to compensate
     registry = registry_of(Misbehaving(memory, {member: crash}), memory.envelope)
     report = await reconcile(journal, registry, clock, runner_tag="rt")
     assert report.failed, "the failure is reported, not raised"
@@ -132,14 +132,14 @@ async def test_a_hanging_provider_cannot_hang_reconciliation(
     monkeypatch.setitem(DEFAULT_DEADLINES, member, 0.2)
     memory = MemoryProvider()
     clock = ManualClock()
-    other = Journal(sqlite_url(tmp_path / "other.sqlite"))
+    journal = Journal(sqlite_url(tmp_path / "journal.sqlite"))
     session = (
-        Runner(registry_of(memory, memory.envelope), other, runner_tag="rt", clock=clock)
+        Runner(registry_of(memory, memory.envelope), journal, runner_tag="rt", clock=clock)
         .start(memory.target, PROFILE, platform=AMD64)
         .session
     )
-    await session.provision(PROFILE, AMD64, (await session.materialize(PROFILE, AMD64)).image)  # a stray
-    journal = Journal(sqlite_url(tmp_path / "journal.sqlite"))
+    await session.provision(PROFILE, AMD64, (await session.materialize(PROFILE, AMD64)).image)
+    clock.advance(100_000)  # its runner is gone: the allocation is an orphan to compensate
     registry = registry_of(Misbehaving(memory, {member: hang}), memory.envelope)
     report = await asyncio.wait_for(reconcile(journal, registry, clock, runner_tag="rt"), timeout=10)
     assert any("SandboxProviderTimeout" in why for why in report.failed.values())

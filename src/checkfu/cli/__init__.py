@@ -47,6 +47,7 @@ def main() -> None:
     from checkfu.cli import run  # noqa: PLC0415
     from checkfu.cli.commands import app  # noqa: PLC0415
     from checkfu.contract.errors import SandboxError  # noqa: PLC0415
+    from checkfu.runner.journal import JournalError  # noqa: PLC0415
 
     running = len(sys.argv) > 1 and sys.argv[1] == "run"
     err = Console(stderr=True, soft_wrap=True)
@@ -59,7 +60,14 @@ def main() -> None:
             sys.exit(EXIT_RUN_REFUSED)
         raise
     except SandboxError as exc:
-        err.print(f"[bold red]{exc.code}[/]: {escape(exc.message)}", highlight=False, markup=True)
+        err.print(f"[bold red]{escape(exc.code)}[/]: {escape(exc.message)}", highlight=False, markup=True)
+        sys.exit(EXIT_RUN_REFUSED if running else EXIT_REFUSED)
+    except JournalError as exc:
+        err.print(
+            f"[bold red]journal unavailable[/]: {escape(str(exc))}. Nothing was asked of a provider without its "
+            "record; run `checkfu runner reconcile` once the journal answers to settle what it could not record",
+            highlight=False,
+        )
         sys.exit(EXIT_RUN_REFUSED if running else EXIT_REFUSED)
     except KeyboardInterrupt:
         err.print("interrupted")

@@ -37,9 +37,9 @@ def _check(model: type[Model], key: str, file: Path, as_json: bool, *, quiet: bo
         if as_json:
             print(json.dumps(_refusal(exc)))
         else:
-            where = f" (field {escape(exc.field)})" if exc.field else ""
+            where = f" (field {exc.field})" if exc.field else ""
             Console(stderr=True, highlight=False).print(
-                f"[bold red]refused[/] {exc.code}{where}: {escape(exc.message)}"
+                f"[bold red]refused[/] {escape(exc.code)}{escape(where)}: {escape(exc.message)}"
             )
         raise typer.Exit(1) from None
     if quiet:
@@ -47,7 +47,7 @@ def _check(model: type[Model], key: str, file: Path, as_json: bool, *, quiet: bo
     if as_json:
         print(json.dumps({"ok": True, key: dump(value)}))
     else:
-        out.print(f"[bold green]ok[/] {escape(str(file))} is a valid {model.__name__}")
+        out.print(f"[bold green]ok[/] {escape(str(file))} is a valid {escape(model.__name__)}")
     return value
 
 
@@ -81,7 +81,7 @@ def envelope_check(file: FileArg, as_json: JsonOpt = False) -> None:
     if a.not_counting:
         out.print("[yellow]not enforced[/]:")
         for axis in a.not_counting:
-            out.print(f"  - {axis} ({env.enforcement.authority(axis)})")
+            out.print(f"  - {escape(axis)} ({escape(env.enforcement.authority(axis))})")
     else:
         out.print("enforced  all nine axes count as enforcement")
     if card.uncertified_allowlist:
@@ -122,8 +122,8 @@ def profile_check(file: FileArg, as_json: JsonOpt = False) -> None:
         else:
             err.print(f"[bold red]refused[/] {escape(str(file))}: {len(read.problems)} problem(s)")
             for p in read.problems:
-                where = f" (field {escape(p.field)})" if p.field else ""
-                err.print(f"  {p.code}{where}: {escape(p.message)}")
+                where = f" (field {p.field})" if p.field else ""
+                err.print(f"  {escape(p.code)}{escape(where)}: {escape(p.message)}")
         raise typer.Exit(1)
     assert read.profile is not None and read.doc is not None
     digest = None if read.tag is not None else read.profile.digest
@@ -137,7 +137,7 @@ def profile_check(file: FileArg, as_json: JsonOpt = False) -> None:
     out.print(f"[bold green]ok[/] {escape(str(file))} is a valid SandboxProfile")
     for note in read.notes:
         out.print(f"note      {escape(note)}")
-    out.print(f"digest    {digest or 'computed at admission, once base_image is pinned'}")
+    out.print(f"digest    {escape(digest or 'computed at admission, once base_image is pinned')}")
 
 
 @profile_app.command("init")

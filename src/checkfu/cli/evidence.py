@@ -13,6 +13,7 @@ from rich.markup import escape
 from checkfu.cli.files import load
 from checkfu.conformance.evidence import EvidenceError, generate_keys, load_public_key, verify_evidence
 from checkfu.contract.envelope import SandboxProviderCapabilities
+from checkfu.runner.documents import DocumentError, read_bounded
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
@@ -33,9 +34,9 @@ def evidence_verify(
     try:
         public = load_public_key(pub)
         try:
-            document = file.read_bytes()
-        except OSError as exc:
-            raise EvidenceError(f"cannot read {file}: {exc.strerror or exc}") from None
+            document = read_bounded(file)
+        except DocumentError as exc:
+            raise EvidenceError(str(exc)) from None
         expected = load(SandboxProviderCapabilities, envelope) if envelope is not None else None
         verified = verify_evidence(document, public, envelope=expected)
     except EvidenceError as exc:
@@ -62,9 +63,9 @@ def evidence_verify(
         return
     t = verified.tally
     err.print(
-        f"[green]verified[/]: {escape(str(verified.target))}, envelope {verified.envelope_digest}\n"
-        f"  signed by key {verified.key_id[:16]}; {t.get('pass', 0)} passed, {t.get('fail', 0)} failed, "
-        f"{t.get('skip', 0)} skipped ({escape(verified.suite_version)}, {escape(verified.finished_at)})"
+        f"[green]verified[/]: {escape(str(verified.target))}, envelope {escape(verified.envelope_digest)}\n"
+        f"  signed by key {escape(verified.key_id[:16])}; {t.get('pass', 0):d} passed, {t.get('fail', 0):d} failed, "
+        f"{t.get('skip', 0):d} skipped ({escape(verified.suite_version)}, {escape(verified.finished_at)})"
     )
 
 

@@ -3,46 +3,56 @@
 from __future__ import annotations
 
 import json
-import tomllib
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
-from checkfu.contract.codec import decode, decode_value
+from checkfu.contract.codec import decode_value, strict_json
 from checkfu.contract.model import Model
+from checkfu.runner.documents import MAX_DOCUMENT_FILE_BYTES, DocumentError, check_nesting, parse_toml, read_bounded
 
 M = TypeVar("M", bound=Model)
 
-MAX_FILE_BYTES = 16 * 1024 * 1024
+MAX_FILE_BYTES = MAX_DOCUMENT_FILE_BYTES
+
+
+def read_document(model: type[M], path: Path) -> Any:
+    """The parsed document at ``path`` (TOML when it ends in ``.toml``, else JSON), not yet decoded.
+
+    Only a regular file is read (a FIFO or a device is refused at once), at most ``MAX_FILE_BYTES``,
+    nested at most ``MAX_NESTING`` deep: the same bounds for TOML and JSON.
+
+    Raises:
+        SandboxError: ``model.decode_error`` naming the file: unreadable, not a regular file, empty,
+            oversized, malformed or nested too deeply.
+    """
+    refuse = model.decode_error
+    try:
+        raw = read_bounded(path, limit=MAX_FILE_BYTES)
+        if not raw.strip():
+            raise DocumentError(f"{path}: the file is empty")
+        if path.suffix.lower() == ".toml":
+            return parse_toml(raw, path)
+        try:
+            value = strict_json(raw.decode("utf-8"))  # bytes would let json guess UTF-16 or UTF-32
+        except UnicodeDecodeError:
+            raise DocumentError(f"{path}: not a valid JSON document: not UTF-8") from None
+        except ValueError as exc:
+            raise DocumentError(f"{path}: not a valid JSON document: {str(exc).splitlines()[0][:200]}") from None
+        check_nesting(value, path)
+        return value
+    except DocumentError as exc:
+        raise refuse(str(exc)) from None
 
 
 def load(model: type[M], path: Path) -> M:
     """Decode ``path`` (TOML when it ends in ``.toml``, else JSON) into ``model``.
 
     Raises:
-        SandboxError: ``model.decode_error`` for an unreadable, empty, oversized or
+        SandboxError: ``model.decode_error`` for an unreadable, empty, oversized, deep or
             malformed file, naming the file; the decoder's error for a bad document.
     """
-    refuse = model.decode_error
-    try:
-        with path.open("rb") as fh:
-            raw = fh.read(MAX_FILE_BYTES + 1)
-    except OSError as exc:
-        raise refuse(f"cannot read {path}: {exc.strerror or exc}") from None
-    if len(raw) > MAX_FILE_BYTES:
-        raise refuse(f"{path}: larger than {MAX_FILE_BYTES} bytes")
-    if not raw.strip():
-        raise refuse(f"{path}: the file is empty")
-    if path.suffix.lower() == ".toml":
-        try:
-            value = tomllib.loads(raw.decode("utf-8"))
-        except UnicodeDecodeError:
-            raise refuse(f"{path}: not UTF-8") from None
-        except tomllib.TOMLDecodeError as exc:
-            raise refuse(f"{path}: not valid TOML: {exc}") from None
-        except RecursionError:
-            raise refuse(f"{path}: not valid TOML: nested too deeply") from None
-        return decode_value(model, value)
-    return decode(model, raw)
+    value = read_document(model, path)
+    return decode_value(model, value)
 
 
 def dump(model: Model) -> object:

@@ -24,4 +24,4 @@ def export(directory: Annotated[Path, typer.Argument(help="where to write the ki
             f"cannot write the kit to {escape(str(directory))}: {escape(str(exc.strerror or exc))}"
         )
         raise typer.Exit(1) from None
-    Console(highlight=False).print(f"wrote {count} files to {escape(str(directory))}")
+    Console(highlight=False).print(f"wrote {count:d} files to {escape(str(directory))}")

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import re
-import stat
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,10 +17,11 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from checkfu.contract.codec import translate_all
+from checkfu.contract.codec import strict_json, translate_all
 from checkfu.contract.errors import SandboxError, SandboxProfileInvalid
 from checkfu.contract.profile import SandboxProfile
 from checkfu.runner.admission import Problem
+from checkfu.runner.documents import DocumentError, check_nesting, parse_toml, read_bounded
 
 MAX_FILE_BYTES = 1 << 20
 """A profile is a few hundred bytes; a megabyte is generous, and a reader of ``/dev/zero`` stops there."""
@@ -98,49 +98,30 @@ def _problem(message: str, field: str | None = None) -> Problem:
 
 
 def read_document(path: Path) -> tuple[dict[str, Any] | None, list[Problem]]:
-    """The document in ``path`` (TOML when it ends in ``.toml``, else JSON), read within bounds.
+    """The document in ``path`` (TOML when it ends in ``.toml``, else JSON), read by the one bounded reader.
 
-    A FIFO, a device or anything but a regular file is refused before it is opened for reading.
+    A FIFO, a device or anything but a regular file is refused by what it is, without blocking on it; at
+    most ``MAX_FILE_BYTES`` are read, and TOML and JSON alike may nest at most ``MAX_NESTING`` deep.
     """
     try:
-        st = path.stat()
-    except OSError as exc:
-        return None, [_problem(f"profile: cannot read {path}: {exc.strerror or exc}", "profile")]
-    if not stat.S_ISREG(st.st_mode):
-        return None, [_problem(f"profile: {path} is not a regular file", "profile")]
-    try:
-        with path.open("rb") as fh:
-            raw = fh.read(MAX_FILE_BYTES + 1)
-    except OSError as exc:
-        return None, [_problem(f"profile: cannot read {path}: {exc.strerror or exc}", "profile")]
-    if len(raw) > MAX_FILE_BYTES:
-        return None, [_problem(f"profile: {path} is larger than {MAX_FILE_BYTES} bytes", "profile")]
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        return None, [_problem(f"profile: {path} is not UTF-8", "profile")]
-    try:
+        raw = read_bounded(path, limit=MAX_FILE_BYTES)
+        if not raw.strip():
+            raise DocumentError(f"{path}: the file is empty")
         if path.suffix.lower() == ".toml":
-            doc = tomllib.loads(text)
+            doc: Any = parse_toml(raw, path)
         else:
-            doc = json.loads(text, object_pairs_hook=_no_duplicates)
-    except (tomllib.TOMLDecodeError, ValueError) as exc:
-        kind = "TOML" if path.suffix.lower() == ".toml" else "JSON"
-        return None, [_problem(f"profile: {path}: not valid {kind}: {exc}", "profile")]
-    except RecursionError:
-        return None, [_problem(f"profile: {path}: nested too deeply", "profile")]
+            try:
+                doc = strict_json(raw.decode("utf-8"))  # bytes would let json guess UTF-16 or UTF-32
+            except UnicodeDecodeError:
+                raise DocumentError(f"{path}: not UTF-8") from None
+            except ValueError as exc:
+                raise DocumentError(f"{path}: not valid JSON: {str(exc).splitlines()[0][:200]}") from None
+            check_nesting(doc, path)
+    except DocumentError as exc:
+        return None, [_problem(f"profile: {exc}", "profile")]
     if not isinstance(doc, dict):
         return None, [_problem(f"profile: {path}: the document is not a table of keys", "profile")]
     return doc, []
-
-
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    seen: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in seen:
-            raise ValueError(f"the key {key!r} appears twice")
-        seen[key] = value
-    return seen
 
 
 def check_document(doc: dict[str, Any], name: str) -> ReadProfile:

@@ -24,6 +24,7 @@ from checkfu.contract.errors import SandboxAdapterUnavailable
 from checkfu.contract.profile import SandboxProfile
 from checkfu.control.enrollment import enroll
 from checkfu.control.grading import GradeCard, grade, grade_envelope, render_html, render_text
+from checkfu.runner.documents import DocumentError, read_bounded
 from checkfu.runner.registry import Adapter, Registry, load_registry
 from checkfu.runner.runner import Runner
 from checkfu.wire.credentials import Credential, CredentialError
@@ -74,7 +75,7 @@ def provider_serve(
         raise SandboxAdapterUnavailable(f"cannot serve {name!r}: {why}", field="provider")
     adapter = found[0]
     err.print(
-        f"serving {escape(str(adapter.target))} on http://{host}:{port} "
+        f"serving {escape(str(adapter.target))} on http://{escape(host)}:{port:d} "
         "(its runner_enforced axes are stated as provider_attested over the wire; Ctrl-C stops)"
     )
     asyncio.run(serve(create_app(adapter.provider, [credential]), host, port))
@@ -124,8 +125,8 @@ def _run_cases(
         done[0] += 1
         colour = {"pass": "green", "fail": "red", "skip": "yellow"}[result.outcome]
         err.print(
-            f"  [{colour}]{result.outcome:<4}[/] case {case.number} {escape(case.name)} "
-            f"[dim]({result.seconds:.2f} s, {done[0]}/{shown})[/]"
+            f"  [{colour}]{escape(result.outcome):<4}[/] case {case.number:d} {escape(case.name)} "
+            f"[dim]({result.seconds:.2f} s, {done[0]:d}/{shown:d})[/]"
         )
 
     return asyncio.run(
@@ -138,13 +139,17 @@ def _table(report: Report) -> None:
     for c in report.cases:
         colour = {"pass": "green", "fail": "red", "skip": "yellow"}[c.outcome]
         table.add_row(
-            f"{c.number} {escape(c.name)}", f"[{colour}]{c.outcome}[/]", f"{c.seconds:.2f} s", escape(c.reason)
+            f"{c.number:d} {escape(c.name)}",
+            f"[{colour}]{escape(c.outcome)}[/]",
+            f"{c.seconds:.2f} s",
+            escape(c.reason),
         )
     Console(stderr=True).print(table)
     t = report.tally()
     err.print(
-        f"{t['pass']} passed, {t['fail']} failed, {t['skip']} skipped in {report.finished_at - report.started_at:.1f} s"
-        f"; envelope {report.envelope_digest}"
+        f"{t['pass']:d} passed, {t['fail']:d} failed, {t['skip']:d} skipped"
+        f" in {report.finished_at - report.started_at:.1f} s"
+        f"; envelope {escape(report.envelope_digest)}"
     )
 
 
@@ -205,9 +210,9 @@ def _public_key(path: Path, option: str) -> Any:
 
 def _read_file(path: Path, option: str) -> bytes:
     try:
-        return path.read_bytes()
-    except OSError as exc:
-        raise typer.BadParameter(f"cannot read {path}: {exc.strerror or exc}", param_hint=option) from None
+        return read_bounded(path)
+    except DocumentError as exc:
+        raise typer.BadParameter(str(exc), param_hint=option) from None
 
 
 @provider_app.command("enroll")
@@ -276,8 +281,8 @@ def provider_enroll(
         )
         return
     err.print(
-        f"[green]enrolled[/] {escape(str(enrolled.adapter.target))}: {t.get('pass', 0)} passed, "
-        f"{t.get('skip', 0)} skipped, within its ceiling"
+        f"[green]enrolled[/] {escape(str(enrolled.adapter.target))}: {t.get('pass', 0):d} passed, "
+        f"{t.get('skip', 0):d} skipped, within its ceiling"
     )
     if enrolled.credential_path is not None:
         err.print(
@@ -294,7 +299,7 @@ def provider_list(
     journal = open_journal(db)
     try:
         registry = asyncio.run(load_registry())
-        Runner(registry, journal, runner_tag=runner_tag())  # records this package's own adapters, as a runner does
+        Runner(registry, journal, runner_tag=runner_tag(db))  # records this package's own adapters, as a runner does
         rows = {r.target.model_dump_json(): r for r in journal.enrollments()}
     finally:
         journal.close()
@@ -318,7 +323,7 @@ def provider_list(
             escape(a["enrolled"]),
             "in-tree" if a["in_tree"] else "third party",
             escape(a["tier_label"]),
-            f"{a['enforced']}/9",
+            f"{a['enforced']:d}/9",
             escape(a["egress_certification"]),
         )
     Console().print(table)
@@ -359,7 +364,7 @@ def provider_grade(
     journal = open_journal(db)
     try:
         adapter = asyncio.run(resolve_target(target, cred))
-        Runner(_registry_of(adapter), journal, runner_tag=runner_tag())
+        Runner(_registry_of(adapter), journal, runner_tag=runner_tag(db))
         report = _run_cases(target, cred, None, None, quiet=as_json) if test else None
         card = grade(
             adapter,

@@ -7,6 +7,7 @@ import json
 import math
 import os
 import re
+import shlex
 import signal
 import sys
 import tempfile
@@ -20,6 +21,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import DownloadColumn, Progress, TaskID
 from rich.table import Table
+from rich.text import Text
 
 from checkfu.cli.profiles import ReadProfile, pinned, read_profile
 from checkfu.cli.state import client_credential, enrolled_credential, is_url, open_journal, runner_tag, state_dir
@@ -45,7 +47,9 @@ from checkfu.runner.admission import (
     workdir_problems,
 )
 from checkfu.runner.clock import SystemClock
+from checkfu.runner.documents import DocumentError, read_bounded
 from checkfu.runner.job import JobResult, resolve_mounts, run_job
+from checkfu.runner.journal import JournalError
 from checkfu.runner.mounts import DirectorySource, MountSpec, parse_mount
 from checkfu.runner.reconcile import reconcile
 from checkfu.runner.registry import ENTRY_POINT_GROUP, Registry, adapter_from_factory, load_registry
@@ -63,9 +67,16 @@ CredentialOpt = Annotated[
     typer.Option(
         "--credential-file",
         help="file holding the provider service's credential (default: $CHECKFU_PROVIDER_CREDENTIAL)",
+        show_default=False,
+        metavar="FILE",
     ),
 ]
-DbOpt = Annotated[str | None, typer.Option("--db", help="journal URL (default: SQLite in the state directory)")]
+DbOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--db", help="journal URL (default: SQLite in the state directory)", show_default=False, metavar="URL"
+    ),
+]
 JsonOpt = Annotated[bool, typer.Option("--json", help="print JSON")]
 
 
@@ -92,23 +103,26 @@ class ConsoleObserver:
         self.bars: dict[str, tuple[Progress, TaskID]] = {}
         self.raw = False
         """The caller's terminal is in raw mode (``-it``): lines need a carriage return."""
+        self.attempt: Attempt | None = None
 
     async def before(self, name: str) -> None:
         pass
 
-    def say(self, text: str) -> None:
+    def say(self, said: str) -> None:
+        """Print ``said``: markup this code built, every value in it escaped (the static guard checks callers)."""
         if not self.quiet:
-            err.print(text + ("\r" if self.raw else ""))
+            err.print(said + ("\r" if self.raw else ""))
 
     def phase(self, name: str, seconds: float) -> None:
-        self.say(f"[dim]• {name:<11} {seconds * 1000:8.1f} ms[/]")
+        self.say(f"[dim]• {escape(name):<11} {seconds * 1000:8.1f} ms[/]")
 
     def warning(self, text: str) -> None:
         self.say(f"[bold yellow]warning[/]: {escape(text)}")
 
     def selected(self, attempt: Attempt) -> None:
+        self.attempt = attempt
         a = assess(attempt.adapter.envelope)
-        self.say(f"[dim]• adapter     {escape(str(attempt.adapter.target))} — grade: {a.label}[/]")
+        self.say(f"[dim]• adapter     {escape(str(attempt.adapter.target))} — grade: {escape(a.label)}[/]")
 
     def build_line(self, line: object) -> None:
         text = line if isinstance(line, str) else str(getattr(line, "line", None) or line)
@@ -126,7 +140,7 @@ class ConsoleObserver:
                 transient=True,
                 disable=not err.is_terminal,
             )
-            bar = (progress, progress.add_task(label, total=total))
+            bar = (progress, progress.add_task(escape(label), total=total))
             self.bars[label] = bar
             progress.start()
         progress, task = bar
@@ -134,7 +148,7 @@ class ConsoleObserver:
         if done >= total:
             progress.stop()
             del self.bars[label]
-            self.say(f"[dim]  {finished} {human_bytes(total)}[/]")
+            self.say(f"[dim]  {escape(finished)} {escape(human_bytes(total))}[/]")
 
     def hash_progress(self, done: int, total: int) -> None:
         self._progress("hashing mounts", done, total, "hashed")
@@ -182,7 +196,7 @@ def _pin_image(read: ReadProfile, provider: str, quiet: bool) -> SandboxProfile:
     except SandboxAdapterUnavailable as exc:
         raise SandboxAdapterUnavailable(f"{exc.message}. {ENGINE_DOWN}", field="provider") from None
     if not quiet:
-        err.print(f"[dim]• pinned      {escape(read.tag)} → {image_id}[/]")
+        err.print(f"[dim]• pinned      {escape(read.tag)} → {escape(image_id)}[/]")
     return pinned(read, image_id)
 
 
@@ -243,27 +257,23 @@ def _env(values: list[str], files: list[Path], warn: list[str]) -> tuple[dict[st
 
     def take(item: str, where: str) -> None:
         name, sep, value = item.partition("=")
+        if not ENV_NAME.match(name):  # named once, where it was given (not again as env)
+            problems.extend(env_problems({name: ""}, field=where))
+            env.pop(name, None)
+            return
         if not sep:
-            if name in os.environ:
-                env[name] = os.environ[name]
-            elif ENV_NAME.match(name):
+            if name not in os.environ:
                 warn.append(f"{name} is not set here, so it is not passed ({where})")
                 return
+            env[name] = os.environ[name]
         else:
             env[name] = value
-        problems.extend(env_problems({name: env.get(name, "")}, field=where) if not ENV_NAME.match(name) else [])
 
     for path in files:
         try:
-            raw = path.read_bytes()[: MAX_ENV_FILE + 1] if path.is_file() else None
-        except OSError as exc:
-            problems.append(
-                Problem(SandboxProfileInvalid(f"--env-file: cannot read {path}: {exc.strerror}", field="env-file"))
-            )
-            continue
-        if raw is None or len(raw) > MAX_ENV_FILE:
-            why = "is not a regular file" if raw is None else f"is larger than {MAX_ENV_FILE} bytes"
-            problems.append(Problem(SandboxProfileInvalid(f"--env-file: {path} {why}", field="env-file")))
+            raw = read_bounded(path, limit=MAX_ENV_FILE)  # a FIFO or a device is refused, not read
+        except DocumentError as exc:
+            problems.append(Problem(SandboxProfileInvalid(f"--env-file: {exc}", field="env-file")))
             continue
         try:
             text = raw.decode("utf-8")
@@ -455,11 +465,11 @@ def _refused(exc: SandboxError, json_file: Path | None, summary: dict[str, Any])
     lines = exc.message.split("; ") if exc.message.count(": ") > 1 and " problems: " in exc.message else [exc.message]
     if len(lines) > 1:
         head, _, first = lines[0].partition(" problems: ")
-        err.print(f"[bold red]refused[/]: {head} problems, nothing was run or allocated:")
+        err.print(f"[bold red]refused[/]: {escape(head)} problems, nothing was run or allocated:")
         for line in [first, *lines[1:]]:
             err.print(f"  {escape(line)}", highlight=False)
     else:
-        err.print(f"[bold red]{exc.code}[/]: {escape(exc.message)}", highlight=False)
+        err.print(f"[bold red]{escape(exc.code)}[/]: {escape(exc.message)}", highlight=False)
     if exc.code in (
         "SandboxProfileInvalid",
         "SandboxPathRejected",
@@ -478,7 +488,8 @@ def _write_json(path: Path, summary: dict[str, Any]) -> None:
     try:
         path.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     except OSError as exc:
-        err.print(f"[bold yellow]warning[/]: cannot write --json {escape(str(path))}: {exc.strerror}")
+        why = exc.strerror or str(exc)
+        err.print(f"[bold yellow]warning[/]: cannot write --json {escape(str(path))}: {escape(why)}")
 
 
 def _admit_and_run(
@@ -550,7 +561,7 @@ def _admit_and_run(
     if captures and capture_dir is not None:
         problems.extend(_capture_dir_problems(capture_dir))
     problems.extend(argv_problems(command))
-    problems.extend(runner_tag_problems(runner_tag()))
+    problems.extend(runner_tag_problems(runner_tag(db)))
     problems.extend(_allow_problems(allow))
     if not 0 < timeout < math.inf:  # also refuses nan
         problems.append(
@@ -600,6 +611,8 @@ def _admit_and_run(
                 tty=size,
                 quiet=quiet,
                 summary=summary,
+                db=db,
+                profile_name=read.name,
             )
         )
     finally:
@@ -635,6 +648,8 @@ async def _run(
     tty: tuple[int, int] | None,
     quiet: bool,
     summary: dict[str, Any],
+    db: str | None = None,
+    profile_name: str = "",
 ) -> int:
     observer = ConsoleObserver(quiet=quiet)
     # Mounts are read, bounded and hashed before any provider is asked anything (describe included).
@@ -643,14 +658,13 @@ async def _run(
     resolve_seconds = time.perf_counter() - t0
     observer.phase("resolve", resolve_seconds)
     registry = await _registry(name, credential, observer, journal)
-    profile_name = prof.name if isinstance(prof, ReadProfile) else ""
     if isinstance(prof, ReadProfile):  # a provider service: the provider it serves decides who pins a tag
         (adapter,) = registry.adapters
         target = adapter.target
         prof = _allowing(_pin_image(prof, adapter.envelope.provider, quiet), allow)
     else:
         target = _choose(registry, name, explicit)
-    runner = Runner(registry, journal, runner_tag=runner_tag())
+    runner = Runner(registry, journal, runner_tag=runner_tag(db))
     task = asyncio.current_task()
     loop = asyncio.get_running_loop()
     got: list[int] = []
@@ -695,12 +709,14 @@ async def _run(
         result.phases = {"resolve": resolve_seconds, **result.phases}
     except asyncio.CancelledError:
         signum = got[0] if got else signal.SIGINT
-        err.print(
-            f"[bold red]interrupted[/] by {signal.Signals(signum).name}: released and compensated; "
-            "nothing is left behind"
-        )
+        said = f"[bold red]interrupted[/] by {escape(signal.Signals(signum).name)}"
+        if not _report_left(observer.attempt, db, said):
+            err.print(f"{said}: released and compensated; nothing is left behind")
         summary.update(ok=False, exit_code=128 + signum, interrupted=signal.Signals(signum).name)
         return 128 + signum
+    except (SandboxError, JournalError):
+        _report_left(observer.attempt, db, "[bold red]failed[/]")
+        raise
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
@@ -715,7 +731,7 @@ async def _run(
         exit_code=result.exit_code,
         adapter=result.adapter,
         grade=label,
-        profile=profile_name or "",
+        profile=profile_name,
         phases_ms={k: round(v * 1000, 1) for k, v in result.phases.items()},
         staged_bytes=result.staged_bytes,
         writable=list(result.writable),
@@ -728,6 +744,11 @@ async def _run(
     )
     if not quiet:
         _summary(result, label, allowed, profile_name, env, workdir)
+    if _report_left(observer.attempt, db, f"[bold red]the command exited {result.exit_code:d}, but[/]"):
+        summary.update(exit_code=LEFT_BEHIND_EXIT, left=dict(result.left))
+        return LEFT_BEHIND_EXIT
+    if result.unjournaled:
+        summary["unjournaled"] = dict(result.unjournaled)
     return result.exit_code
 
 
@@ -740,13 +761,13 @@ def _summary(
     workdir: str | None,
 ) -> None:
     err.print()
-    err.print(f"[bold]run[/]        {result.run_id}")
-    err.print(f"[bold]adapter[/]    {escape(result.adapter)} — grade: {attempt_label}")
+    err.print(f"[bold]run[/]        {escape(result.run_id)}")
+    err.print(f"[bold]adapter[/]    {escape(result.adapter)} — grade: {escape(attempt_label)}")
     if profile_name:
         err.print(f"[bold]profile[/]    {escape(profile_name)}")
-    err.print("[bold]phases[/]     " + ", ".join(f"{k} {v * 1000:.0f} ms" for k, v in result.phases.items()))
+    err.print("[bold]phases[/]     " + ", ".join(f"{escape(k)} {v * 1000:.0f} ms" for k, v in result.phases.items()))
     if result.staged_bytes:
-        err.print(f"[bold]staged[/]     {human_bytes(result.staged_bytes)}")
+        err.print(f"[bold]staged[/]     {escape(human_bytes(result.staged_bytes))}")
     if env:
         err.print("[bold]env[/]        " + escape(", ".join(sorted(env))) + " [dim](names only)[/]")
     if workdir:
@@ -754,15 +775,49 @@ def _summary(
     if allowed:
         err.print("[bold]allowed[/]  " + escape(", ".join(allowed)))
     colour = "green" if result.exit_code == 0 else "red"
-    err.print(f"[bold]exit[/]       [{colour}]{result.exit_code}[/]")
+    err.print(f"[bold]exit[/]       [{colour}]{result.exit_code:d}[/]")
     if result.capture_dir is not None:
-        err.print(f"[bold]captured[/]   {len(result.captured)} files into {escape(str(result.capture_dir))}")
+        err.print(f"[bold]captured[/]   {len(result.captured):d} files into {escape(str(result.capture_dir))}")
     if result.writable:
         err.print("[bold]writable[/]   " + escape(", ".join(result.writable)) + " (:rw, not sealed)")
     if result.not_enforced:
-        err.print("[bold yellow]not enforced[/] " + ", ".join(result.not_enforced))
+        err.print("[bold yellow]not enforced[/] " + escape(", ".join(result.not_enforced)))
     else:
         err.print("[bold]enforced[/]   all nine axes")
+
+
+LEFT_BEHIND_EXIT = EXIT_REFUSED
+"""The exit status of a Run that finished but left something of its sandbox behind (see ``_report_left``): a
+sandbox failure around the command, so checkfu's own 125, never a status the command could have had."""
+
+
+def _report_left(attempt: Attempt | None, db: str | None, said: str) -> bool:
+    """Say what of the Run is still held (never claim it was released) and how to finish; returns whether
+    anything is. Also say what the journal could not record (that needs no action: reconciliation settles it)."""
+    if attempt is None:
+        return False
+    session = attempt.session
+    finish = "checkfu runner reconcile" + (f" --db {shlex.quote(db)}" if db else "")
+    if session.unjournaled:
+        err.print(
+            "[bold yellow]warning[/]: the journal could not record everything (it was locked or unreachable); "
+            f"`{escape(finish)}` settles its rows once it answers:"
+        )
+        for what, why in session.unjournaled.items():
+            err.print(f"  {escape(what)}: {escape(why[:300])}")
+    if not session.left:
+        return False
+    err.print(
+        f"{said}: {len(session.left):d} allocation(s) of {escape(session.run_id)} could not be released "
+        "and are left behind:"
+    )
+    for key, why in session.left.items():
+        err.print(f"  {escape(key)}: {escape(why[:300])}")
+    err.print(
+        f"to finish: once {escape(str(session.target))} answers again (for Docker, once the engine is up), "
+        f"run `{escape(finish)}`; it releases them by their keys"
+    )
+    return True
 
 
 @runs_app.command("list")
@@ -794,13 +849,13 @@ def runs_list(
         )
         return
     table = Table("run", "status", "exit", "adapter", "command")
-    for r in rows:
+    for r in rows:  # everything recorded is data, never markup: each cell is plain Text
         table.add_row(
-            r.run_id,
-            r.status,
-            "" if r.exit_code is None else str(r.exit_code),
-            str(r.target),
-            " ".join(r.command or []),
+            Text(r.run_id),
+            Text(r.status),
+            Text("" if r.exit_code is None else str(r.exit_code)),
+            Text(str(r.target)),
+            Text(shlex.join(r.command or [])),
         )
     Console().print(table)
 
@@ -854,31 +909,36 @@ def runs_show(
         )
         return
     out = Console(highlight=False)
-    out.print(f"run {r.run_id}  {r.status}  exit {r.exit_code}  {r.target}")
-    out.print(f"command {' '.join(r.command or [])}")
+    # Everything recorded is data, never markup (an argv of '[/]', an adapter named '[local]'): plain Text only.
+    out.print(Text(f"run {r.run_id}  {r.status}  exit {r.exit_code}  {r.target}"))
+    out.print(Text(f"command {shlex.join(r.command or [])}"))
     table = Table("member", "duration", "outcome", "allocation", "detail")
     for e in events:
         table.add_row(
-            e.member,
-            f"{e.duration_ms:.1f} ms",
-            e.error_code or e.outcome,
-            e.allocation_key or "",
-            (e.detail or "")[:80],
+            Text(e.member),
+            Text(f"{e.duration_ms:.1f} ms"),
+            Text(e.error_code or e.outcome),
+            Text(e.allocation_key or ""),
+            Text((e.detail or "")[:80]),
         )
     out.print(table)
     for a in allocs:
-        out.print(f"allocation {a.allocation_key} {a.kind} {a.state}")
+        out.print(Text(f"allocation {a.allocation_key} {a.kind} {a.state}"))
 
 
 @runner_app.command("reconcile")
 def runner_reconcile(
     db: DbOpt = None, provider: Annotated[list[str] | None, typer.Option("--provider")] = None, as_json: JsonOpt = False
 ) -> None:
-    """Compensate every unsettled allocation whose lease expired or whose owner is gone."""
+    """Compensate every unsettled allocation whose lease expired or whose owner is gone, and settle its Run.
+
+    Exits 1 when anything is left (a compensation failed, or a provider could not be reached): what is
+    left and how to finish are listed.
+    """
     journal = open_journal(db)
     try:
         registry = asyncio.run(load_registry(entry_point_names=provider, recorder=journal))
-        report = asyncio.run(reconcile(journal, registry, SystemClock(), runner_tag=runner_tag()))
+        report = asyncio.run(reconcile(journal, registry, SystemClock(), runner_tag=runner_tag(db)))
     finally:
         journal.close()
     if as_json:
@@ -889,15 +949,30 @@ def runner_reconcile(
                     "enumerated": report.enumerated,
                     "failed": report.failed,
                     "skipped": report.skipped,
+                    "unaccounted": report.unaccounted,
+                    "settled_runs": report.settled_runs,
+                    "unsettled_runs": report.unsettled_runs,
                 }
             )
         )
     else:
         err.print(
-            f"compensated {len(report.compensated)}, strays {len(report.enumerated)}, "
-            f"failed {len(report.failed)}, skipped {len(report.skipped)}"
+            f"compensated {len(report.compensated):d}, strays {len(report.enumerated):d}, "
+            f"runs settled {len(report.settled_runs):d}; left: failed {len(report.failed):d}, "
+            f"not reached {len(report.skipped):d}"
         )
-        for key, why in {**report.failed, **report.skipped}.items():
-            err.print(f"  {escape(key)}: {escape(why)}")
-    if report.failed:
+        for key, why in report.left.items():
+            err.print(f"  left {escape(key)}: {escape(why)}")
+        if report.unaccounted:
+            err.print(
+                f"{len(report.unaccounted):d} held under this runner's tag are not in this journal and were left "
+                f"alone (another journal's: reconcile with its --db): {escape(', '.join(report.unaccounted[:10]))}"
+            )
+        if report.left:
+            finish = "checkfu runner reconcile" + (f" --db {shlex.quote(db)}" if db else "")
+            err.print(
+                f"[bold red]not finished[/]: {len(report.left):d} allocation(s) are still held; once their provider "
+                f"answers again (for Docker, once the engine is up), run `{escape(finish)}` again"
+            )
+    if report.left:
         raise typer.Exit(1)

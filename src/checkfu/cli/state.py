@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import secrets
 from pathlib import Path
 
 import typer
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
-from checkfu.runner.journal import Journal, sqlite_url
+from checkfu.runner.journal import DEFAULT_JOURNAL_DEADLINE, Journal, sqlite_url
 from checkfu.wire.credentials import Credential, CredentialError, read_credential
 
 
@@ -20,11 +22,25 @@ def state_dir() -> Path:
     return path
 
 
-def runner_tag() -> str:
-    """This runner's tag, made once and kept in the state directory (``CHECKFU_RUNNER_TAG`` overrides)."""
+def runner_tag(db: str | None = None) -> str:
+    """This runner's tag for the journal at ``db`` (``None``: the default journal in the state directory).
+
+    The tag identifies the journal as well as the state directory, so two runners that share an engine
+    but keep different journals never label each other's sandboxes alike: the state directory's tag
+    (made once and kept there) for its default journal, and that tag with a digest of the journal's
+    identity for any other. ``CHECKFU_RUNNER_TAG`` overrides both, as given.
+    """
     override = os.environ.get("CHECKFU_RUNNER_TAG")
     if override:
         return override
+    base = _state_tag()
+    identity = journal_identity(db) if db else None
+    if identity is None or identity == journal_identity(default_journal_url()):
+        return base
+    return f"{base}-j{hashlib.sha256(identity.encode()).hexdigest()[:12]}"
+
+
+def _state_tag() -> str:
     path = state_dir() / "runner_tag"
     try:
         tag = path.read_text().strip()
@@ -37,6 +53,25 @@ def runner_tag() -> str:
     return tag
 
 
+def default_journal_url() -> str:
+    return sqlite_url(state_dir() / "journal.sqlite")
+
+
+def journal_identity(url: str) -> str:
+    """What names one journal, however its URL is spelled: an SQLite file by its real path, a server
+    database by driver family, user, host, port and name (never the password)."""
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        return url
+    family = parsed.get_backend_name()
+    if family == "sqlite":
+        name = parsed.database or ""
+        return f"sqlite:{os.path.realpath(name) if name not in ('', ':memory:') else ':memory:'}"
+    host = (parsed.host or "").lower()
+    return f"{family}://{parsed.username or ''}@{host}:{parsed.port or ''}/{parsed.database or ''}"
+
+
 def open_journal(url: str | None) -> Journal:
     """The journal at ``url``, or the embedded SQLite file in the state directory.
 
@@ -44,10 +79,29 @@ def open_journal(url: str | None) -> Journal:
         typer.BadParameter: the journal cannot be opened (a usage error naming ``--db``, exit 2).
     """
     try:
-        return Journal(url or sqlite_url(state_dir() / "journal.sqlite"))
+        return Journal(url or default_journal_url(), deadline=journal_deadline())
     except (SQLAlchemyError, OSError) as exc:
         reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
         raise typer.BadParameter(f"cannot open the journal: {reason}", param_hint="--db") from None
+
+
+def journal_deadline() -> float:
+    """How long a journal operation is retried while the journal is locked or unreachable:
+    ``CHECKFU_JOURNAL_DEADLINE`` seconds, else the journal's default.
+
+    Raises:
+        typer.BadParameter: the variable is not a non-negative number.
+    """
+    raw = os.environ.get("CHECKFU_JOURNAL_DEADLINE")
+    if raw is None:
+        return DEFAULT_JOURNAL_DEADLINE
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < float("inf"):
+        raise typer.BadParameter(f"CHECKFU_JOURNAL_DEADLINE must be a number of seconds, not {raw[:40]!r}")
+    return value
 
 
 def is_url(name: str) -> bool:

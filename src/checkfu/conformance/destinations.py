@@ -52,6 +52,33 @@ while True:
 """
 
 
+HTTP_LISTENER = r"""
+import socket, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind((sys.argv[1], 0))
+s.listen(64)
+print(s.getsockname()[1], flush=True)
+while True:
+    c, addr = s.accept()
+    print("accepted", addr[0], flush=True)
+    try:
+        c.settimeout(5)
+        head = b""
+        while b"\r\n\r\n" not in head and len(head) < 65536:
+            more = c.recv(4096)
+            if not more:
+                break
+            head += more
+        body = head.split(b"\r\n\r\n")[0] + b"\n"
+        c.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n" % len(body) + body)
+    except OSError:
+        pass
+    c.close()
+"""
+"""Answers every request ``200`` with the request head it received as the body."""
+
+
 class DestinationUnavailable(Exception):
     """No destination could be made here; the message says why and what would make one."""
 
@@ -65,6 +92,8 @@ class Destination:
     process: subprocess.Popen[str]
     namespace: str | None = None
     accepted: list[str] = field(default_factory=list)
+    http: bool = False
+    """An HTTP server (``HTTP_LISTENER``): it answers a request, rather than greeting on connect."""
     _reader: threading.Thread | None = None
 
     @property
@@ -94,6 +123,8 @@ class Destination:
         before = len(self.accepted)
         try:
             with socket.create_connection((self.host, self.port), timeout=timeout) as s:
+                if self.http:
+                    s.sendall(b"GET /control HTTP/1.0\r\n\r\n")
                 s.recv(64)
         except OSError as exc:
             raise DestinationUnavailable(f"the destination {self.address} is not reachable from here: {exc}") from exc
@@ -245,14 +276,15 @@ def destination() -> Iterator[Destination]:
 
 
 @contextlib.contextmanager
-def beside(dest: Destination) -> Iterator[Destination]:
-    """Another counting listener on ``dest``'s own address (another port of the same host), removed on the way out.
+def beside(dest: Destination, *, http: bool = False) -> Iterator[Destination]:
+    """Another counting listener on ``dest``'s own address (another port of the same host), removed on the way out;
+    with ``http``, an HTTP server answering each request with its own head.
 
     Raises:
         DestinationUnavailable: the listener did not start.
     """
-    proc, port = _listener(_prefix(dest.namespace), dest.host)
-    other = Destination(dest.host, port, proc, namespace=dest.namespace)
+    proc, port = _listener(_prefix(dest.namespace), dest.host, HTTP_LISTENER if http else LISTENER)
+    other = Destination(dest.host, port, proc, namespace=dest.namespace, http=http)
     other.start_counting()
     try:
         yield other

@@ -34,6 +34,7 @@ from checkfu.conformance.suite import SUITE_VERSION, Report
 from checkfu.contract.codec import canonical, decode_value
 from checkfu.contract.envelope import SandboxProviderCapabilities
 from checkfu.contract.target import ExecutionTarget
+from checkfu.runner.documents import DocumentError, read_bounded
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PAYLOAD_TYPE = "application/vnd.in-toto+json"
@@ -74,9 +75,9 @@ def generate_keys(path: Path) -> tuple[Path, Path]:
 
 def _read(path: Path, what: str) -> bytes:
     try:
-        return path.read_bytes()
-    except OSError as exc:
-        raise EvidenceError(f"cannot read the {what} {path}: {exc.strerror or exc}") from None
+        return read_bounded(path)
+    except DocumentError as exc:
+        raise EvidenceError(f"the {what}: {exc}") from None
 
 
 def load_private_key(path: Path) -> Ed25519PrivateKey:

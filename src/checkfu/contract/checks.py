@@ -7,7 +7,7 @@ result, accept or raise the one vocabulary member the failure amounts to.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Mapping, Sequence
 
 from checkfu.contract.errors import (
     SandboxBoundExceeded,
@@ -15,6 +15,7 @@ from checkfu.contract.errors import (
     SandboxIdentityMismatch,
     SandboxPathRejected,
     SandboxProtocolViolation,
+    SandboxResultInvalid,
     SandboxStateConflict,
 )
 from checkfu.contract.members import FileContent, ReadFilesResult, Result, WriteFileRequest, WriteFileResult
@@ -126,12 +127,51 @@ def check_returned_paths(field: str, paths: Iterable[str], asked: Collection[str
 
 
 def check_read_files(result: ReadFilesResult, asked: Collection[str], max_bytes: int) -> None:
-    """``readFiles`` returns only asked paths, within the byte bound, each matching its digest."""
+    """``readFiles`` answers exactly the asked paths, each once, as a file or as missing, within the byte
+    bound, each file matching its digest.
+
+    Raises:
+        SandboxPathRejected: a returned path is not admissible, or lies outside every asked path.
+        SandboxResultInvalid: a path below an asked one but not asked itself, a path answered twice (twice as a
+            file, or as a file and as missing), or an asked path not answered at all.
+        SandboxBoundExceeded: the files hold more than ``max_bytes`` together.
+        SandboxDigestMismatch: a file's bytes do not match its stated digest.
+    """
     check_returned_paths("files", (f.path for f in result.files), asked)
     check_returned_paths("missing", result.missing, asked)
+    check_answers_exactly(
+        {"files": [f.path for f in result.files], "missing": list(result.missing)}, asked, member="readFiles"
+    )
     check_bound("files", sum(len(f.data) for f in result.files), max_bytes)
     for i, f in enumerate(result.files):
         check_content(f, field=f"files.{i}")
+
+
+def check_answers_exactly(answers: Mapping[str, Sequence[str]], asked: Collection[str], *, member: str) -> None:
+    """Every asked path is answered exactly once, in one of the lists of ``answers``, and nothing else is.
+
+    Raises:
+        SandboxResultInvalid: naming the first answer at fault (``files.2``), or ``missing`` for a dropped path.
+    """
+    wanted = set(asked)
+    seen: dict[str, str] = {}
+    for name, paths in answers.items():
+        for i, path in enumerate(paths):
+            where = f"{name}.{i}"
+            if path not in wanted:
+                raise SandboxResultInvalid(
+                    f"{where}: {path!r} was not asked for ({member} answers exactly the paths asked, nothing below)",
+                    field=where,
+                )
+            if path in seen:
+                raise SandboxResultInvalid(f"{where}: {path!r} is answered twice, also as {seen[path]}", field=where)
+            seen[path] = where
+    dropped = [p for p in asked if p not in seen]
+    if dropped:
+        listed = ", ".join(repr(p) for p in dropped[:5]) + (f" and {len(dropped) - 5} more" if len(dropped) > 5 else "")
+        raise SandboxResultInvalid(
+            f"missing: {member} answered neither a file nor missing for {listed}", field="missing"
+        )
 
 
 def check_content(content: FileContent, *, field: str) -> None:

@@ -54,8 +54,11 @@ from checkfu.contract.errors import (
     error_for_code,
 )
 from checkfu.contract.members import OpenProcessRequest, ProcessStarted
-from checkfu.contract.model import UNIQUE, UNIQUE_ITEMS, Bool, Identifier, Int, Model, NonNegInt, PosInt, Str
+from checkfu.contract.model import UNIQUE, UNIQUE_ITEMS, Bool, ExitCode, Identifier, Model, NonNegInt, PosInt, Str
 from checkfu.contract.process import ProcessEvent, ProcessExit, ProcessOutput, ProcessStreamEnd
+
+MAX_EXIT_CODE = 255
+"""The largest exit status a process can have (``128 + n`` for death by signal ``n``)."""
 
 MAX_DATA = 1 << 20
 """The largest data frame, in bytes, either side may send."""
@@ -142,7 +145,7 @@ class ErrEndFrame(Model):
 
 class ExitFrame(Model):
     type: Literal["exit"]
-    exit_code: Int
+    exit_code: ExitCode
 
 
 class ErrorDetail(Model):
@@ -410,7 +413,8 @@ class OutputOrder:
 
     def feed(self, event: ProcessEvent) -> None:
         """Raises:
-        SandboxProtocolViolation: output after its stream's end, an exit before both ends, anything after the exit.
+        SandboxProtocolViolation: output after its stream's end, an exit before both ends, anything after the exit,
+            an exit status outside 0..255, or something that is no process event.
         SandboxBoundExceeded: a chunk over the bound.
         """
         if self.exited:
@@ -428,7 +432,12 @@ class OutputOrder:
             missing = {"out", "err"} - self.ended
             if missing:
                 raise _violation(f"exit before the end of {', '.join(sorted(missing))}", field="exit")
+            code = event.exit_code
+            if type(code) is not int or not 0 <= code <= MAX_EXIT_CODE:  # a model_construct'ed event skips the type
+                raise _violation(f"exit_code: {code!r} is not an exit status 0..{MAX_EXIT_CODE}", field="exit_code")
             self.exited = True
+        else:
+            raise _violation(f"{type(event).__name__} is not a process event", field="event")
 
     def end(self) -> None:
         """Raises SandboxProtocolViolation: the stream ended without an exit."""

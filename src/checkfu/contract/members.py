@@ -22,8 +22,8 @@ from checkfu.contract.model import (
     UNIQUE_ITEMS,
     Bool,
     Bytes,
+    ExitCode,
     Identifier,
-    Int,
     Model,
     NonNegInt,
     PosInt,
@@ -246,7 +246,7 @@ class ExecRequest(_ProcessSpec):
 class ExecResult(Result):
     allocation_key: AllocationKey
     instance_id: Identifier
-    exit_code: Int
+    exit_code: ExitCode
     timed_out: Bool
     stdout: Bytes
     stderr: Bytes

@@ -33,6 +33,8 @@ MAX_SAFE_INT = 2**53 - 1
 Int = Annotated[int, Strict(), Field(ge=-MAX_SAFE_INT, le=MAX_SAFE_INT)]
 NonNegInt = Annotated[int, Strict(), Field(ge=0, le=MAX_SAFE_INT)]
 PosInt = Annotated[int, Strict(), Field(ge=1, le=MAX_SAFE_INT)]
+ExitCode = Annotated[int, Strict(), Field(ge=0, le=255)]
+"""A process's exit status as a shell reports it: 0..255, ``128 + n`` for death by signal ``n``."""
 Bool = Annotated[bool, Strict()]
 Str = Annotated[str, Strict(), Field(max_length=65536)]
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from checkfu.contract.model import Bytes, Int, Model
+from checkfu.contract.model import Bytes, ExitCode, Model
 
 Stream = Literal["out", "err"]
 
@@ -27,7 +27,7 @@ class ProcessStreamEnd(Model):
 
 class ProcessExit(Model):
     kind: Literal["exit"] = "exit"
-    exit_code: Int
+    exit_code: ExitCode
 
 
 ProcessEvent = ProcessOutput | ProcessStreamEnd | ProcessExit

@@ -190,14 +190,13 @@ class ProviderDoor:
         *,
         run_id: str | None,
         recorder: Recorder | None,
-        allocation_key: str | None = None,
+        key: str | None = None,
     ) -> None:
-        """Record a call the runner refused before asking the provider anything."""
+        """Record a call the runner refused before asking the provider anything, or a fault found after the
+        call answered (an open process's stream breaking a rule)."""
         if recorder is not None:
             now = self.clock.now()
-            recorder.record_call(
-                CallRecord(run_id, member, allocation_key, now, 0.0, "error", error.code, error.message[:1000])
-            )
+            recorder.record_call(CallRecord(run_id, member, key, now, 0.0, "error", error.code, error.message[:1000]))
 
 
 def _record(

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import TypeVar
 
 from checkfu.contract.envelope import Member, SandboxProviderCapabilities
@@ -46,7 +46,7 @@ from checkfu.contract.target import ExecutionTarget, Lease
 from checkfu.contract.vocabulary import Platform
 from checkfu.runner.clock import Clock
 from checkfu.runner.door import ProviderDoor, ProviderFault, kill_process, provider_fault
-from checkfu.runner.journal import Journal
+from checkfu.runner.journal import Journal, JournalError
 from checkfu.runner.leases import LeaseStore
 from checkfu.runner.mounts import ResolvedMount
 from checkfu.runner.session import (
@@ -90,6 +90,10 @@ class RunSession:
         self.leases = leases
         self.run_id = run_id
         self.clock = clock
+        self.left: dict[str, str] = {}
+        """After ``release_all``: what is still held in the provider, by allocation key, with why."""
+        self.unjournaled: dict[str, str] = {}
+        """What the journal could not record while winding up (its row stays open for reconciliation), by key."""
 
     @property
     def envelope(self) -> SandboxProviderCapabilities:
@@ -130,11 +134,16 @@ class RunSession:
             self.door.refused(member, exc, run_id=self.run_id, recorder=self.journal)
             raise
 
-    async def _run(self, plan: Plan[V]) -> V:
+    async def _run(self, plan: Plan[V], *, winding_up: bool = False) -> V:
+        """Carry out ``plan``. ``winding_up`` (a release or compensation on the way out): a journal that
+        cannot be written does not stop the call; what it could not record is kept in ``unjournaled``."""
         self._apply_now(plan.before)
         try:
             accepted = await self.door.call(
-                plan, run_id=self.run_id, recorder=self.journal, fence=lambda: self._fence(plan.deadline)
+                plan,
+                run_id=self.run_id,
+                recorder=self.journal,
+                fence=lambda: self._fence(plan.deadline, winding_up=winding_up),
             )
         except ProviderFault as fault:
             await self._apply(plan.on_fault(fault.error))
@@ -142,15 +151,33 @@ class RunSession:
         except BaseException:
             await self._apply(plan.on_abandon())
             raise
-        self._apply_now(accepted.effects)
+        self._apply_now(accepted.effects, winding_up=winding_up)
         return accepted.value
 
-    def _fence(self, deadline: float) -> None:
-        """Renew the lease for the whole call; a runner whose lease was taken over stops here."""
-        self.leases.renew(self.lease, ttl=max(self.leases.ttl, deadline + 60))
+    def _fence(self, deadline: float, *, winding_up: bool = False) -> None:
+        """Renew the lease for the whole call; a runner whose lease was taken over stops here.
 
-    def _apply_now(self, effects: Sequence[Effect]) -> None:
+        Winding up, a journal that cannot be written does not stop the call: releasing or compensating this
+        Run's own allocation by its key is safe without the lease (both are idempotent, and a reconciler that
+        took the lease over would do the same), and leaving it would leak the sandbox.
+        """
+        try:
+            self.leases.renew(self.lease, ttl=max(self.leases.ttl, deadline + 60))
+        except JournalError as exc:
+            if not winding_up:
+                raise
+            self.unjournaled.setdefault("lease", f"not renewed: {exc}")
+
+    def _apply_now(self, effects: Sequence[Effect], *, winding_up: bool = False) -> None:
         for effect in effects:
+            if isinstance(effect, SettleRow) and winding_up:
+                try:
+                    self.journal.set_allocation(
+                        effect.key, effect.state, now=self.clock.now(), object_id=effect.object_id
+                    )
+                except JournalError as exc:
+                    self.unjournaled[effect.key] = f"not recorded as {effect.state}: {exc}"
+                continue
             if isinstance(effect, JournalAllocation):
                 self.journal.journal_allocation(
                     effect.key,
@@ -172,18 +199,21 @@ class RunSession:
             if isinstance(effect, Compensate):
                 await self._compensate_quietly(effect.key)
 
-    async def _compensate_quietly(self, allocation_key: str) -> None:
-        """Compensate during another failure: a failure here is journaled, never masks the first."""
-        task = asyncio.ensure_future(self.compensate(allocation_key))
+    async def _compensate_quietly(self, allocation_key: str) -> SandboxError | None:
+        """Compensate during another failure: a failure here is journaled and returned, never masks the first.
+
+        The journal being unavailable does not stop it (``winding_up``)."""
+        task = asyncio.ensure_future(self._run(self.core.compensate(allocation_key), winding_up=True))
         try:
             await asyncio.shield(task)
-        except SandboxError:
-            pass
+        except SandboxError as exc:
+            return exc
         except asyncio.CancelledError:
             # Finish reclaiming what was journaled, then honour the cancellation.
             with contextlib.suppress(SandboxError):
                 await task
             raise
+        return None
 
     # materialize and allocation ---------------------------------------------------------------
 
@@ -300,7 +330,14 @@ class RunSession:
         opened = await self._run(
             self._plan("openProcess", lambda: self.core.open_process(inst, argv, env=env, cwd=cwd, tty=tty))
         )
-        return CheckedProcess(opened.stream, opened.started, self.limits.max_output_bytes)
+
+        async def reclaim(error: SandboxError) -> None:
+            # The stream's fault is part of the Run's story, as a failed call would be.
+            self.door.refused("openProcess", error, run_id=self.run_id, recorder=self.journal, key=inst.allocation_key)
+            if inst.state not in ("released", "absent"):
+                await self._apply(self.core._reclaim(inst)(error))
+
+        return CheckedProcess(opened.stream, opened.started, self.limits.max_output_bytes, on_fault=reclaim)
 
     async def read_files(
         self, inst: Instance, paths: Sequence[str], *, max_bytes: int | None = None
@@ -344,37 +381,81 @@ class RunSession:
     async def list_allocations(self) -> ListAllocationsResult:
         return await self._run(self._plan("listAllocations", self.core.list_allocations))
 
-    async def release_all(self) -> None:
-        """Release every live instance and compensate whatever cannot be released; used on the way out."""
+    async def release_all(self) -> dict[str, str]:
+        """Release every live instance and compensate whatever cannot be released; used on the way out.
+
+        A journal that cannot be written does not stop it. Returns (and keeps in ``left``) what is still
+        held in the provider, by allocation key, with the error that kept it: empty when nothing is.
+        """
+        left: dict[str, str] = {}
         for inst in self.core.unreleased():
             try:
-                await self.release(inst)
+                await self._run(self.core.release(inst), winding_up=True)
+                continue
             except (SandboxError, asyncio.CancelledError):
-                await self._compensate_quietly(inst.allocation_key)
-        for row in self.journal.open_allocations(run_id=self.run_id):
-            if row.kind == "snapshot" and row.state == "live":
+                pass
+            failed = await self._compensate_quietly(inst.allocation_key)
+            if failed is not None:
+                left[inst.allocation_key] = f"{failed.code}: {failed.message}"
+        try:
+            rows = self.journal.open_allocations(run_id=self.run_id)
+        except JournalError as exc:
+            self.unjournaled.setdefault("rows", f"the Run's open rows could not be read: {exc}")
+            rows = []
+        for row in rows:
+            key = row.allocation_key
+            if (row.kind == "snapshot" and row.state == "live") or key in left:
                 continue  # durable snapshots outlive the Run by design
-            await self._compensate_quietly(row.allocation_key)
+            if self.core.rows.get(key) in ("released", "compensated"):
+                continue  # reclaimed in the provider; only the journal could not say so
+            failed = await self._compensate_quietly(key)
+            if failed is not None:
+                left[key] = f"{failed.code}: {failed.message}"
+        self.left = left
+        return left
 
 
 class CheckedProcess:
     """An open process whose events are bounded and well-ordered, or a typed error.
 
-    Anything the stream raises is the provider's fault, translated by the door's one table.
+    Anything the stream raises is the provider's fault, translated by the door's one table; so is an
+    event that breaks the order or the bounds. Either way ``on_fault`` runs once, before the error is
+    raised: the session compensates the instance by its key, as after any other fault of an instance call.
     """
 
-    def __init__(self, stream: ProcessStream, started: ProcessStarted, max_chunk: int) -> None:
+    def __init__(
+        self,
+        stream: ProcessStream,
+        started: ProcessStarted,
+        max_chunk: int,
+        *,
+        on_fault: Callable[[SandboxError], Awaitable[None]] | None = None,
+    ) -> None:
         self.stream = stream
         self.started = started
         self.max_chunk = max_chunk
+        self._on_fault = on_fault
+
+    async def _faulted(self, error: SandboxError) -> SandboxError:
+        on_fault, self._on_fault = self._on_fault, None
+        if on_fault is not None:
+            await kill_process(self.stream)
+            await on_fault(error)
+        return error
 
     async def send_stdin(self, data: bytes) -> None:
-        with _translated():
-            await self.stream.send_stdin(data)
+        try:
+            with _translated():
+                await self.stream.send_stdin(data)
+        except SandboxError as exc:
+            raise await self._faulted(exc) from None
 
     async def close_stdin(self) -> None:
-        with _translated():
-            await self.stream.close_stdin()
+        try:
+            with _translated():
+                await self.stream.close_stdin()
+        except SandboxError as exc:
+            raise await self._faulted(exc) from None
 
     async def resize(self, rows: int, cols: int) -> None:
         with _translated():
@@ -385,19 +466,22 @@ class CheckedProcess:
 
     async def events(self) -> AsyncIterator[ProcessEvent]:
         check = OutputOrder(self.max_chunk)
-        with _translated():
-            stream = aiter(self.stream.events())
-        while True:
+        try:
             with _translated():
-                try:
-                    event = await anext(stream)
-                except StopAsyncIteration:
-                    break
-            check.feed(event)
-            yield event
-            if isinstance(event, ProcessExit):
-                return
-        check.end()
+                stream = aiter(self.stream.events())
+            while True:
+                with _translated():
+                    try:
+                        event = await anext(stream)
+                    except StopAsyncIteration:
+                        break
+                check.feed(event)
+                yield event
+                if isinstance(event, ProcessExit):
+                    return
+            check.end()
+        except SandboxError as exc:
+            raise await self._faulted(exc) from None
 
 
 @contextlib.contextmanager

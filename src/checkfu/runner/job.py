@@ -31,6 +31,7 @@ from checkfu.runner.admission import (
     workdir_problems,
 )
 from checkfu.runner.driver import CheckedProcess, Instance, RunSession
+from checkfu.runner.journal import JournalError
 from checkfu.runner.mounts import MountSpec, ResolvedMount, resolve_mount
 from checkfu.runner.runner import Attempt, Needs, Runner
 
@@ -113,6 +114,10 @@ class JobResult:
     capture_dir: Path | None = None
     writable: tuple[str, ...] = ()
     """Targets of the mounts that are writable (``:rw``), hence not sealed."""
+    left: dict[str, str] = field(default_factory=dict)
+    """What is still held in the provider after release, by allocation key, with why (empty: nothing)."""
+    unjournaled: dict[str, str] = field(default_factory=dict)
+    """What the journal could not record (it was locked or unreachable): reconciliation settles it later."""
 
 
 class _Phases:
@@ -241,21 +246,30 @@ async def run_job(
         phases.seconds["release"] = time.perf_counter() - t0
         obs.phase("release", phases.seconds["release"])
         result.phases = phases.seconds
-        runner.finish(
-            attempt,
-            status=status,
-            exit_code=result.exit_code if result.exit_code >= 0 else None,
-            summary={
-                "phases": phases.seconds,
-                "captured": result.captured,
-                "not_enforced": list(attempt.not_enforced),
-                "env": sorted(env),
-                "workdir": cwd,
-                "tty": tty is not None,
-                "stdin": interact is not None,
-                "writable": list(result.writable),
-            },
-        )
+        result.left = dict(session.left)
+        summary: dict[str, object] = {
+            "phases": phases.seconds,
+            "captured": result.captured,
+            "not_enforced": list(attempt.not_enforced),
+            "env": sorted(env),
+            "workdir": cwd,
+            "tty": tty is not None,
+            "stdin": interact is not None,
+            "writable": list(result.writable),
+        }
+        if session.left:
+            summary["left"] = session.left
+        try:
+            runner.finish(
+                attempt,
+                status=status,
+                exit_code=result.exit_code if result.exit_code >= 0 else None,
+                summary=summary,
+            )
+        except JournalError as exc:
+            # The sandbox is released; only its record is missing. Reconciliation settles the Run later.
+            session.unjournaled["run"] = f"its end was not recorded: {exc}"
+        result.unjournaled = dict(session.unjournaled)
         if interrupted and status != "interrupted":
             raise asyncio.CancelledError
     return result

@@ -22,14 +22,18 @@ the empty string as its run id.
 
 from __future__ import annotations
 
+import functools
+import itertools
 import json
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import sqlalchemy as sa
+from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.pool import StaticPool
 
@@ -45,6 +49,8 @@ AllocationKind = RowKind
 OPEN_STATES = OPEN_ROW_STATES
 NO_RUN = ""
 """The run id of an event that belongs to no Run."""
+ABANDONED = "abandoned"
+"""The status reconciliation gives a Run whose runner stopped (killed, crashed) once all it held is settled."""
 
 metadata = sa.MetaData()
 
@@ -190,6 +196,82 @@ class RunRow:
     finished_at: float | None
 
 
+class JournalError(Exception):
+    """The journal failed an operation: a typed fault of the runner's own store, never a provider's.
+
+    ``operation`` names what was being recorded or read; the message says why and for how long it was tried.
+    """
+
+    def __init__(self, operation: str, reason: str) -> None:
+        super().__init__(f"{operation}: {reason}")
+        self.operation = operation
+        self.reason = reason
+
+
+class JournalUnavailable(JournalError):
+    """The journal stayed locked or unreachable for the whole of its deadline (``database is locked``, a
+    server that does not answer). Retried until then; a Run's release goes on without it."""
+
+
+DEFAULT_JOURNAL_DEADLINE = 30.0
+"""How long one journal operation is retried while the journal is locked or unreachable."""
+FAILING_DEADLINE = 1.0
+"""Once an operation has run out of its deadline, later ones try this long until one succeeds again,
+so a Run winding up against a dead journal is not held up for the whole deadline at every step."""
+_BACKOFF = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _transient(exc: sa_exc.SQLAlchemyError) -> bool:
+    """Whether retrying may help: a lock, a busy database, a dropped or refused connection, a full pool."""
+    if isinstance(exc, sa_exc.DBAPIError) and exc.connection_invalidated:
+        return True
+    return isinstance(exc, sa_exc.OperationalError | sa_exc.InterfaceError | sa_exc.TimeoutError)
+
+
+def _reason(exc: BaseException) -> str:
+    text = str(getattr(exc, "orig", None) or exc).strip().splitlines()
+    return text[0][:300] if text else type(exc).__name__
+
+
+def journaled(operation: str) -> Callable[[F], F]:
+    """Make a method one retried journal operation (its object is a ``Journal`` or has ``.journal``).
+
+    The method must be one transaction, so a failed attempt changed nothing and running it again is safe.
+    A lock or a dropped connection is retried with backoff within the journal's deadline, then raised as
+    ``JournalUnavailable``; any other database error is raised as ``JournalError`` at once.
+    """
+
+    def wrap(method: F) -> F:
+        @functools.wraps(method)
+        def retried(self: Any, *args: Any, **kwargs: Any) -> Any:
+            journal: Journal = getattr(self, "journal", self)
+            deadline = FAILING_DEADLINE if journal.failing else journal.deadline
+            t0 = time.monotonic()
+            for attempt in itertools.count():
+                try:
+                    result = method(self, *args, **kwargs)
+                except sa_exc.SQLAlchemyError as exc:
+                    if not _transient(exc):
+                        raise JournalError(operation, _reason(exc)) from None
+                    waited = time.monotonic() - t0
+                    if waited >= deadline:
+                        journal.failing = True
+                        raise JournalUnavailable(
+                            operation, f"{_reason(exc)} (tried {attempt + 1} times over {waited:.1f} s)"
+                        ) from None
+                    time.sleep(min(_BACKOFF[min(attempt, len(_BACKOFF) - 1)], max(0.0, deadline - waited)))
+                    continue
+                journal.failing = False
+                return result
+            raise AssertionError("unreachable")
+
+        return retried  # type: ignore[return-value]
+
+    return wrap
+
+
 def sqlite_url(path: Path) -> str:
     return f"sqlite+pysqlite:///{path}"
 
@@ -201,7 +283,8 @@ def make_engine(url: str) -> Engine:
             return sa.create_engine(
                 "sqlite+pysqlite://", connect_args={"check_same_thread": False}, poolclass=StaticPool
             )
-        engine = sa.create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+        # A short busy wait per attempt: ``journaled`` retries within the journal's own deadline.
+        engine = sa.create_engine(url, connect_args={"check_same_thread": False, "timeout": 1})
 
         @sa.event.listens_for(engine, "connect")
         def _pragmas(dbapi_conn: Any, _record: Any) -> None:
@@ -217,8 +300,14 @@ def make_engine(url: str) -> Engine:
 class Journal:
     """Durable runner state. Every method is one short transaction."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, deadline: float = DEFAULT_JOURNAL_DEADLINE) -> None:
         self.url = url
+        self.deadline = deadline
+        """How long each operation is retried while the journal is locked or unreachable."""
+        self.failing = False
+        """Set when an operation ran out of its deadline, until one succeeds again."""
+        self.unrecorded = 0
+        """Provider calls whose event could not be recorded (the journal was unavailable): they still happened."""
         self.engine = make_engine(url)
         metadata.create_all(self.engine)
 
@@ -232,6 +321,7 @@ class Journal:
 
     # runs ---------------------------------------------------------------------------------
 
+    @journaled("start_run")
     def start_run(
         self,
         run_id: str,
@@ -255,6 +345,7 @@ class Journal:
                 )
             )
 
+    @journaled("finish_run")
     def finish_run(
         self,
         run_id: str,
@@ -276,16 +367,43 @@ class Journal:
                 )
             )
 
+    @journaled("run")
     def run(self, run_id: str) -> RunRow | None:
         with self.tx() as c:
             row = c.execute(runs.select().where(runs.c.run_id == run_id)).mappings().first()
         return _run_row(row) if row else None
 
+    @journaled("find_runs")
     def find_runs(self, prefix: str) -> list[RunRow]:
         with self.tx() as c:
             rows = c.execute(runs.select().where(runs.c.run_id.startswith(prefix, autoescape=True))).mappings().all()
         return [_run_row(r) for r in rows]
 
+    @journaled("unsettled_runs")
+    def unsettled_runs(self, *, runner_tag: str) -> list[RunRow]:
+        """This runner tag's Runs still recorded ``running``, oldest first (reconciliation settles the abandoned)."""
+        q = runs.select().where(runs.c.status == "running", runs.c.runner_tag == runner_tag)
+        with self.tx() as c:
+            rows = c.execute(q.order_by(runs.c.created_at)).mappings().all()
+        return [_run_row(r) for r in rows]
+
+    @journaled("settle_abandoned_run")
+    def settle_abandoned_run(self, run_id: str, *, now: float, summary: dict[str, Any]) -> bool:
+        """Record a Run whose runner is gone as ``abandoned``, unless it finished meanwhile; returns whether it did."""
+        with self.tx() as c:
+            done = c.execute(
+                runs.update()
+                .where(runs.c.run_id == run_id, runs.c.status == "running")
+                .values(status=ABANDONED, finished_at=now, summary=json.dumps(summary))
+            ).rowcount
+        return bool(done == 1)
+
+    @journaled("lease_ids_for_run")
+    def lease_ids_for_run(self, run_id: str) -> list[str]:
+        with self.tx() as c:
+            return list(c.execute(sa.select(leases.c.lease_id).where(leases.c.run_id == run_id)).scalars())
+
+    @journaled("list_runs")
     def list_runs(self, limit: int = 50) -> list[RunRow]:
         with self.tx() as c:
             rows = c.execute(runs.select().order_by(runs.c.created_at.desc()).limit(limit)).mappings().all()
@@ -293,6 +411,7 @@ class Journal:
 
     # allocations --------------------------------------------------------------------------
 
+    @journaled("journal_allocation")
     def journal_allocation(
         self,
         key: str,
@@ -324,6 +443,7 @@ class Journal:
                 },
             )
 
+    @journaled("set_allocation")
     def set_allocation(self, key: str, state: AllocationState, *, now: float, object_id: str | None = None) -> None:
         params: dict[str, Any] = {"key": key, "state": state, "now": now}
         if object_id is not None:
@@ -331,11 +451,13 @@ class Journal:
         with self.tx() as c:
             c.execute(_UPDATE_ALLOCATION if object_id is None else _UPDATE_ALLOCATION_OBJECT, params)
 
+    @journaled("allocation")
     def allocation(self, key: str) -> AllocationRow | None:
         with self.tx() as c:
             row = c.execute(allocations.select().where(allocations.c.allocation_key == key)).mappings().first()
         return _allocation_row(row) if row else None
 
+    @journaled("open_allocations")
     def open_allocations(self, *, runner_tag: str | None = None, run_id: str | None = None) -> list[AllocationRow]:
         q = allocations.select().where(allocations.c.state.in_(OPEN_STATES))
         if runner_tag is not None:
@@ -346,6 +468,7 @@ class Journal:
             rows = c.execute(q.order_by(allocations.c.created_at)).mappings().all()
         return [_allocation_row(r) for r in rows]
 
+    @journaled("allocations_for_run")
     def allocations_for_run(self, run_id: str) -> list[AllocationRow]:
         with self.tx() as c:
             rows = (
@@ -357,6 +480,7 @@ class Journal:
 
     # events -------------------------------------------------------------------------------
 
+    @journaled("record_event")
     def record_event(
         self,
         run_id: str,
@@ -385,7 +509,14 @@ class Journal:
             )
 
     def record_call(self, call: CallRecord) -> None:
-        """Record one provider call (the door's ``Recorder``)."""
+        """Record one provider call (the door's ``Recorder``). Never raises: a call that cannot be recorded
+        (the journal is unavailable) still happened, and is counted in ``unrecorded``."""
+        try:
+            self._record_call(call)
+        except JournalError:
+            self.unrecorded += 1
+
+    def _record_call(self, call: CallRecord) -> None:
         self.record_event(
             NO_RUN if call.run_id is None else call.run_id,
             call.member,
@@ -399,6 +530,7 @@ class Journal:
 
     # enrollments --------------------------------------------------------------------------------
 
+    @journaled("record_enrollment")
     def record_enrollment(
         self,
         target: ExecutionTarget,
@@ -432,16 +564,19 @@ class Journal:
             c.execute(enrollments.delete().where(enrollments.c.target == key))
             c.execute(enrollments.insert().values(**values))
 
+    @journaled("enrollment")
     def enrollment(self, target: ExecutionTarget) -> EnrollmentRow | None:
         with self.tx() as c:
             row = c.execute(enrollments.select().where(enrollments.c.target == target_text(target))).mappings().first()
         return _enrollment_row(row) if row else None
 
+    @journaled("enrollments")
     def enrollments(self) -> list[EnrollmentRow]:
         with self.tx() as c:
             rows = c.execute(enrollments.select().order_by(enrollments.c.provider)).mappings().all()
         return [_enrollment_row(r) for r in rows]
 
+    @journaled("provider_faults")
     def provider_faults(self, target: ExecutionTarget, limit: int = 20) -> list[EventRow]:
         """The most recent provider calls of Runs on ``target`` that ended in an error, newest first."""
         q = (
@@ -455,6 +590,7 @@ class Journal:
             rows = c.execute(q).mappings().all()
         return [EventRow(**{k: r[k] for k in EventRow.__dataclass_fields__}) for r in rows]
 
+    @journaled("events_for_run")
     def events_for_run(self, run_id: str) -> list[EventRow]:
         with self.tx() as c:
             rows = c.execute(events.select().where(events.c.run_id == run_id).order_by(events.c.id)).mappings().all()

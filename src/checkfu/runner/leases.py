@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from checkfu.contract.errors import SandboxLeaseFenced, SandboxNotFound
 from checkfu.contract.target import Lease
 from checkfu.runner.clock import Clock
-from checkfu.runner.journal import Journal, leases
+from checkfu.runner.journal import Journal, journaled, leases
 
 DEFAULT_TTL = 600.0
 
@@ -78,6 +78,7 @@ class LeaseStore:
         self.clock = clock
         self.ttl = ttl
 
+    @journaled("lease acquire")
     def acquire(self, run_id: str, *, owner: str | None = None, ttl: float | None = None) -> Lease:
         lease = Lease(lease_id=f"lease-{uuid.uuid4().hex}", lease_epoch=1)
         with self.journal.tx() as c:
@@ -93,6 +94,7 @@ class LeaseStore:
             )
         return lease
 
+    @journaled("lease renew")
     def renew(self, lease: Lease, *, ttl: float | None = None) -> None:
         """Extend ``lease`` if it is still current.
 
@@ -109,6 +111,7 @@ class LeaseStore:
         if done != 1:
             raise self._fenced(lease)
 
+    @journaled("lease takeover")
     def takeover(
         self, lease_id: str, *, owner: str | None = None, ttl: float | None = None, only_if_reclaimable: bool = False
     ) -> Lease:
@@ -144,6 +147,7 @@ class LeaseStore:
             )
         return Lease(lease_id=lease_id, lease_epoch=rec.epoch + 1)
 
+    @journaled("lease end")
     def end(self, lease: Lease) -> None:
         """Give the lease up; later calls under it are fenced. Ending a fenced lease does nothing."""
         with self.journal.tx() as c:
@@ -153,6 +157,7 @@ class LeaseStore:
                 .values(ended=True)
             )
 
+    @journaled("lease record")
     def record(self, lease_id: str) -> LeaseRecord:
         with self.journal.tx() as c:
             row = c.execute(sa.select(leases).where(leases.c.lease_id == lease_id)).mappings().first()

@@ -1,13 +1,20 @@
-"""Orphan reconciliation: settle every open allocation nobody is coming back for.
+"""Orphan reconciliation: settle every open allocation nobody is coming back for, then the Runs they belonged to.
 
 An open allocation (journaled ``pending`` or ``live``) is reclaimable when its
 lease ended or expired or its owner process is gone. Reconciliation takes the
 lease over (bumping its epoch, so a straggling owner is fenced), compensates by
-allocation key, and settles the row. For providers that enumerate allocations,
-anything carrying this runner's tag that the journal does not hold as live under
-a current lease is compensated too. A settled snapshot is kept: it is the Session's
-checkpoint and outlives the Run; ``deleteSnapshot`` is what ends it. A second pass
-finds nothing to do.
+allocation key, and settles the row. A settled snapshot is kept: it is the Session's
+checkpoint and outlives the Run; ``deleteSnapshot`` is what ends it.
+
+For providers that enumerate allocations, what the provider holds under this runner's
+tag is swept too, but only what this journal can account for: a key this journal
+recorded and has settled (the provider kept what it was told to give up), or whose
+open row is reclaimable. A key the journal never recorded belongs to someone else (a
+runner on another journal that shares the tag) and is reported as ``unaccounted``,
+never taken.
+
+A Run still recorded ``running`` whose lease is reclaimable and whose allocations are
+all settled is settled as ``abandoned``. A second pass finds nothing to do.
 """
 
 from __future__ import annotations
@@ -24,17 +31,35 @@ from checkfu.runner.leases import LeaseStore
 from checkfu.runner.registry import Adapter, Registry, target_key
 from checkfu.runner.session import compensate_plan, list_allocations_plan
 
+START_GRACE = 60.0
+"""A Run recorded without a lease yet is left alone this long: its runner takes the lease right after."""
+
 
 @dataclass
 class ReconcileReport:
     compensated: list[str] = field(default_factory=list)
+    """Open rows of this journal, compensated by key and settled."""
     enumerated: list[str] = field(default_factory=list)
+    """Keys the provider still held that this journal accounts for, compensated."""
     failed: dict[str, str] = field(default_factory=dict)
+    """Compensation was asked for and failed: still held, still open."""
     skipped: dict[str, str] = field(default_factory=dict)
+    """Not attempted (no adapter for it is loaded, or its provider is unavailable): still open."""
+    unaccounted: list[str] = field(default_factory=list)
+    """Held under this runner's tag, but never recorded in this journal: another journal's, left alone."""
+    settled_runs: list[str] = field(default_factory=list)
+    """Runs whose runner stopped, now settled as ``abandoned``."""
+    unsettled_runs: list[str] = field(default_factory=list)
+    """Runs whose runner stopped but that still hold something this pass could not settle."""
 
     @property
     def nothing_to_do(self) -> bool:
-        return not (self.compensated or self.enumerated or self.failed)
+        return not (self.compensated or self.enumerated or self.failed or self.skipped or self.settled_runs)
+
+    @property
+    def left(self) -> dict[str, str]:
+        """Everything this pass could not settle, with why: what a person must still finish."""
+        return {**self.failed, **self.skipped}
 
 
 async def _compensate(
@@ -53,13 +78,13 @@ async def _compensate(
         raise fault.error from None
 
 
-def _settle(journal: Journal, row: AllocationRow | None, clock: Clock) -> None:
-    if row is not None:
-        journal.set_allocation(row.allocation_key, row_transition(row.state, "compensate"), now=clock.now())
+def _settle(journal: Journal, row: AllocationRow, clock: Clock) -> None:
+    journal.set_allocation(row.allocation_key, row_transition(row.state, "compensate"), now=clock.now())
 
 
 async def reconcile(journal: Journal, registry: Registry, clock: Clock, *, runner_tag: str) -> ReconcileReport:
-    """Compensate every reclaimable open allocation of ``runner_tag``, then every enumerated stray.
+    """Compensate every reclaimable open allocation of ``runner_tag``, then every stray this journal accounts
+    for, then settle every abandoned Run.
 
     Every provider call is recorded in the journal: a compensation as an event of the Run
     whose allocation it reclaims, an enumeration as an event of no Run.
@@ -78,14 +103,14 @@ async def reconcile(journal: Journal, registry: Registry, clock: Clock, *, runne
             continue
         adapter = adapters.get(target_key(row.target))
         if adapter is None:
-            report.skipped[row.allocation_key] = f"no adapter for {row.target} is loaded"
+            report.skipped[row.allocation_key] = _unreachable(registry, row)
             continue
         try:
             lease = taken.get(row.lease_id) or leases.takeover(row.lease_id, only_if_reclaimable=True)
             taken[row.lease_id] = lease
             await _compensate(adapter, journal, lease, row.allocation_key, runner_tag, row.run_id)
-        except SandboxLeaseFenced as exc:
-            report.skipped[row.allocation_key] = exc.message
+        except SandboxLeaseFenced:
+            live_keys.add(row.allocation_key)  # its owner renewed meanwhile: a live Run's, not ours to take
             continue
         except SandboxError as exc:
             report.failed[row.allocation_key] = f"{exc.code}: {exc.message}"
@@ -95,7 +120,40 @@ async def reconcile(journal: Journal, registry: Registry, clock: Clock, *, runne
     for lease in taken.values():
         leases.end(lease)
     await _sweep_enumerated(journal, registry, leases, runner_tag, live_keys, report)
+    _settle_runs(journal, leases, clock, runner_tag, report)
     return report
+
+
+def _unreachable(registry: Registry, row: AllocationRow) -> str:
+    """Why ``row``'s provider cannot be asked, in words a person can act on."""
+    reasons = [why for source, why in registry.unavailable.items() if source.split()[-1] == row.target.provider]
+    if reasons:
+        return f"its provider {row.target.provider} is unavailable: {'; '.join(reasons)}"
+    return f"no adapter for {row.target} is loaded"
+
+
+def _settle_runs(
+    journal: Journal, leases: LeaseStore, clock: Clock, runner_tag: str, report: ReconcileReport
+) -> None:
+    """Settle as ``abandoned`` each ``running`` Run whose runner is gone and which holds nothing unsettled."""
+    for run in journal.unsettled_runs(runner_tag=runner_tag):
+        lease_ids = journal.lease_ids_for_run(run.run_id)
+        if not lease_ids and run.created_at > clock.now() - START_GRACE:
+            continue  # journaled an instant ago: its runner is taking its lease right now
+        if not all(leases.reclaimable(lease_id) for lease_id in lease_ids):
+            continue  # its runner is alive (or may be, on another host): not abandoned
+        rows = journal.allocations_for_run(run.run_id)
+        held = [r for r in rows if r.state in ("pending", "live") and not (r.kind == "snapshot" and r.state == "live")]
+        if held:
+            report.unsettled_runs.append(run.run_id)
+            continue
+        summary = {
+            "settled_by": "reconciliation",
+            "reason": "its runner stopped before finishing (killed, crashed or cut off); everything it held is settled",
+            "allocations": {r.allocation_key: r.state for r in rows},
+        }
+        if journal.settle_abandoned_run(run.run_id, now=clock.now(), summary=summary):
+            report.settled_runs.append(run.run_id)
 
 
 async def _sweep_enumerated(
@@ -121,16 +179,18 @@ async def _sweep_enumerated(
             strays = sorted({a.allocation_key for a in listing.allocations} - live_keys)
             for key in strays:
                 row = journal.allocation(key)
+                if row is None:
+                    # Never recorded here: journaled before any provider is asked, so it is another journal's.
+                    report.unaccounted.append(key)
+                    continue
                 # Journaled after this pass read the journal (a Run started meanwhile), or a settled
                 # snapshot: only an open row whose lease is reclaimable may be taken from its holder.
-                if (
-                    row is not None
-                    and row.state in ("pending", "live")
-                    and ((row.kind == "snapshot" and row.state == "live") or not leases.reclaimable(row.lease_id))
+                if row.state in ("pending", "live") and (
+                    (row.kind == "snapshot" and row.state == "live") or not leases.reclaimable(row.lease_id)
                 ):
                     continue
                 try:
-                    await _compensate(adapter, journal, lease, key, runner_tag, row.run_id if row else None)
+                    await _compensate(adapter, journal, lease, key, runner_tag, row.run_id)
                 except SandboxError as exc:
                     report.failed[key] = f"{exc.code}: {exc.message}"
                     continue

@@ -21,7 +21,6 @@ claim above the adapter's ceiling.
 from __future__ import annotations
 
 import importlib
-import tomllib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from importlib.metadata import EntryPoint, entry_points
@@ -40,6 +39,7 @@ from checkfu.contract.errors import (
 )
 from checkfu.contract.provider import Provider
 from checkfu.contract.target import ExecutionTarget
+from checkfu.runner.documents import DocumentError, parse_toml, read_bounded
 from checkfu.runner.door import ProviderDoor, ProviderFault, Recorder
 from checkfu.runner.session import describe_plan
 
@@ -258,6 +258,53 @@ def _resolve_factory(spec: str) -> Factory:
     return found[spec][0]
 
 
+def read_adapters_file(config: Path) -> list[tuple[str, dict[str, Any]]]:
+    """The ``(factory, options)`` of each ``[[adapters]]`` table of an adapters file, read bounded.
+
+    Raises:
+        SandboxAdapterUnavailable: the file cannot be read, is not TOML, or is not shaped as adapters
+            tables (naming the file and the table at fault).
+    """
+    try:
+        return parse_adapters(parse_toml(read_bounded(config), config), config)
+    except DocumentError as exc:
+        raise SandboxAdapterUnavailable(f"cannot read adapters file: {exc}", field="config") from None
+
+
+def parse_adapters(doc: Mapping[str, Any], config: Path | str) -> list[tuple[str, dict[str, Any]]]:
+    """The adapters tables of a parsed adapters file.
+
+    Raises:
+        SandboxAdapterUnavailable: ``adapters`` is not an array of tables, a table has no string ``factory``,
+            its ``options`` is not a table, or the file has a key besides ``adapters``.
+    """
+    unknown = sorted(set(doc) - {"adapters"})
+    if unknown:
+        raise SandboxAdapterUnavailable(
+            f"adapters file {config}: unknown key {unknown[0][:80]!r} (only [[adapters]] tables)", field="config"
+        )
+    tables = doc.get("adapters", [])
+    if not isinstance(tables, list):
+        raise SandboxAdapterUnavailable(f"adapters file {config}: adapters must be [[adapters]] tables", field="config")
+    out: list[tuple[str, dict[str, Any]]] = []
+    for i, table in enumerate(tables):
+        where = f"adapters file {config}: adapters.{i}"
+        if not isinstance(table, dict):
+            raise SandboxAdapterUnavailable(f"{where} is not a table", field=f"adapters.{i}")
+        factory, opts = table.get("factory"), table.get("options", {})
+        if not isinstance(factory, str) or not factory:
+            raise SandboxAdapterUnavailable(
+                f"{where}.factory must be a non-empty string", field=f"adapters.{i}.factory"
+            )
+        if not isinstance(opts, dict):
+            raise SandboxAdapterUnavailable(f"{where}.options must be a table", field=f"adapters.{i}.options")
+        extra = sorted(set(table) - {"factory", "options"})
+        if extra:
+            raise SandboxAdapterUnavailable(f"{where}: unknown key {extra[0][:80]!r}", field=f"adapters.{i}")
+        out.append((factory, opts))
+    return out
+
+
 async def load_registry(
     *,
     entry_point_names: Iterable[str] | None = None,
@@ -277,12 +324,8 @@ async def load_registry(
     for name, (factory, ours) in entry_point_factories(entry_point_names).items():
         specs.append((f"entry point {name}", factory, (options or {}).get(name, {}), ours))
     if config is not None:
-        try:
-            doc = tomllib.loads(config.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-            raise SandboxAdapterUnavailable(f"cannot read adapters file {config}: {exc}", field="config") from None
-        for i, table in enumerate(doc.get("adapters", [])):
-            specs.append((f"{config}#{i}", str(table.get("factory", "")), dict(table.get("options", {})), False))
+        for i, (named, given) in enumerate(read_adapters_file(config)):
+            specs.append((f"{config}#{i}", named, given, False))
     for source, spec, opts, ours in specs:
         try:
             resolved = _resolve_factory(spec) if isinstance(spec, str) else spec

@@ -63,7 +63,7 @@ from checkfu.contract.members import (
 )
 from checkfu.contract.model import Model
 from checkfu.contract.paths import MAX_PATH_BYTES
-from checkfu.contract.process import ProcessEvent
+from checkfu.contract.process import ProcessEvent, ProcessExit
 from checkfu.contract.provider import ProcessStream, Provider
 from checkfu.contract.target import Lease
 
@@ -253,6 +253,72 @@ nul_path = _path_fault("nul")
 overlong_path = _path_fault("overlong")
 
 
+def _answers(name: str, corrupt: Callable[[ReadFilesResult, str], ReadFilesResult]) -> Misbehaviour:
+    """A ``readFiles`` answer whose paths are each admissible, yet not exactly one answer per asked path."""
+    return corrupting(name, {"readFiles"}, lambda r, inv: corrupt(r, inv.request.paths[0]))
+
+
+def _content(path: str, data: bytes = b"") -> FileContent:
+    return FileContent(path=path, mode=0o644, digest=sha256_digest(data), data=data)
+
+
+duplicate_path = _answers("duplicate_path", lambda r, asked: r.model_copy(update={"files": (*r.files, *r.files)}))
+"""Every file answered twice."""
+dropped_path = _answers("dropped_path", lambda r, asked: r.model_copy(update={"files": (), "missing": ()}))
+"""The asked paths answered neither as a file nor as missing."""
+file_and_missing = _answers(
+    "file_and_missing", lambda r, asked: r.model_copy(update={"missing": (*r.missing, asked)})
+)
+"""An asked path answered as a file and listed missing too."""
+path_below_file = _answers(
+    "path_below_file",
+    lambda r, asked: r.model_copy(update={"files": (*r.files, _content(asked.rstrip("/") + "/below"))}),
+)
+"""A file below an asked file: admissible as a path, but never asked for."""
+
+
+class _Exiting:
+    """An open process whose exit status is replaced; everything else is the inner stream's."""
+
+    def __init__(self, inner: ProcessStream, exit_code: int) -> None:
+        self._inner = inner
+        self._exit_code = exit_code
+
+    @property
+    def started(self) -> ProcessStarted:
+        return self._inner.started
+
+    async def send_stdin(self, data: bytes) -> None:
+        await self._inner.send_stdin(data)
+
+    async def close_stdin(self) -> None:
+        await self._inner.close_stdin()
+
+    async def events(self) -> AsyncIterator[ProcessEvent]:
+        async for event in self._inner.events():
+            # model_copy does not validate: the forged status reaches the runner as a provider would send it
+            yield event.model_copy(update={"exit_code": self._exit_code}) if isinstance(event, ProcessExit) else event
+
+    async def kill(self) -> None:
+        await self._inner.kill()
+
+
+def _exit_status(name: str, code: int) -> Misbehaviour:
+    """Answer an exit status no process can have (``exec``'s result, or ``openProcess``'s exit event)."""
+
+    async def act(inv: Invocation) -> Any:
+        result = await inv.proceed()
+        if isinstance(result, ExecResult):
+            return result.model_copy(update={"exit_code": code})
+        return _Exiting(result, code)
+
+    return Misbehaviour(name, frozenset({"exec", "openProcess"}), act)
+
+
+exit_status_negative = _exit_status("exit_status_negative", -1)
+exit_status_over_255 = _exit_status("exit_status_over_255", 300)
+
+
 _SMUGGLERS: dict[type[Model], type[Model]] = {}
 
 
@@ -334,6 +400,12 @@ PRESETS: dict[str, Misbehaviour] = {
         dotdot_path,
         nul_path,
         overlong_path,
+        duplicate_path,
+        dropped_path,
+        file_and_missing,
+        path_below_file,
+        exit_status_negative,
+        exit_status_over_255,
         unknown_field,
         constructed_garbage,
         hang,

@@ -224,11 +224,11 @@ def open_door(api: Any, instance: str) -> None:
     """
     door = door_name(instance)
     api.start(door)
-    try:
-        status = api.wait(door, timeout=DOOR_TIMEOUT).get("StatusCode")
+    try:  # the door gives up on the proxy after DOOR_TIMEOUT and says why; this waits a little longer than it
+        status = api.wait(door, timeout=DOOR_TIMEOUT + 15).get("StatusCode")
     except Exception as exc:
         raise SandboxProviderFailed(
-            f"activate: the egress door did not open within {DOOR_TIMEOUT:.0f} s ({type(exc).__name__})"
+            f"activate: the egress door did not open within {DOOR_TIMEOUT + 15:.0f} s ({type(exc).__name__})"
         ) from exc
     if status != 0:
         raise SandboxProviderFailed(f"activate: the egress door did not open (exit {status}: {_logs(api, door)})")

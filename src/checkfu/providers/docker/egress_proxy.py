@@ -35,7 +35,6 @@ standard output; so does every allowed connection.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import ipaddress
 import json
@@ -206,6 +205,7 @@ class Proxy:
         self.resolve = resolve
         self.log = log
         self._slots = asyncio.Semaphore(MAX_CONNECTIONS)
+        self.connections: set[asyncio.Task[None]] = set()
 
     async def destinations(self, host: str, port: int) -> list[str]:
         """The addresses to try for ``host:port``, in order.
@@ -231,17 +231,19 @@ class Proxy:
             raise Refused(f"{canonical} resolves to {shown}: not public, and not listed as an address with port {port}")
         return allowed
 
-    async def dial(self, host: str, port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, str]:
-        """A connection to the first address of ``host:port`` that answers.
+    async def dial(self, host: str, port: int) -> tuple[End, str]:
+        """A connection to the first address of ``host:port`` that answers, and that address.
 
         Raises:
             Refused: 403 as ``destinations`` does; 502 (or 504 on a timeout) when no address answers.
         """
+        loop = asyncio.get_running_loop()
         errors: list[str] = []
         for address in await self.destinations(host, port):
+            end = End()
             try:
-                reader, writer = await asyncio.wait_for(
-                    asyncio.open_connection(address, port, limit=CHUNK), DIAL_TIMEOUT
+                await asyncio.wait_for(
+                    loop.create_connection(functools.partial(_same, end), address, port), DIAL_TIMEOUT
                 )
             except TIMEOUTS:
                 errors.append(f"{address}: timed out")
@@ -249,63 +251,74 @@ class Proxy:
             except OSError as exc:
                 errors.append(f"{address}: {exc.strerror or type(exc).__name__}")
                 continue
-            _tune(writer)
-            return reader, writer, address
+            return end, address
         timed_out = bool(errors) and all(e.endswith("timed out") for e in errors)
         raise Refused(f"{_joined(host, port)} did not answer ({'; '.join(errors)})", 504 if timed_out else 502)
 
-    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        """One connection of the sandbox, start to end; never raises."""
-        async with self._slots:
-            _tune(writer)
-            try:
-                first = await asyncio.wait_for(reader.readexactly(1), HEAD_TIMEOUT)
-                if first == b"\x05":
-                    await self._socks5(reader, writer)
-                else:
-                    await self._http(first, reader, writer)
-            except (asyncio.IncompleteReadError, ConnectionError, OSError, *TIMEOUTS):
-                pass
-            finally:
-                await _close(writer)
+    def connection(self) -> End:
+        """The protocol of one connection of the sandbox: it reads the request, then relays."""
+        end = End(asyncio.StreamReader(limit=HEAD_LIMIT))
+        task = asyncio.get_running_loop().create_task(self.handle(end))
+        self.connections.add(task)
+        task.add_done_callback(self.connections.discard)
+        return end
 
-    async def _http(self, first: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def handle(self, end: End) -> None:
+        """One connection of the sandbox, start to end; never raises (but is cancelled with ``serve``)."""
+        reader = end.reader
+        assert reader is not None
+        try:
+            async with self._slots:
+                await end.made
+                first = await asyncio.wait_for(reader.readexactly(1), HEAD_TIMEOUT)
+                upstream = await (self._socks5(end) if first == b"\x05" else self._http(first, end))
+                if upstream is not None:
+                    await end.join(upstream)
+        except (asyncio.IncompleteReadError, ConnectionError, OSError, *TIMEOUTS):
+            pass
+        finally:
+            end.close()  # after a relay both ends are closed already; after a refusal, the answer is still sent
+
+    async def _http(self, first: bytes, end: End) -> End | None:
+        reader = end.reader
+        assert reader is not None
         try:
             head = first + await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), HEAD_TIMEOUT)
         except (asyncio.LimitOverrunError, asyncio.IncompleteReadError, ValueError):
-            await _answer(writer, 400, "the request head is incomplete or longer than 64 KiB")
-            return
+            end.answer(400, "the request head is incomplete or longer than 64 KiB")
+            return None
         lines = head[:-4].decode("latin-1").split("\r\n")
         parts = lines[0].split(" ")
         if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
-            await _answer(writer, 400, "not an HTTP/1 request line")
-            return
+            end.answer(400, "not an HTTP/1 request line")
+            return None
         method, target, version = parts
         try:
             if method == "CONNECT":
                 host, port = split_authority(target)
-                upstream, upwriter, address = await self.dial(host, port)
+                upstream, address = await self.dial(host, port)
                 self.log(f"allowed CONNECT {_joined(host, port)} -> {_joined(address, port)}")
-                writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
-                await writer.drain()
+                end.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
             else:
                 host, port, forwarded = _forward_head(method, target, version, lines[1:])
-                upstream, upwriter, address = await self.dial(host, port)
+                upstream, address = await self.dial(host, port)
                 self.log(f"allowed {method} {_joined(host, port)} -> {_joined(address, port)}")
-                upwriter.write(forwarded)
+                upstream.write(forwarded)
         except Refused as refused:
             self.log(f"refused {method} {target[:200]}: {refused.reason}")
-            await _answer(writer, refused.status, refused.reason)
-            return
-        await relay(reader, writer, upstream, upwriter)
+            end.answer(refused.status, refused.reason)
+            return None
+        return upstream
 
-    async def _socks5(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _socks5(self, end: End) -> End | None:
+        reader = end.reader
+        assert reader is not None
         count = (await reader.readexactly(1))[0]
         methods = await reader.readexactly(count)
         if 0 not in methods:
-            writer.write(b"\x05\xff")
-            return
-        writer.write(b"\x05\x00")
+            end.write(b"\x05\xff")
+            return None
+        end.write(b"\x05\x00")
         version, command, _, kind = await reader.readexactly(4)
         if kind == 1:
             host = socket.inet_ntop(socket.AF_INET, await reader.readexactly(4))
@@ -314,22 +327,140 @@ class Proxy:
         elif kind == 3:
             host = (await reader.readexactly((await reader.readexactly(1))[0])).decode("latin-1")
         else:
-            writer.write(b"\x05\x08\x00\x01" + bytes(6))
-            return
+            end.write(b"\x05\x08\x00\x01" + bytes(6))
+            return None
         port = int.from_bytes(await reader.readexactly(2), "big")
         if version != 5 or command != 1:
-            writer.write(b"\x05\x07\x00\x01" + bytes(6))  # only CONNECT
-            return
+            end.write(b"\x05\x07\x00\x01" + bytes(6))  # only CONNECT
+            return None
         try:
-            upstream, upwriter, address = await self.dial(host, port)
+            upstream, address = await self.dial(host, port)
         except Refused as refused:
             self.log(f"refused SOCKS5 {host[:200]}:{port}: {refused.reason}")
             code = 2 if refused.status == 403 else 1 if refused.status == 400 else 4
-            writer.write(b"\x05" + bytes([code]) + b"\x00\x01" + bytes(6))
-            return
+            end.write(b"\x05" + bytes([code]) + b"\x00\x01" + bytes(6))
+            return None
         self.log(f"allowed SOCKS5 {host}:{port} -> {_joined(address, port)}")
-        writer.write(b"\x05\x00\x00\x01" + bytes(6))
-        await relay(reader, writer, upstream, upwriter)
+        end.write(b"\x05\x00\x00\x01" + bytes(6))
+        return upstream
+
+
+def _same(end: End) -> End:
+    return end
+
+
+class End(asyncio.Protocol):
+    """One end of a connection through the proxy. The sandbox's end first feeds ``reader`` (the request is read
+    from it); once joined to the destination's end, what arrives at either end is written to the other, an end
+    whose sending falls behind pauses the other's reading, and an end that stops sending is half-closed on the
+    other. Both are closed when both have stopped sending, or when either is lost."""
+
+    def __init__(self, reader: asyncio.StreamReader | None = None) -> None:
+        loop = asyncio.get_running_loop()
+        self.reader = reader
+        self.transport: asyncio.Transport | None = None
+        self.peer: End | None = None
+        self.early = bytearray()
+        """What the destination's end received before it was joined (a greeting sent on connect)."""
+        self.ended = False
+        self.made: asyncio.Future[None] = loop.create_future()
+        self.lost: asyncio.Future[None] = loop.create_future()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        transport.set_write_buffer_limits(high=4 * CHUNK)
+        if self.reader is not None:
+            self.reader.set_transport(transport)
+        if not self.made.done():
+            self.made.set_result(None)
+
+    def write(self, data: bytes) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(data)
+
+    def answer(self, status: int, reason: str) -> None:
+        """An HTTP error answer; the connection closes after it."""
+        words = {400: "Bad Request", 403: "Forbidden", 502: "Bad Gateway", 504: "Gateway Timeout"}
+        body = f"checkfu egress: {reason}\n".encode()
+        self.write(
+            f"HTTP/1.1 {status} {words.get(status, 'Error')}\r\nContent-Type: text/plain; charset=utf-8\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
+            + body
+        )
+
+    async def join(self, peer: End) -> None:
+        """Relay between this end and ``peer`` (whatever the request already carried past its head goes first),
+        until both are closed."""
+        pending = b""
+        if self.reader is not None:
+            self.reader.feed_eof()  # the reader is ours: what it holds is read at once, without waiting
+            pending = await self.reader.read()
+            self.reader = None
+        self.peer, peer.peer = peer, self
+        if pending:
+            peer.write(pending)
+        for source, target in ((self, peer), (peer, self)):
+            if source.early:
+                target.write(bytes(source.early))
+                source.early.clear()
+        for end in (self, peer):
+            if end.ended:
+                end.eof_received()
+            if end.lost.done():
+                end.connection_lost(None)
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.resume_reading()  # the reader may have paused it
+        await asyncio.gather(self.lost, peer.lost)
+
+    def data_received(self, data: bytes) -> None:
+        if self.peer is not None:
+            self.peer.write(data)
+        elif self.reader is not None:
+            self.reader.feed_data(data)
+        else:
+            self.early += data
+
+    def eof_received(self) -> bool:
+        self.ended = True
+        peer = self.peer
+        if peer is None:
+            if self.reader is not None:
+                self.reader.feed_eof()
+            return True
+        if peer.ended or peer.transport is None or not peer.transport.can_write_eof():
+            self._close_both()
+        elif not peer.transport.is_closing():
+            peer.transport.write_eof()
+        return True  # the other way stays open
+
+    def pause_writing(self) -> None:
+        if self.peer is not None and self.peer.transport is not None:
+            self.peer.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self.peer is not None and self.peer.transport is not None:
+            self.peer.transport.resume_reading()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.reader is not None:
+            self.reader.feed_eof()
+        if not self.lost.done():
+            self.lost.set_result(None)
+        if self.peer is not None:
+            self._close_both()
+
+    def close(self) -> None:
+        """Close this end and its peer, if joined; what is buffered is still sent."""
+        self._close_both()
+
+    def _close_both(self) -> None:
+        for end in (self, self.peer):
+            if end is not None and end.transport is not None and not end.transport.is_closing():
+                end.transport.close()  # what is buffered is still sent
 
 
 def _forward_head(method: str, target: str, version: str, headers: list[str]) -> tuple[str, int, bytes]:
@@ -358,63 +489,17 @@ def _forward_head(method: str, target: str, version: str, headers: list[str]) ->
     return host, port, "\r\n".join(head).encode("latin-1")
 
 
-def _tune(writer: asyncio.StreamWriter) -> None:
-    sock = writer.get_extra_info("socket")
-    if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    writer.transport.set_write_buffer_limits(high=4 * CHUNK)
-
-
-async def _answer(writer: asyncio.StreamWriter, status: int, reason: str) -> None:
-    words = {400: "Bad Request", 403: "Forbidden", 502: "Bad Gateway", 504: "Gateway Timeout"}
-    body = f"checkfu egress: {reason}\n".encode()
-    writer.write(
-        f"HTTP/1.1 {status} {words.get(status, 'Error')}\r\nContent-Type: text/plain; charset=utf-8\r\n"
-        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
-        + body
-    )
-    await writer.drain()
-
-
-async def _close(writer: asyncio.StreamWriter) -> None:
-    writer.close()
-    with contextlib.suppress(ConnectionError, OSError):
-        await writer.wait_closed()
-
-
-async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    try:
-        while True:
-            data = await reader.read(CHUNK)
-            if not data:
-                break
-            writer.write(data)
-            await writer.drain()
-        if writer.can_write_eof():
-            writer.write_eof()
-    except (ConnectionError, OSError):
-        writer.transport.abort()
-
-
-async def relay(
-    reader: asyncio.StreamReader,
-    writer: asyncio.StreamWriter,
-    upstream: asyncio.StreamReader,
-    upwriter: asyncio.StreamWriter,
-) -> None:
-    """Copy both ways until both ends are done (an end that stops sending is half-closed on the other)."""
-    try:
-        await asyncio.gather(_pipe(reader, upwriter), _pipe(upstream, writer))
-    finally:
-        await _close(upwriter)
-
-
 async def serve(listener: socket.socket, proxy: Proxy) -> None:
-    """Serve ``listener`` (a listening TCP socket) forever."""
+    """Serve ``listener`` (a listening TCP socket) until cancelled; then close it and end every connection."""
     listener.setblocking(False)
-    server = await asyncio.start_server(proxy.handle, sock=listener, limit=HEAD_LIMIT)
-    async with server:
-        await server.serve_forever()
+    server = await asyncio.get_running_loop().create_server(proxy.connection, sock=listener)
+    try:
+        async with server:
+            await server.serve_forever()
+    finally:
+        for task in list(proxy.connections):
+            task.cancel()
+        await asyncio.gather(*proxy.connections, return_exceptions=True)
 
 
 # As the container runs it ----------------------------------------------------------------------
@@ -446,7 +531,11 @@ def run_proxy(config: dict[str, Any]) -> int:
     control.close()
     os.unlink(path)
     print(f"serving {listener.getsockname()[0]}:{listener.getsockname()[1]} of the sandbox", flush=True)
-    asyncio.run(serve(listener, Proxy(allowlist, log=functools.partial(print, flush=True))))
+
+    async def main() -> None:  # the proxy is made inside the loop it serves in (Python 3.9 binds it at creation)
+        await serve(listener, Proxy(allowlist, log=functools.partial(print, flush=True)))
+
+    asyncio.run(main())
     return 0
 
 

@@ -38,7 +38,7 @@ import hashlib
 import os
 import threading
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
@@ -237,6 +237,7 @@ class DockerProvider:
         self._staging: dict[str, Instance] = {}
         self._active: dict[str, Instance] = {}
         self._released: set[str] = set()
+        self._background: dict[str, list[Future[Any]]] = {}
 
     def close(self) -> None:
         """Release the engine's threads and connections. Sandboxes are left as they are."""
@@ -366,7 +367,9 @@ class DockerProvider:
                 f"'allowlist' needs the egress image {self.egress_image!r} (with python3) on this engine, and "
                 "nothing is pulled (scripts/base-images builds checkfu/debian:12)"
             )
-            raise SandboxCapabilityUnavailable([Unmet("network_policy.mode", why)], provider=self.envelope.provider)
+            raise SandboxCapabilityUnavailable(
+                [Unmet("profile.network_policy.mode", why)], provider=self.envelope.provider
+            )
         return image
 
     async def describe(self) -> DescribeResult:
@@ -449,8 +452,23 @@ class DockerProvider:
             raise
         if proxy is not None:
             proxy.result()
-            self._fanout.submit(self._start_quietly, egress.proxy_name(name))
+            self._in_background(name, self._start_quietly, egress.proxy_name(name))
         return created
+
+    def _in_background(self, instance: str, fn: Callable[..., Any], *args: Any) -> None:
+        """Run ``fn`` in the pool without waiting for it; ``release`` and ``compensate`` of ``instance`` wait for it
+        first (so a removal never races a start or another removal of the same object)."""
+        future = self._fanout.submit(fn, *args)
+        with self._guard:
+            self._background.setdefault(instance, []).append(future)
+
+    def _settle(self, instance: str) -> None:
+        """Wait for what ``_in_background`` started for ``instance``; its outcome does not matter here."""
+        with self._guard:
+            futures = self._background.pop(instance, [])
+        for future in futures:
+            with contextlib.suppress(BaseException):
+                future.result()
 
     def _start_quietly(self, container: str) -> None:
         """Start ``container`` in the background; a failure shows where it matters (the door finds no proxy)."""
@@ -788,13 +806,15 @@ class DockerProvider:
         if instance.proxy is None:
             self._verify_sealed(instance)
         else:
-            self._all(
-                lambda: self._verify_sealed(instance),
-                lambda: egress.open_door(api, instance.name),
-            )
+            try:
+                self._all(lambda: self._verify_sealed(instance), lambda: egress.open_door(api, instance.name))
+            except SandboxProviderFailed:
+                with contextlib.suppress(Exception):  # a sandbox whose door did not open is not left running
+                    api.kill(instance.container_id)
+                raise
             self._verify_proxy(instance)
             door = egress.door_name(instance.name)
-            self._fanout.submit(self._gone, functools.partial(api.remove_container, door, force=True))
+            self._in_background(instance.name, self._gone, functools.partial(api.remove_container, door, force=True))
         if instance.restore is not None:
             snapshots.restore(api, instance.restore, instance.container_id, instance.areas, instance.mounts)
             labels = self._snapshot_labels(instance.restore) or {}
@@ -1073,6 +1093,7 @@ class DockerProvider:
         then volumes, then images, then the staging spool; with ``snapshots_of``, also every snapshot taken
         from the allocation. The number of objects removed."""
         api = self.engine.api
+        self._settle(L.instance_name(allocation_key))
         count = 0
         selector = L.label_filter(allocation_key=allocation_key, runner_tag=runner_tag)
         for container in api.containers(all=True, filters=selector):
@@ -1144,6 +1165,7 @@ class DockerProvider:
         remove), then the volumes they mounted and those images.
         """
         api = self.engine.api
+        self._settle(instance.name)
         key = instance.labels.get(L.ALLOCATION_KEY, "")
         stager, restore = instance.stager, instance.restore
         first: list[Callable[[], Any]] = [
