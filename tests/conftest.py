@@ -44,6 +44,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
+@pytest.fixture(autouse=True)
+def _host_bridge_survives() -> Iterator[None]:
+    """Fail the test that deletes the shared engine's ``docker0`` (a private ``dockerd`` with ``--bridge
+    none`` does, as it starts): every bridged container on the machine stops starting after that."""
+    bridge = Path("/sys/class/net/docker0")
+    before = bridge.exists()
+    yield
+    if before and not bridge.exists():
+        pytest.fail("the host's docker0 vanished during this test (a private dockerd must get a bridge of its own)")
+
+
 # PostgreSQL ---------------------------------------------------------------------------------
 
 

@@ -1,5 +1,6 @@
 """A Docker Engine of the test's own, to stop and start again: ``dockerd`` on its own socket, data root and
-exec root, with no bridge and no iptables rules, so stopping it touches nothing of the shared engine.
+exec root, on a bridge of its own (``engine_bridge``; never ``--bridge none``, which deletes the host's
+``docker0``) and with no iptables rules, so starting or stopping it touches nothing of the shared engine.
 
 The base image a test needs is copied in from the shared engine (``docker save`` / ``docker load``).
 """
@@ -19,12 +20,15 @@ from typing import Any
 import docker
 import pytest
 
+from engine_bridge import make_bridge, remove_bridge
+
 
 class PrivateEngine:
     def __init__(self, root: Path) -> None:
         self.root = root
         self.socket = root / "d.sock"
         self.proc: subprocess.Popen[bytes] | None = None
+        self.bridge: str | None = None
 
     @property
     def host(self) -> str:
@@ -35,6 +39,8 @@ class PrivateEngine:
 
     def start(self, timeout: float = 60.0) -> None:
         assert self.proc is None or self.proc.poll() is not None, "already running"
+        if self.bridge is None:
+            self.bridge = make_bridge()
         with (self.root / "dockerd.log").open("ab") as log:
             self.proc = subprocess.Popen(
                 [
@@ -43,7 +49,7 @@ class PrivateEngine:
                     "--data-root", str(self.root / "data"),
                     "--exec-root", str(self.root / "exec"),
                     "--pidfile", str(self.root / "dockerd.pid"),
-                    "--bridge", "none",
+                    "--bridge", self.bridge,
                     "--iptables=false",
                     "--ip-masq=false",
                     "--storage-driver", "overlay2",
@@ -107,5 +113,7 @@ def private_engine(shared: Any) -> Any:
         yield engine
     finally:
         engine.stop()
+        if engine.bridge is not None:
+            remove_bridge(engine.bridge)
         subprocess.run(["umount", "-R", str(root / "data")], capture_output=True, check=False)
         shutil.rmtree(root, ignore_errors=True)

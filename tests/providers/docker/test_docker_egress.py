@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ipaddress
+import json
 import os
 import subprocess
 import time
@@ -24,7 +25,7 @@ import pytest
 from docker_kit import LEASE, Box, Kit, leftovers, resources
 
 from checkfu.conformance.destinations import Destination, NameServer, beside, destination, name_server
-from checkfu.contract.errors import SandboxCapabilityUnavailable, SandboxProviderFailed
+from checkfu.contract.errors import SandboxCapabilityUnavailable, SandboxProfileInvalid, SandboxProviderFailed
 from checkfu.contract.members import ActivateRequest, CloneRequest, CompensateRequest, ListAllocationsRequest
 from checkfu.contract.profile import SandboxProfile
 from checkfu.providers.docker import DockerProvider, egress
@@ -193,6 +194,24 @@ def test_the_proxy_and_its_socket_are_labelled_hardened_and_outside_the_sandbox(
     assert gone(client, egress.door_name(box.instance_id)), "the door is removed once it has opened"
 
 
+def test_activate_refuses_a_proxy_not_as_built(box: Box, client: Any, net: Net) -> None:
+    """``activate``'s check of the proxy, on the real proxy's inspect and on copies with one thing changed."""
+    info = client.api.inspect_container(egress.proxy_name(box.instance_id))
+    assert egress.proxy_problems(info, net.allowlist) == []
+    cmd = info["Config"]["Cmd"]
+    wider = [*cmd[:-1], json.dumps({**json.loads(cmd[-1]), "allow": [*net.allowlist, "10.9.9.9:22"]})]
+    changed: list[tuple[str, dict[str, Any], str]] = [
+        ("Config", {"Cmd": wider}, "proxy allows another list"),
+        ("Config", {"User": "0:0"}, "proxy not hardened"),
+        ("HostConfig", {"SecurityOpt": []}, "proxy not hardened"),
+        ("HostConfig", {"PidsLimit": 0}, "proxy not hardened"),
+        ("HostConfig", {"Memory": 0}, "proxy not hardened"),
+        ("HostConfig", {"NetworkMode": "host"}, "proxy not on the bridge"),
+    ]
+    for part, change, problem in changed:
+        assert egress.proxy_problems({**info, part: {**info[part], **change}}, net.allowlist) == [problem], change
+
+
 # the effects, from inside ----------------------------------------------------------------------
 
 
@@ -320,6 +339,18 @@ async def test_compensate_reclaims_a_half_provisioned_allowlist_allocation_cold(
     assert held(client, key) == []
 
 
+async def test_a_destination_the_proxy_cannot_read_is_refused_before_anything_is_created(
+    ekit: Kit, client: Any, busybox_id: str
+) -> None:
+    too_long = ".".join(["a" * 63] * 4) + ":443"  # a 255-character name: the profile's pattern admits it, DNS not
+    key = ekit.key("long-name")
+    request = ekit.provision_request(key, profile=allowlisted(ekit, (too_long,), image=busybox_id))
+    with pytest.raises(SandboxProfileInvalid) as refused:
+        await ekit.provider.provision(request)
+    assert refused.value.field == "network_policy.allowlist"
+    assert held(client, key) == []  # refused before the stager, the areas or the proxy were made
+
+
 async def test_a_door_that_finds_no_proxy_fails_activate_and_stops_the_sandbox(
     ekit: Kit, client: Any, net: Net, busybox_id: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -331,6 +362,25 @@ async def test_a_door_that_finds_no_proxy_fails_activate_and_stops_the_sandbox(
     with pytest.raises(SandboxProviderFailed) as failed:
         await ekit.provider.activate(ActivateRequest(**call))
     assert "the egress door did not open (exit 4: no proxy at /egress/door.sock" in failed.value.message
+    assert not client.api.inspect_container(result.instance_id)["State"]["Running"]
+    await ekit.provider.compensate(
+        CompensateRequest(target=ekit.target, lease=LEASE, allocation_key=key, runner_tag=ekit.runner_tag)
+    )
+    assert held(client, key) == []
+
+
+async def test_a_proxy_the_engine_cannot_start_is_named_with_the_engines_reason(
+    ekit: Kit, client: Any, net: Net, busybox_id: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = egress.proxy_spec
+    monkeypatch.setattr(egress, "DOOR_TIMEOUT", 2.0)
+    monkeypatch.setattr(egress, "proxy_spec", lambda *a, **k: {**real(*a, **k), "entrypoint": ["/no/such/program"]})
+    key, result = await ekit.provision("unstarted", profile=allowlisted(ekit, (net.listed.address,), image=busybox_id))
+    call = {"target": ekit.target, "lease": LEASE, "allocation_key": key, "instance_id": result.instance_id}
+    with pytest.raises(SandboxProviderFailed) as failed:
+        await ekit.provider.activate(ActivateRequest(**call))
+    assert failed.value.message.startswith("activate: the egress proxy did not start: ")
+    assert "/no/such/program" in failed.value.message  # the engine's own reason, not only "no proxy"
     assert not client.api.inspect_container(result.instance_id)["State"]["Running"]
     await ekit.provider.compensate(
         CompensateRequest(target=ekit.target, lease=LEASE, allocation_key=key, runner_tag=ekit.runner_tag)

@@ -21,8 +21,9 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from checkfu.providers.docker import egress_proxy
 from checkfu.providers.docker.egress_door import run_door
-from checkfu.providers.docker.egress_proxy import Allowlist, Proxy, Refused, _handed, read_host, serve
+from checkfu.providers.docker.egress_proxy import Allowlist, Proxy, Refused, _handed, read_host, serve, split_authority
 
 pytestmark = pytest.mark.anyio
 
@@ -52,6 +53,13 @@ def test_a_host_is_read_as_what_it_is(host: str, read: tuple[str, bool]) -> None
 def test_what_is_neither_an_address_nor_a_name_is_a_bad_request(host: str) -> None:
     with pytest.raises(Refused) as refused:
         read_host(host)
+    assert refused.value.status == 400
+
+
+@pytest.mark.parametrize("authority", ["h:\u00b2", "h:\u0668\u0660", "h:000080", "h:0", "h:65536", "h:", "h:8o"])
+def test_a_port_is_ascii_digits_in_1_to_65535(authority: str) -> None:
+    with pytest.raises(Refused) as refused:
+        split_authority(authority)
     assert refused.value.status == 400
 
 
@@ -101,6 +109,16 @@ def test_only_a_listed_host_and_port_pass_the_check(host: str, port: int, allowe
         ("fd00::1", 443, False),
         ("::ffff:10.0.0.9", 443, False),
         ("0.0.0.0", 443, False),
+        # IPv6 forms that a translator, a tunnel or the stack delivers to an IPv4 address: judged as that address
+        ("64:ff9b::a00:5", 443, False),  # NAT64 of 10.0.0.5
+        ("64:ff9b::a9fe:a9fe", 80, False),  # NAT64 of 169.254.169.254
+        ("64:ff9b:1::a00:5", 443, False),  # NAT64, local-use prefix
+        ("2002:a00:5::1", 443, False),  # 6to4 of 10.0.0.5
+        ("2001:0:4136:e378:8000:63bf:f5ff:fff6", 443, False),  # Teredo, client 10.0.0.9
+        ("::a00:5", 443, False),  # IPv4-compatible
+        ("::ffff:0:a00:5", 443, False),  # IPv4-translated
+        ("64:ff9b::a00:7", 8080, True),  # 10.0.0.7, listed with this port
+        ("64:ff9b::5db8:d822", 443, True),  # NAT64 of a public address
     ],
 )
 def test_a_listed_name_may_lead_only_to_public_or_listed_addresses(address: str, port: int, admitted: bool) -> None:
@@ -373,6 +391,40 @@ async def test_socks5_connect_is_served_and_refused_by_the_same_rules() -> None:
         assert reply[:2] == b"\x05\x02"  # connection not allowed by ruleset
         await close(writer)
     assert log[0].startswith("allowed SOCKS5") and log[1].startswith("refused SOCKS5")
+
+
+async def test_a_stalled_socks5_negotiation_is_closed_after_the_head_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(egress_proxy, "HEAD_TIMEOUT", 0.5)
+    async with proxy_at([]) as (port, _):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"\x05")  # the version, then nothing: a slot held for as long as the peer likes, before
+        await writer.drain()
+        assert await asyncio.wait_for(reader.read(), 5) == b""  # closed by the proxy, well before 5 s
+        await close(writer)
+
+
+async def test_a_connection_past_the_busy_slots_is_closed_not_queued_forever(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(egress_proxy, "MAX_CONNECTIONS", 1)
+    monkeypatch.setattr(egress_proxy, "HEAD_TIMEOUT", 0.5)
+    async with listening(origin) as dest, proxy_at([f"127.0.0.1:{dest}"]) as (port, log):
+        reader, writer, reply = await connect_through(port, f"127.0.0.1:{dest}")  # holds the one slot
+        assert reply.startswith(b"HTTP/1.1 200") and await reader.readline() == b"origin\n"
+        late_reader, late_writer = await asyncio.open_connection("127.0.0.1", port)
+        assert await asyncio.wait_for(late_reader.read(), 5) == b""
+        assert any("connections busy" in line for line in log)
+        await close(late_writer)
+        await close(writer)
+
+
+async def test_a_port_in_other_digits_is_answered_400_and_the_proxy_goes_on() -> None:
+    async with listening(origin) as dest, proxy_at([f"127.0.0.1:{dest}"]) as (port, _):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write("CONNECT 127.0.0.1:\u0668\u0660 HTTP/1.1\r\n\r\n".encode())
+        assert (await head_of(reader)).startswith(b"HTTP/1.1 400")
+        await close(writer)
+        reader, writer, reply = await connect_through(port, f"127.0.0.1:{dest}")
+        assert reply.startswith(b"HTTP/1.1 200")
+        await close(writer)
 
 
 def test_the_proxy_takes_only_a_listening_socket_on_loopback() -> None:

@@ -243,8 +243,25 @@ def proxy_problems(info: dict[str, Any], allowlist: tuple[str, ...]) -> list[str
         problems.append("proxy not running")
     if host.get("NetworkMode") != "bridge":
         problems.append("proxy not on the bridge")
-    if config.get("User") != HELPER_USER or not host.get("ReadonlyRootfs") or "ALL" not in (host.get("CapDrop") or []):
+    if (
+        config.get("User") != HELPER_USER
+        or not host.get("ReadonlyRootfs")
+        or "ALL" not in (host.get("CapDrop") or [])
+        or "no-new-privileges" not in (host.get("SecurityOpt") or [])
+        or not host.get("Memory")
+        or not host.get("PidsLimit")
+    ):
         problems.append("proxy not hardened")
-    if L.json_list(config.get("Labels"), L.ALLOWLIST) != allowlist:
+    if L.json_list(config.get("Labels"), L.ALLOWLIST) != allowlist or _served_list(config) != allowlist:
         problems.append("proxy allows another list")
     return problems
+
+
+def _served_list(config: dict[str, Any]) -> tuple[str, ...] | None:
+    """The allowlist in the command the proxy container runs (``None``: not a command of ``_command``'s)."""
+    command = config.get("Cmd") or []
+    try:
+        served = json.loads(command[-1]).get("allow") if len(command) == 6 else None
+    except (ValueError, AttributeError):
+        return None
+    return tuple(served) if isinstance(served, list) else None

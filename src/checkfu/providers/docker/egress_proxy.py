@@ -133,7 +133,7 @@ def split_authority(authority: str, default_port: int | None = None) -> tuple[st
         if default_port is None:
             raise Refused(f"{authority[:80]!r} names no port", 400)
         return authority, default_port
-    if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+    if not (port_text.isascii() and port_text.isdigit() and len(port_text) <= 5) or not 0 < int(port_text) < 65536:
         raise Refused(f"{authority[:80]!r} has no port in 1..65535", 400)
     return host, int(port_text)
 
@@ -176,7 +176,38 @@ class Allowlist:
         ip = _address(address.split("%", 1)[0])
         if ip is None or ip.is_unspecified or ip.is_multicast:
             return False
-        return (str(ip), port) in self.addresses or ip.is_global
+        if (str(ip), port) in self.addresses:
+            return True
+        inner = embedded_ipv4(ip)
+        if inner is not None:  # an IPv6 form that reaches an IPv4 address: judged as that address
+            return (str(inner), port) in self.addresses or inner.is_global
+        return ip.is_global
+
+
+_EMBEDDING = tuple(
+    ipaddress.IPv6Network(n)
+    for n in (
+        "64:ff9b::/96",  # NAT64, well-known prefix (RFC 6052)
+        "64:ff9b:1::/48",  # NAT64, local-use prefix (RFC 8215)
+        "::/96",  # IPv4-compatible (deprecated)
+        "::ffff:0:0/96",  # IPv4-mapped
+        "::ffff:0:0:0/96",  # IPv4-translated (RFC 2765)
+    )
+)
+
+
+def embedded_ipv4(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
+    """The IPv4 address an IPv6 address carries to, where a translator, a tunnel or the stack itself would
+    deliver it there: NAT64, IPv4-compatible, -mapped and -translated forms, 6to4 and Teredo's client."""
+    if not isinstance(ip, ipaddress.IPv6Address):
+        return None
+    if ip.sixtofour is not None:
+        return ip.sixtofour
+    if ip.teredo is not None:
+        return ip.teredo[1]
+    if any(ip in net for net in _EMBEDDING):
+        return ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
+    return None
 
 
 def _joined(host: str, port: int) -> str:
@@ -268,14 +299,23 @@ class Proxy:
         reader = end.reader
         assert reader is not None
         try:
-            async with self._slots:
+            try:  # a connection waits for a slot no longer than for its request head
+                await asyncio.wait_for(self._slots.acquire(), HEAD_TIMEOUT)
+            except TIMEOUTS:
+                self.log(f"refused a connection: all {MAX_CONNECTIONS} connections busy for {HEAD_TIMEOUT:.0f} s")
+                return
+            try:
                 await end.made
                 first = await asyncio.wait_for(reader.readexactly(1), HEAD_TIMEOUT)
                 upstream = await (self._socks5(end) if first == b"\x05" else self._http(first, end))
                 if upstream is not None:
                     await end.join(upstream)
+            finally:
+                self._slots.release()
         except (asyncio.IncompleteReadError, ConnectionError, OSError, *TIMEOUTS):
             pass
+        except Exception as exc:  # a defect of ours: this connection ends, the proxy and the others go on
+            self.log(f"dropped a connection: {type(exc).__name__}: {exc}")
         finally:
             end.close()  # after a relay both ends are closed already; after a refusal, the answer is still sent
 
@@ -311,6 +351,23 @@ class Proxy:
         return upstream
 
     async def _socks5(self, end: End) -> End | None:
+        request = await asyncio.wait_for(self._socks5_request(end), HEAD_TIMEOUT)  # the whole negotiation
+        if request is None:
+            return None
+        host, port = request
+        try:
+            upstream, address = await self.dial(host, port)
+        except Refused as refused:
+            self.log(f"refused SOCKS5 {host[:200]}:{port}: {refused.reason}")
+            code = 2 if refused.status == 403 else 1 if refused.status == 400 else 4
+            end.write(b"\x05" + bytes([code]) + b"\x00\x01" + bytes(6))
+            return None
+        self.log(f"allowed SOCKS5 {host}:{port} -> {_joined(address, port)}")
+        end.write(b"\x05\x00\x00\x01" + bytes(6))
+        return upstream
+
+    async def _socks5_request(self, end: End) -> tuple[str, int] | None:
+        """The destination of a SOCKS5 CONNECT, after its method negotiation; ``None`` once refused."""
         reader = end.reader
         assert reader is not None
         count = (await reader.readexactly(1))[0]
@@ -333,16 +390,7 @@ class Proxy:
         if version != 5 or command != 1:
             end.write(b"\x05\x07\x00\x01" + bytes(6))  # only CONNECT
             return None
-        try:
-            upstream, address = await self.dial(host, port)
-        except Refused as refused:
-            self.log(f"refused SOCKS5 {host[:200]}:{port}: {refused.reason}")
-            code = 2 if refused.status == 403 else 1 if refused.status == 400 else 4
-            end.write(b"\x05" + bytes([code]) + b"\x00\x01" + bytes(6))
-            return None
-        self.log(f"allowed SOCKS5 {host}:{port} -> {_joined(address, port)}")
-        end.write(b"\x05\x00\x00\x01" + bytes(6))
-        return upstream
+        return host, port
 
 
 def _same(end: End) -> End:

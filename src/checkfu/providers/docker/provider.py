@@ -183,6 +183,13 @@ def _status(exc: BaseException) -> int | None:
     return code if isinstance(code, int) else None
 
 
+def _engine_reason(exc: BaseException) -> str:
+    """What the engine said of a failed call, in one bounded line."""
+    explanation = getattr(exc, "explanation", None)
+    text = explanation if isinstance(explanation, str) and explanation else f"{type(exc).__name__}: {exc}"
+    return " ".join(text.split())[:300]
+
+
 class DockerProvider:
     """The in-tree Docker provider. Every docker-py call runs off the event loop, in ``engine``'s pool.
 
@@ -238,6 +245,7 @@ class DockerProvider:
         self._active: dict[str, Instance] = {}
         self._released: set[str] = set()
         self._background: dict[str, list[Future[Any]]] = {}
+        self._unstarted: dict[str, str] = {}  # a proxy whose background start failed: the engine's reason
 
     def close(self) -> None:
         """Release the engine's threads and connections. Sandboxes are left as they are."""
@@ -452,7 +460,7 @@ class DockerProvider:
             raise
         if proxy is not None:
             proxy.result()
-            self._in_background(name, self._start_quietly, egress.proxy_name(name))
+            self._in_background(name, self._start_proxy, egress.proxy_name(name))
         return created
 
     def _in_background(self, instance: str, fn: Callable[..., Any], *args: Any) -> None:
@@ -470,10 +478,14 @@ class DockerProvider:
             with contextlib.suppress(BaseException):
                 future.result()
 
-    def _start_quietly(self, container: str) -> None:
-        """Start ``container`` in the background; a failure shows where it matters (the door finds no proxy)."""
-        with contextlib.suppress(Exception):
+    def _start_proxy(self, container: str) -> None:
+        """Start the proxy ``container`` in the background; a failure is kept, for ``activate`` to report when the
+        door finds no proxy."""
+        try:
             self.engine.api.start(container)
+        except Exception as exc:
+            with self._guard:
+                self._unstarted[container] = _engine_reason(exc)
 
     def _create_if_absent(self, config: dict[str, Any]) -> None:
         """Create a container; one of that name already there (a retried call) is left as it is."""
@@ -551,6 +563,8 @@ class DockerProvider:
         writable = tuple(m for m in request.mounts if m.writable)
         areas = spec.split_disk(request.profile.resource_limits.disk_mib, self.user, writable)
         spec.check_mount_targets(request.mounts, areas)
+        if egress.wants_egress(request.profile):
+            egress.allowlist_of(request.profile)  # every destination readable by the proxy, before any create
         transition("absent", member)
         container_id, labels, volume_names = await self.engine.run(
             member, self._create_blocking, request, areas, restore
@@ -577,6 +591,7 @@ class DockerProvider:
             SandboxIdentityMismatch: the request is for another adapter.
             SandboxCapabilityUnavailable: the envelope cannot serve the profile, platform or mounts.
             SandboxPathRejected: a mount target covers a writable area or sits in a kernel tree.
+            SandboxProfileInvalid: an allowlist destination the egress proxy cannot read.
             SandboxNotFound: the root image is not on this engine.
             SandboxStateConflict: the allocation already has an instance.
         """
@@ -808,9 +823,15 @@ class DockerProvider:
         else:
             try:
                 self._all(lambda: self._verify_sealed(instance), lambda: egress.open_door(api, instance.name))
-            except SandboxProviderFailed:
+            except SandboxProviderFailed as exc:
                 with contextlib.suppress(Exception):  # a sandbox whose door did not open is not left running
                     api.kill(instance.container_id)
+                with self._guard:
+                    reason = self._unstarted.pop(instance.proxy, None)
+                if reason is not None:
+                    raise SandboxProviderFailed(
+                        f"activate: the egress proxy did not start: {reason} (is the engine's default bridge up?)"
+                    ) from exc
                 raise
             self._verify_proxy(instance)
             door = egress.door_name(instance.name)
