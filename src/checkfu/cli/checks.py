@@ -143,7 +143,7 @@ def profile_check(file: FileArg, as_json: JsonOpt = False) -> None:
 @profile_app.command("init")
 def profile_init(
     file: Annotated[
-        Path, typer.Argument(help="where to write it (default: profile.toml)", show_default=False, metavar="[FILE]")
+        Path, typer.Argument(help="where to write it (default: profile.toml)", show_default=False, metavar="FILE")
     ] = Path("profile.toml"),
     provider: Annotated[
         str, typer.Option("--provider", help="the tier it is for: docker or host-process", metavar="NAME")
