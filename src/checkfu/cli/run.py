@@ -121,7 +121,7 @@ class ConsoleObserver:
 
     def selected(self, attempt: Attempt) -> None:
         self.attempt = attempt
-        a = assess(attempt.adapter.envelope)
+        a = assess(attempt.adapter.envelope, in_tree=attempt.adapter.in_tree)
         self.say(f"[dim]• adapter     {escape(str(attempt.adapter.target))} — grade: {escape(a.label)}[/]")
 
     def build_line(self, line: object) -> None:
@@ -720,7 +720,8 @@ async def _run(
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
-    grade = assess(registry.select(target).envelope)
+    chosen = registry.select(target)
+    grade = assess(chosen.envelope, in_tree=chosen.in_tree)  # graded as the grade card grades it
     label = grade.label
     if grade.short_of_next:
         label += f" (short of the next tier: {'; '.join(grade.short_of_next)})"
