@@ -80,10 +80,10 @@ def pinned_mounts(specs: Sequence[MountSpec]) -> tuple[str, ...]:
         if isinstance(src, GitSource):
             repo = src.repo.resolve()
             commit = _commit(repo, src.ref)
-            out.append(f"{repo}@{commit}:{spec.target}")
+            out.append(f"{repo}@{commit}:{spec.target}" + (":rw" if spec.writable else ""))
         else:
             assert isinstance(src, DirectorySource)
-            out.append(f"{src.path.resolve()}:{spec.target}")
+            out.append(f"{src.path.resolve()}:{spec.target}" + (":rw" if spec.writable else ""))
     return tuple(out)
 
 

@@ -66,7 +66,7 @@ def refusal(result: Result) -> dict[str, Any]:
     assert result.exit_code == 1, (result.stdout, result.stderr, result.exception)
     body: dict[str, Any] = json.loads(result.stdout)
     assert body["ok"] is False
-    assert sorted(body) == ["error", "ok"]
+    assert set(body) - {"problems"} == {"error", "ok"}  # a profile refusal also lists every problem
     assert sorted(body["error"]) == ["code", "field", "message"]
     assert body["error"]["message"]
     return body
@@ -389,7 +389,7 @@ def test_profile_check_prints_the_digest(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("changes", "field"),
     [
-        ({"base_image": "debian:12"}, "base_image"),
+        ({"base_image": "Debian 12"}, "base_image"),  # not a reference (a tag is pinned at admission)
         ({"packages": {"apt": ["jq"]}}, "packages.apt.0"),
         ({"network_policy": {"mode": "allowlist"}}, "network_policy.allowlist"),
         ({"resource_limits": {**ex.resources(1), "pids": 0}}, "resource_limits.pids"),
@@ -483,3 +483,69 @@ def test_script_profile_digest_and_kit_export(tmp_path: Path) -> None:
     done = run("kit", "export", str(tmp_path / "kit"))
     assert done.returncode == 0, done.stderr
     assert json.loads((tmp_path / "kit" / "index.json").read_text(encoding="utf-8"))["version"] == "v1"
+
+
+# `checkfu profile check` as `checkfu run` reads a profile (issue 10) --------------------------------
+
+
+EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples" / "profiles").glob("*.toml"))
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_every_shipped_example_profile_checks_and_a_tag_is_pinned_at_admission(path: Path) -> None:
+    result = invoke("profile", "check", str(path), "--json")
+    assert result.exit_code == 0, (result.stdout, result.stderr)
+    body = json.loads(result.stdout)
+    assert body["ok"] is True
+    image = body["profile"]["base_image"]
+    if image == "host":
+        assert body["notes"] == [] and body["digest"].startswith("sha256:")
+    else:
+        assert "sha256:" not in image  # reported as written
+        assert body["digest"] is None  # the digest is the pinned profile's, known at admission
+        assert any("pinned to the engine's image id at admission" in note for note in body["notes"])
+    human = invoke("profile", "check", str(path))
+    assert human.exit_code == 0 and "valid SandboxProfile" in human.stdout
+
+
+def test_a_profile_refusal_lists_every_problem_and_names_unknown_keys(tmp_path: Path) -> None:
+    doc = {**ex.profile(), "bogus": 1, "network_policy": {"mode": "none", "extra": 2}}
+    doc["resource_limits"] = {**ex.resources(1), "pids": 0}
+    del doc["retention_mode"]
+    body = refusal(invoke("profile", "check", str(write(tmp_path, "p.json", doc)), "--json"))
+    fields = [p["field"] for p in body["problems"]]
+    assert sorted(fields) == sorted(["bogus", "network_policy.extra", "resource_limits.pids", "retention_mode"])
+    messages = " ".join(p["message"] for p in body["problems"])
+    assert "unknown key 'bogus'" in messages and "unknown key 'extra'" in messages
+    assert "the keys here are: tier, base_image" in messages  # what is allowed where the unknown key stands
+    assert "retention_mode: missing" in messages
+
+
+def test_profile_init_writes_the_built_in_default_which_checks(tmp_path: Path) -> None:
+    target = tmp_path / "mine.toml"
+    result = invoke("profile", "init", str(target))
+    assert result.exit_code == 0, result.stdout
+    assert "checkfu run --profile" in " ".join(result.stdout.split())
+    checked = json.loads(invoke("profile", "check", str(target), "--json").stdout)
+    assert checked["ok"] and checked["profile"]["base_image"] == "checkfu/debian:12"
+    assert checked["profile"]["network_policy"]["mode"] == "none"
+    again = invoke("profile", "init", str(target))
+    assert again.exit_code == 2 and "--force" in again.stderr  # never overwritten by accident
+    host = tmp_path / "host.toml"
+    assert invoke("profile", "init", str(host), "--provider", "host-process").exit_code == 0
+    assert json.loads(invoke("profile", "check", str(host), "--json").stdout)["profile"]["base_image"] == "host"
+
+
+def test_help_has_no_type_clutter_and_version_and_completion_answer() -> None:
+    for args in (["run", "--help"], ["--help"], ["profile", "init", "--help"]):
+        text = invoke(*args).stdout
+        for clutter in ("<bool>", "<str>", "<path>", "<float>", "<int>", "list[str]", "TEXT", "BOOLEAN"):
+            assert clutter not in text, (args, clutter)
+    lines = invoke("run", "--help").stdout.splitlines()
+    for option, metavar in (("--db ", "URL"), ("--credential-file ", "FILE"), ("--profile ", "FILE")):
+        line = next(x for x in lines if option in x)
+        assert metavar in line, (option, line)  # every option that takes a value says what kind
+    version = invoke("--version")
+    assert version.exit_code == 0 and version.stdout.startswith("checkfu ")
+    completion = invoke("--show-completion", "bash")
+    assert completion.exit_code == 0 and "complete" in completion.stdout and "checkfu" in completion.stdout

@@ -91,8 +91,8 @@ def test_reconcile_reports_recorded_keys_verbatim(journal_url: str, tmp_path: Pa
 
 # The static guard ---------------------------------------------------------------------------------
 
-SINKS = {"print", "add_row", "add_task", "Table", "log"}
-"""Calls whose string arguments rich parses as markup."""
+SINKS = {"print", "add_row", "add_task", "Table", "log", "say"}
+"""Calls whose string arguments rich parses as markup (``say``: run's observer, which prints its argument)."""
 RENDERABLES = {"table"}
 """Names that hold a rich renderable (its cells are checked where they are added)."""
 STYLE_NAMES = {"colour", "style", "said"}

@@ -382,7 +382,7 @@ def test_a_command_that_outlives_timeout_ends_with_124(cli: Cli, memory_profile:
 def test_a_profile_the_memory_provider_cannot_serve_is_refused_before_any_work(cli: Cli, tmp_path: Path) -> None:
     prof = profile_file(tmp_path, base_image=MEMORY_IMAGE, network="unrestricted")
     done = cli("run", "--profile", str(prof), "--provider", "memory", "--", "true")
-    assert done.code == 1, str(done)
+    assert done.code == 125, str(done)  # checkfu's own refusal: docker's 125, never a command's 1
     assert "SandboxCapabilityUnavailable" in done.said
     assert "profile.network_policy.mode" in done.said
     assert "materialize" not in done.said  # refused before any provider work
@@ -418,7 +418,7 @@ def test_an_interrupted_memory_run_releases(cli: Cli, memory_profile: Path, sign
 
 def test_no_command_is_a_usage_error(cli: Cli) -> None:
     done = cli("run", "--profile", str(PROFILES / "busybox-none.toml"))
-    assert done.code == 2, str(done)
+    assert done.code == 125, str(done)  # a usage error of `run` is checkfu's own failure, as docker's is
     assert "Missing argument" in done.said
 
 
@@ -429,7 +429,7 @@ def test_no_command_is_a_usage_error(cli: Cli) -> None:
 def test_an_unknown_provider_is_named(cli: Cli, tmp_path: Path, image: str) -> None:
     prof = profile_file(tmp_path, base_image=image)
     done = cli("run", "--profile", str(prof), "--provider", "no-such-provider", "--", "true")
-    assert done.code == 1, str(done)
+    assert done.code == 125, str(done)
     assert "SandboxAdapterUnavailable" in done.said
     assert "'no-such-provider'" in done.said
 
@@ -441,7 +441,7 @@ def test_an_unknown_provider_is_named(cli: Cli, tmp_path: Path, image: str) -> N
 def test_an_unreachable_engine_names_the_two_ways_out(cli: Cli, tmp_path: Path, image: str) -> None:
     prof = profile_file(tmp_path, base_image=image)
     done = cli("run", "--profile", str(prof), "--", "true", DOCKER_HOST=f"unix://{tmp_path}/no-engine.sock")
-    assert done.code == 1, str(done)
+    assert done.code == 125, str(done)
     assert "SandboxAdapterUnavailable" in done.said
     assert "start a Docker Engine" in done.said
     assert "--provider host-process" in done.said

@@ -137,6 +137,8 @@ def test_the_readme_first_command_runs_the_suite_and_explains_itself(dcli: Cli) 
     # The summary a person reads at the end.
     for phrase in ("run ", "adapter", "grade:", "exit 0", "enforced all nine axes", "staged", "pinned"):
         assert phrase in done.said, f"{phrase!r} missing:\n{done}"
+    # graded as `checkfu provider grade docker` grades it: the in-tree tier, not as a third party would be
+    assert "grade: Docker parity" in done.said and "short of the next tier" not in done.said, str(done)
     assert run_id_of(done).startswith("run-")
     assert summary_exit(done) == 0
 
@@ -198,11 +200,14 @@ def test_capture_reads_a_file_back(dcli: Cli, tmp_path: Path) -> None:
     assert "captured" in done.said
 
 
-def test_capture_reads_a_directory_back_into_captures_run_by_default(dcli: Cli, tmp_path: Path) -> None:
+def test_capture_reads_a_directory_back_into_the_state_directory_by_default(dcli: Cli, tmp_path: Path) -> None:
     script = "mkdir -p /home/sandbox/d/sub && printf a > /home/sandbox/d/a && printf '\\000b' > /home/sandbox/d/sub/b"
     done = dcli("run", "--profile", BUSYBOX, "--capture", "/home/sandbox/d", "--", "sh", "-c", script, cwd=tmp_path)
     assert done.code == 0, str(done)
-    root = tmp_path / "captures" / run_id_of(done) / "home" / "sandbox" / "d"
+    into = dcli.state / "checkfu" / "captures" / run_id_of(done)
+    assert f"captured 2 files into {into}" in done.said  # where they went is printed
+    assert not (tmp_path / "captures").exists()  # never into the working directory unasked
+    root = into / "home" / "sandbox" / "d"
     assert (root / "a").read_bytes() == b"a"
     assert (root / "sub" / "b").read_bytes() == b"\x00b"
 
@@ -264,7 +269,7 @@ Case = Callable[[Path], tuple[list[str], list[str]]]
 
 
 def _unknown_field(d: Path) -> tuple[list[str], list[str]]:
-    return ["--profile", str(profile_file(d, extra="bogus = 1"))], ["SandboxProfileInvalid", "bogus", "not permitted"]
+    return ["--profile", str(profile_file(d, extra="bogus = 1"))], ["SandboxProfileInvalid", "bogus", "unknown key"]
 
 
 def _bad_toml(d: Path) -> tuple[list[str], list[str]]:
@@ -288,7 +293,7 @@ def _unknown_image(d: Path) -> tuple[list[str], list[str]]:
 
 def _missing_mount(d: Path) -> tuple[list[str], list[str]]:
     src = d / "not-here"
-    return ["--profile", BUSYBOX, "--mount", f"{src}:/data"], ["SandboxProfileInvalid", str(src), "not a directory"]
+    return ["--profile", BUSYBOX, "--mount", f"{src}:/data"], ["SandboxProfileInvalid", str(src), "does not exist"]
 
 
 def _relative_target(d: Path) -> tuple[list[str], list[str]]:
@@ -332,7 +337,7 @@ REFUSALS: dict[str, Case] = {
 def test_a_refusal_is_one_clear_line_and_leaves_nothing(dcli: Cli, tmp_path: Path, case: str) -> None:
     args, phrases = REFUSALS[case](tmp_path)
     done = dcli("run", *args, "--", "true")
-    assert done.code == 1, str(done)
+    assert done.code == 125, str(done)
     assert done.out == b""
     assert any(ln.startswith(f"{phrases[0]}: ") for ln in done.err.splitlines()), str(done)
     for phrase in phrases:

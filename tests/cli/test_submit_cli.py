@@ -77,3 +77,45 @@ def test_the_sdk_reads_a_profile_bounded_and_queues_nothing_it_refuses(tmp_path:
         with pytest.raises(SandboxProfileInvalid, match=kind):
             checkfu.submit(["true"], db=db, provider="memory", profile=path)
     assert queued(tmp_path, db) == []
+
+
+@pytest.mark.parametrize(
+    ("args", "named", "why"),
+    [
+        (["-e", "TOKEN=secret"], "-e/--env", "never reaches the journal"),
+        (["-i"], "-i", "no caller's input"),
+        (["-t"], "-t", "no terminal"),
+        (["--json", "summary.json"], "--json", "runs wait RUN --json"),
+    ],
+)
+def test_submit_refuses_what_a_queued_run_cannot_carry_by_name(
+    args: list[str], named: str, why: str, tmp_path: Path
+) -> None:
+    db = f"sqlite:///{tmp_path / 'journal.sqlite'}"
+    done = checkfu(tmp_path, "submit", "--db", db, "--profile", str(PROFILE), *args, "--", "true")
+    assert done.returncode == 2, done.stderr
+    assert named in done.stderr and why in done.stderr, done.stderr
+    assert "secret" not in done.stderr
+    assert queued(tmp_path, db) == []
+
+
+def test_submit_carries_the_workdir_a_writable_mount_and_no_ignore(tmp_path: Path) -> None:
+    from checkfu.runner.clock import SystemClock  # noqa: PLC0415
+    from checkfu.runner.journal import Journal  # noqa: PLC0415
+    from checkfu.runner.queue import RunQueue  # noqa: PLC0415
+
+    db = f"sqlite:///{tmp_path / 'journal.sqlite'}"
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "a.txt").write_text("a")
+    done = checkfu(
+        tmp_path, "submit", "--db", db, "--profile", str(PROFILE), "-w", "/work", "--no-ignore",
+        "--mount", f"{tmp_path / 'src'}:/work:rw", "-q", "--", "ls",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    journal = Journal(db)
+    try:
+        request = RunQueue(journal, SystemClock()).request(done.stdout.strip())
+    finally:
+        journal.close()
+    assert request is not None
+    assert (request.workdir, request.stage_all, request.mounts) == ("/work", True, (f"{tmp_path / 'src'}:/work:rw",))

@@ -377,6 +377,9 @@ OPTIONAL_FIELDS = [
     "operations",
     "lifecycle_assurances",
     "user_namespace",
+    "terminal",
+    "writable_mounts",
+    "mount_symlinks",
 ]
 
 
@@ -605,6 +608,9 @@ def test_omitted_optional_fields_decode_to_the_weakest_value() -> None:
     [
         ("list_dir", False),
         ("user_namespace", False),
+        ("terminal", False),
+        ("writable_mounts", False),
+        ("mount_symlinks", False),
         ("snapshot_custody", "runner"),
         ("egress_certification", "unsupported"),
         ("operations", []),

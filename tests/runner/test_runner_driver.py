@@ -158,7 +158,7 @@ async def test_stage_reports_progress_and_release_all_winds_up(rig: Any, workspa
     progress: list[tuple[int, int]] = []
     await session.stage(inst, mounts, progress=lambda d, t: progress.append((d, t)))
     total = mounts[0].plan.total_bytes
-    assert progress == [(len(mounts[0].contents[0]), total), (total, total)]
+    assert progress == [(mounts[0].plan.files[0].size, total), (total, total)]
     await session.activate(inst)
     await session.release_all()  # one provisioning and one active instance
     assert rig.memory.live_objects() == ()

@@ -136,20 +136,49 @@ def test_a_declared_plan_must_match(workspace: Path) -> None:
         resolve_mount(spec, expected=plan)
 
 
-def test_directory_symlinks_are_refused_by_path(workspace: Path) -> None:
+def test_a_symlink_inside_the_mount_is_staged_as_a_link(workspace: Path) -> None:
     os.symlink("README", workspace / "link")
-    with pytest.raises(SandboxPathRejected) as caught:
-        resolve_mount(MountSpec(DirectorySource(workspace), "/workspace"))
-    assert "link" in caught.value.message
+    os.symlink("src", workspace / "linked-dir")  # os.walk lists it among the directories: still a link
+    resolved = resolve_mount(MountSpec(DirectorySource(workspace), "/workspace"))
+    got = {f.path: (f, data) for f, data in resolved.files()}
+    assert got["link"][0].symlink and got["link"][1] == b"README"
+    assert got["linked-dir"][0].symlink and got["linked-dir"][1] == b"src"
+    assert got["link"][0].digest == sha256(b"README") and got["link"][0].size == 6
+    assert not any(p.startswith("linked-dir/") for p in got)  # never followed
 
 
-def test_a_symlinked_directory_is_refused_not_skipped(workspace: Path) -> None:
-    # os.walk lists a symlink to a directory among the directories, not the files:
-    # it must be refused like any other symlink, not silently left out of the mount.
-    os.symlink("src", workspace / "linked-dir")
+ESCAPES: dict[str, tuple[dict[str, str], str]] = {
+    # case: (helper links made first, the target of "bad-link")
+    "absolute": ({}, "/etc/shadow"),
+    "parent": ({}, "../outside"),
+    "through-a-dir": ({}, "src/../../x"),
+    "through-a-link": ({"hop": "."}, "hop/../x"),  # lexically inside; hop is the root, so hop/.. is its parent
+    "a-loop": ({"loop": "loop"}, "loop/x"),
+}
+
+
+@pytest.mark.parametrize("case", list(ESCAPES))
+def test_a_symlink_leading_outside_is_refused_by_name_never_followed(workspace: Path, case: str) -> None:
+    helpers, target = ESCAPES[case]
+    for name, link in helpers.items():
+        os.symlink(link, workspace / name)
+    os.symlink(target, workspace / "bad-link")
     with pytest.raises(SandboxPathRejected) as caught:
         resolve_mount(MountSpec(DirectorySource(workspace), "/workspace"))
-    assert "linked-dir" in caught.value.message
+    assert "symlink" in caught.value.message
+    assert "bad-link" in caught.value.message or any(h in caught.value.message for h in helpers)
+
+
+def test_link_escape_resolves_through_the_mounts_own_links() -> None:
+    from checkfu.runner.mounts import link_escape  # noqa: PLC0415
+
+    assert link_escape("a", {"a": "b/c"}) is None
+    assert link_escape("d/a", {"d/a": "../b"}) is None
+    assert link_escape("a", {"a": "../b"}) is not None
+    assert link_escape("l", {"s": ".", "l": "s/.."}) is not None  # lexically fine, really the parent
+    assert link_escape("l", {"s": "d1/d2", "l": "s/../.."}) is not None  # lexically out: refused, conservatively
+    assert link_escape("l", {"s": "/abs", "l": "s/x"}) is not None
+    assert link_escape("l", {"l": "l/x"}) is not None  # a loop
 
 
 def test_directory_problems(tmp_path: Path, workspace: Path) -> None:
@@ -249,15 +278,22 @@ def test_a_declared_git_plan_must_match(git_repo: Any) -> None:
     assert caught.value.field == "files.0.digest"
 
 
-def test_git_symlinks_and_submodules_are_refused_by_path(git_repo: Any) -> None:
+def test_git_symlinks_are_staged_as_links_and_submodules_refused_by_path(git_repo: Any) -> None:
     os.symlink("tool.py", git_repo.path / "link")
     git_repo.run("add", "link")
     git_repo.run("commit", "-qm", "link")
+    got = {f.path: (f, d) for f, d in resolve_mount(MountSpec(GitSource(git_repo.path, "main"), "/code")).files()}
+    assert got["link"][0].symlink and got["link"][1] == b"tool.py"
+    assert got["link"][0].digest == f"git:{git_blob_id(b'tool.py')}"
+
+    os.symlink("../../etc/passwd", git_repo.path / "escape")
+    git_repo.run("add", "escape")
+    git_repo.run("commit", "-qm", "escape")
     with pytest.raises(SandboxPathRejected) as caught:
         resolve_mount(MountSpec(GitSource(git_repo.path, "main"), "/code"))
-    assert "link" in caught.value.message and "symlink" in caught.value.message
+    assert "escape" in caught.value.message and "symlink" in caught.value.message
 
-    git_repo.run("rm", "-q", "link")
+    git_repo.run("rm", "-q", "link", "escape")
     git_repo.run("update-index", "--add", "--cacheinfo", f"160000,{git_repo.commit},vendor/sub")
     git_repo.run("commit", "-qm", "submodule")
     with pytest.raises(SandboxPathRejected) as caught:
@@ -294,7 +330,7 @@ def test_an_empty_commit_is_an_empty_mount(tmp_path: Path, git_helper: Callable[
     git_helper(repo, "init", "-q", "-b", "main")
     git_helper(repo, "commit", "-q", "--allow-empty", "-m", "nothing")
     resolved = resolve_mount(MountSpec(GitSource(repo, "main"), "/e"))
-    assert resolved.plan.files == () and resolved.contents == ()
+    assert resolved.plan.files == () and list(resolved.files()) == []
 
 
 # nothing is provisioned when a mount does not verify --------------------------------------------
@@ -335,22 +371,34 @@ async def test_an_oversized_mount_provisions_nothing(rig: Any, workspace: Path, 
 async def test_mounts_are_fixed_within_a_run(rig: Any, workspace: Path, git_repo: Any) -> None:
     session = rig.start(mount_count=2)
     profile = memory_profile()
-    resolved = [
-        resolve_mount(MountSpec(DirectorySource(workspace), "/workspace")),
-        resolve_mount(MountSpec(GitSource(git_repo.path, "main"), "/code")),
-    ]
-    # Both sources move after the Run started ...
-    (workspace / "README").write_bytes(b"moved\n")
+    resolved = [resolve_mount(MountSpec(GitSource(git_repo.path, "main"), "/code"))]
+    # The branch moves after the Run started ...
     (git_repo.path / "tool.py").write_bytes(b"moved\n")
     git_repo.run("commit", "-qam", "moved")
     image = (await session.materialize(profile, AMD64)).image
     inst = await session.provision(profile, AMD64, image, resolved)
     await session.stage(inst, resolved)
     await session.activate(inst)
-    # ... but the sandbox holds the bytes read and verified at the start.
-    out = await session.exec(inst, ["cat", "/workspace/README", "/code/tool.py"], timeout=5)
-    assert out.stdout == b"hello from the workspace\n" + b"print('tool')\n"
+    # ... but the sandbox holds the blobs resolved at the start.
+    out = await session.exec(inst, ["cat", "/code/tool.py"], timeout=5)
+    assert out.stdout == b"print('tool')\n"
     await session.release_all()
+
+
+@pytest.mark.anyio
+async def test_a_directory_file_that_changes_after_resolution_is_never_staged(rig: Any, workspace: Path) -> None:
+    # No file is kept in memory between resolution and staging: each is read again and held to its digest.
+    session = rig.start(mount_count=1)
+    profile = memory_profile()
+    resolved = [resolve_mount(MountSpec(DirectorySource(workspace), "/workspace"))]
+    (workspace / "README").write_bytes(b"moved\n")
+    image = (await session.materialize(profile, AMD64)).image
+    inst = await session.provision(profile, AMD64, image, resolved)
+    with pytest.raises(SandboxDigestMismatch) as caught:
+        await session.stage(inst, resolved)
+    assert "README" in caught.value.message
+    await session.release_all()
+    assert rig.memory.live_objects() == ()
 
 
 @pytest.mark.anyio

@@ -1,56 +1,74 @@
-"""The ``checkfu`` command. Thin: it calls only the public API and renders what comes back."""
+"""The ``checkfu`` command. Thin: it calls only the public API and renders what comes back.
+
+``main`` answers ``checkfu --version`` before importing anything else, so it costs Python's own
+start-up and no more; the command tree lives in ``checkfu.cli.commands``.
+"""
 
 from __future__ import annotations
 
 import os
 import sys
-
-import typer
-from rich.console import Console
-from rich.markup import escape
-
-from checkfu.cli import checks, evidence, fleet, kit, provider, run
-from checkfu.contract.errors import SandboxError
-from checkfu.runner.journal import JournalError
-
-app = typer.Typer(
-    name="checkfu",
-    help="The sandbox provider seam: check envelopes and profiles, export the author kit, run sandboxes.",
-    no_args_is_help=True,
-    pretty_exceptions_enable=False,
-    add_completion=False,
-)
-app.add_typer(checks.envelope_app, name="envelope")
-app.add_typer(checks.profile_app, name="profile")
-app.add_typer(kit.app, name="kit")
-app.add_typer(run.runs_app, name="runs")
-app.add_typer(run.runner_app, name="runner")
-app.add_typer(provider.provider_app, name="provider")
-app.add_typer(evidence.evidence_app, name="evidence")
-app.add_typer(evidence.keys_app, name="keys")
-app.command("run", context_settings={"allow_interspersed_args": False})(run.run_command)
-app.command("submit", help=fleet.SUBMIT_HELP, context_settings={"allow_interspersed_args": False})(fleet.submit_command)
+from typing import Any
 
 EXIT_REFUSED = 1
 EXIT_INTERNAL = 70
 EXIT_INTERRUPTED = 130
+EXIT_RUN_REFUSED = 125
+"""``checkfu run``'s own failures (a refusal, a usage error, a sandbox failure or an internal error), as docker
+reserves 125 for its own; other commands keep 1 for a refusal and 2 for a usage error."""
+EXIT_USAGE = 2
+
+
+def version_text() -> str:
+    from importlib.metadata import PackageNotFoundError, version  # noqa: PLC0415
+
+    try:
+        return f"checkfu {version('checkfu')}"
+    except PackageNotFoundError:
+        return "checkfu (not installed)"
+
+
+def __getattr__(name: str) -> Any:
+    if name == "app":
+        from checkfu.cli.commands import app  # noqa: PLC0415
+
+        return app
+    raise AttributeError(name)
 
 
 def main() -> None:
     """Entry point: no traceback reaches a user unless ``CHECKFU_DEBUG=1``."""
+    if sys.argv[1:] == ["--version"]:
+        print(version_text())
+        return
+    from rich.console import Console  # noqa: PLC0415
+    from rich.markup import escape  # noqa: PLC0415
+
+    from checkfu.cli import run  # noqa: PLC0415
+    from checkfu.cli.commands import app  # noqa: PLC0415
+    from checkfu.contract.errors import SandboxError  # noqa: PLC0415
+    from checkfu.runner.journal import JournalError  # noqa: PLC0415
+
+    running = len(sys.argv) > 1 and sys.argv[1] == "run"
     err = Console(stderr=True, soft_wrap=True)
     try:
         app()
+    except SystemExit as exc:
+        # A usage error of `checkfu run` (click's 2) is checkfu's own failure: 125, as docker's is;
+        # the command's own status 2 (it ran: run.FINISHED says so) passes through.
+        if running and exc.code == EXIT_USAGE and not run.FINISHED:
+            sys.exit(EXIT_RUN_REFUSED)
+        raise
     except SandboxError as exc:
         err.print(f"[bold red]{escape(exc.code)}[/]: {escape(exc.message)}", highlight=False, markup=True)
-        sys.exit(EXIT_REFUSED)
+        sys.exit(EXIT_RUN_REFUSED if running else EXIT_REFUSED)
     except JournalError as exc:
         err.print(
             f"[bold red]journal unavailable[/]: {escape(str(exc))}. Nothing was asked of a provider without its "
             "record; run `checkfu runner reconcile` once the journal answers to settle what it could not record",
             highlight=False,
         )
-        sys.exit(EXIT_REFUSED)
+        sys.exit(EXIT_RUN_REFUSED if running else EXIT_REFUSED)
     except KeyboardInterrupt:
         err.print("interrupted")
         sys.exit(EXIT_INTERRUPTED)
@@ -62,4 +80,4 @@ def main() -> None:
             highlight=False,
             markup=False,
         )
-        sys.exit(EXIT_INTERNAL)
+        sys.exit(EXIT_RUN_REFUSED if running else EXIT_INTERNAL)

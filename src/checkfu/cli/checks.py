@@ -11,10 +11,10 @@ from rich.console import Console
 from rich.markup import escape
 
 from checkfu.cli.files import dump, load
+from checkfu.cli.profiles import DEFAULTS, read_profile
 from checkfu.contract.envelope import SandboxProviderCapabilities
 from checkfu.contract.errors import SandboxError
 from checkfu.contract.model import Model
-from checkfu.contract.profile import SandboxProfile
 from checkfu.contract.tiers import assess
 from checkfu.control.grading import grade_envelope
 
@@ -101,8 +101,65 @@ def envelope_check(file: FileArg, as_json: JsonOpt = False) -> None:
 
 @profile_app.command("check")
 def profile_check(file: FileArg, as_json: JsonOpt = False) -> None:
-    """Decode a profile strictly and print its content digest."""
-    prof = _check(SandboxProfile, "profile", file, as_json)
-    if not as_json:
-        assert isinstance(prof, SandboxProfile)
-        Console(highlight=False).print(f"digest    {escape(prof.digest)}")
+    """Check a profile as `checkfu run` will: every problem listed, unknown keys named; print its digest.
+
+    A base_image tag (checkfu/debian:12) is reported as pinned at admission, not refused; the digest is then
+    the pinned profile's, known only at admission.
+    """
+    read = read_profile(file, "docker")
+    err = Console(stderr=True, highlight=False)
+    if read.problems:
+        if as_json:
+            print(
+                json.dumps(
+                    {
+                        "ok": False,
+                        "error": _refusal(read.problems[0].error)["error"],
+                        "problems": [{"code": p.code, "field": p.field, "message": p.message} for p in read.problems],
+                    }
+                )
+            )
+        else:
+            err.print(f"[bold red]refused[/] {escape(str(file))}: {len(read.problems)} problem(s)")
+            for p in read.problems:
+                where = f" (field {p.field})" if p.field else ""
+                err.print(f"  {escape(p.code)}{escape(where)}: {escape(p.message)}")
+        raise typer.Exit(1)
+    assert read.profile is not None and read.doc is not None
+    digest = None if read.tag is not None else read.profile.digest
+    if as_json:
+        value = dump(read.profile)
+        if read.tag is not None and isinstance(value, dict):
+            value["base_image"] = read.tag
+        print(json.dumps({"ok": True, "profile": value, "digest": digest, "notes": read.notes}))
+        return
+    out = Console(highlight=False)
+    out.print(f"[bold green]ok[/] {escape(str(file))} is a valid SandboxProfile")
+    for note in read.notes:
+        out.print(f"note      {escape(note)}")
+    out.print(f"digest    {escape(digest or 'computed at admission, once base_image is pinned')}")
+
+
+@profile_app.command("init")
+def profile_init(
+    file: Annotated[
+        Path, typer.Argument(help="where to write it (default: profile.toml)", show_default=False, metavar="FILE")
+    ] = Path("profile.toml"),
+    provider: Annotated[
+        str, typer.Option("--provider", help="the tier it is for: docker or host-process", metavar="NAME")
+    ] = "docker",
+    force: Annotated[bool, typer.Option("--force", help="overwrite FILE if it exists")] = False,
+) -> None:
+    """Write the built-in default profile of `checkfu run` to FILE, to edit (docs/profiles.md has every field)."""
+    if provider not in DEFAULTS:
+        raise typer.BadParameter(f"{provider!r} is not one of {', '.join(DEFAULTS)}", param_hint="--provider")
+    if file.exists() and not force:
+        raise typer.BadParameter(f"{file} exists; --force overwrites it", param_hint="FILE")
+    name, text = DEFAULTS[provider]
+    try:
+        file.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise typer.BadParameter(f"cannot write {file}: {exc.strerror}", param_hint="FILE") from None
+    Console(highlight=False).print(
+        f"wrote {escape(str(file))} ({escape(name)}); edit it, then: checkfu run --profile {escape(str(file))} -- CMD"
+    )

@@ -28,7 +28,6 @@ from checkfu.cli import run as run_cli
 from checkfu.cli.engines import EngineCertsOpt, EngineOpt, engine_sites
 from checkfu.cli.state import client_credential, enrolled_credential, is_url, open_journal, runner_tag
 from checkfu.contract.errors import SandboxError, SandboxNotFound
-from checkfu.contract.profile import SandboxProfile
 from checkfu.fleet import follow, pinned_mounts, submit_request
 from checkfu.runner.clock import SystemClock
 from checkfu.runner.fleet import FleetConfig, FleetRunner
@@ -40,8 +39,8 @@ from checkfu.wire.client import RemoteProvider
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
-EXIT_REFUSED = 1
-EXIT_INTERNAL = 70
+EXIT_REFUSED = run_cli.EXIT_REFUSED
+"""A Run refused, failed or cancelled: ``checkfu run``'s own code for its own failures (125, docker's)."""
 EXIT_INTERRUPTED = 130
 
 DbOpt = run_cli.DbOpt
@@ -50,15 +49,42 @@ JsonOpt = run_cli.JsonOpt
 # checkfu submit -------------------------------------------------------------------------------
 
 SUBMITTED = frozenset(
-    {"command", "profile", "mount", "provider", "capture", "capture_dir", "db", "timeout", "credential_file", "allow"}
+    {
+        "command",
+        "profile",
+        "mount",
+        "no_ignore",
+        "workdir",
+        "quiet",
+        "provider",
+        "capture",
+        "capture_dir",
+        "db",
+        "timeout",
+        "credential_file",
+        "allow",
+    }
 )
 """The options of ``checkfu run`` a submitted Run carries; any other one given is refused by name."""
 
+NOT_QUEUED = {
+    "env": ("-e/--env", "a queued Run waits in the database, and an environment value never reaches the journal"),
+    "env_file": (
+        "--env-file",
+        "a queued Run waits in the database, and an environment value never reaches the journal",
+    ),
+    "interactive": ("-i", "a queued Run runs later, on a runner, with no caller's input to stream"),
+    "use_tty": ("-t", "a queued Run runs later, on a runner, with no terminal to follow"),
+    "json_file": ("--json", "`checkfu runs wait RUN --json` prints a submitted Run's summary"),
+}
+"""``checkfu run``'s options a queued Run cannot carry, and why."""
+
 
 def _unsupported(options: dict[str, Any]) -> list[str]:
+    """Why each option of ``checkfu run`` given here is not carried by a submitted Run."""
     params = inspect.signature(run_cli.run_command).parameters
     return sorted(
-        "--" + name.replace("_", "-")
+        "{}: {}".format(*NOT_QUEUED.get(name, ("--" + name.replace("_", "-"), "not carried by a submitted Run yet")))
         for name, value in options.items()
         if name not in SUBMITTED and name in params and value != params[name].default
     )
@@ -68,41 +94,58 @@ def _unsupported(options: dict[str, Any]) -> list[str]:
 def submit_command(**options: Any) -> None:
     given = _unsupported(options)
     if given:
-        raise typer.BadParameter(f"{', '.join(given)}: not carried by a submitted Run yet; use checkfu run")
+        raise typer.BadParameter("; ".join(given) + " (use checkfu run for these)")
     if options["credential_file"] is not None:
         raise typer.BadParameter(
             "a submitted Run never carries a credential: give it to `checkfu runner serve` instead",
             param_hint="--credential-file",
         )
-    checked = run_cli.check_run_options(
+    name = options["provider"] or "docker"
+    remote = is_url(name)
+    allow: list[str] = options["allow"] or []
+    warnings: list[str] = []
+    checked = run_cli.check_run_inputs(  # checkfu run's own checks, every problem listed
+        command=list(options["command"]),
         profile=options["profile"],
-        mount=options["mount"],
-        provider=options["provider"],
-        capture=options["capture"],
+        mounts=options["mount"] or [],
+        no_ignore=options["no_ignore"],
+        env_values=[],
+        env_files=[],
+        workdir=options["workdir"],
+        interactive=False,
+        use_tty=False,
+        name=name,
+        remote=remote,
+        captures=options["capture"] or [],
         capture_dir=options["capture_dir"],
+        db=options["db"],
         timeout=options["timeout"],
-        credential_file=None,
-        allow=options["allow"],
+        allow=allow,
+        warnings=warnings,
     )
-    profile = checked.profile
-    if not isinstance(profile, SandboxProfile):  # a provider service: its image must be pinned in the profile
-        profile = run_cli._allowing(run_cli._read_profile(profile, ""), options["allow"] or [])
+    # a provider service's profile must name its image pinned: only the Docker tier here pins a tag
+    profile = run_cli._allowing(run_cli._pin_image(checked.read, name, quiet=True), allow)
     capture_dir: Path | None = options["capture_dir"]
     request = RunRequest(
-        provider=checked.name,
+        provider=name,
         command=tuple(options["command"]),
         profile=json.loads(profile.model_dump_json()),
         mounts=pinned_mounts(checked.specs),
+        stage_all=bool(options["no_ignore"]),
+        workdir=options["workdir"],
         captures=tuple(options["capture"] or ()),
         capture_dir=str(capture_dir.resolve()) if capture_dir is not None else None,
         timeout=options["timeout"],
-        allowed=tuple(dict.fromkeys(options["allow"] or ())),
+        allowed=tuple(dict.fromkeys(allow)),
     )
     journal = open_journal(options["db"])
     try:
         run_id = submit_request(journal, request, runner_tag=runner_tag(options["db"]))
     finally:
         journal.close()
+    if not options["quiet"]:
+        for line in warnings:
+            err.print(f"[bold yellow]warning[/]: {escape(line)}")
     print(run_id)
 
 
@@ -193,9 +236,7 @@ def _exit_code(status: str, exit_code: int | None) -> int:
         return exit_code
     if status == "interrupted":
         return EXIT_INTERRUPTED
-    if status == "failed":
-        return EXIT_INTERNAL
-    return EXIT_REFUSED
+    return EXIT_REFUSED  # refused, failed or cancelled: as `checkfu run` exits for its own failures
 
 
 # checkfu runner serve -------------------------------------------------------------------------

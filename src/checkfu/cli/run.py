@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
+import os
 import re
 import shlex
 import signal
 import sys
+import tempfile
+import time
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -21,16 +25,34 @@ from rich.table import Table
 from rich.text import Text
 
 from checkfu.cli.engines import EngineCertsOpt, EngineOpt, engine_sites
-from checkfu.cli.files import load, read_document
-from checkfu.cli.state import client_credential, enrolled_credential, is_url, open_journal, runner_tag
+from checkfu.cli.profiles import ReadProfile, pinned, read_profile
+from checkfu.cli.state import client_credential, enrolled_credential, is_url, open_journal, runner_tag, state_dir
+from checkfu.cli.terminal import feed, raw_mode, stdin_is_terminal, window_size
 from checkfu.contract.codec import decode_value
-from checkfu.contract.errors import SandboxAdapterUnavailable, SandboxError
+from checkfu.contract.errors import (
+    SandboxAdapterUnavailable,
+    SandboxError,
+    SandboxPathRejected,
+    SandboxProfileInvalid,
+)
 from checkfu.contract.profile import DESTINATION_PATTERN, NetworkPolicy, SandboxProfile
 from checkfu.contract.tiers import assess
+from checkfu.runner.admission import (
+    ENV_NAME,
+    Problem,
+    argv_problems,
+    capture_problems,
+    env_problems,
+    raise_problems,
+    runner_tag_problems,
+    target_problems,
+    workdir_problems,
+)
 from checkfu.runner.clock import SystemClock
-from checkfu.runner.job import JobResult, run_job
+from checkfu.runner.documents import DocumentError, read_bounded
+from checkfu.runner.job import JobResult, resolve_mounts, run_job
 from checkfu.runner.journal import JournalError
-from checkfu.runner.mounts import MountSpec, parse_mount
+from checkfu.runner.mounts import DirectorySource, MountSpec, parse_mount
 from checkfu.runner.reconcile import reconcile
 from checkfu.runner.registry import ENTRY_POINT_GROUP, Registry, adapter_from_factory, load_registry
 from checkfu.runner.runner import Attempt, Runner
@@ -47,54 +69,94 @@ CredentialOpt = Annotated[
     typer.Option(
         "--credential-file",
         help="file holding the provider service's credential (default: $CHECKFU_PROVIDER_CREDENTIAL)",
+        show_default=False,
+        metavar="FILE",
     ),
 ]
-DbOpt = Annotated[str | None, typer.Option("--db", help="journal URL (default: SQLite in the state directory)")]
+DbOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--db", help="journal URL (default: SQLite in the state directory)", show_default=False, metavar="URL"
+    ),
+]
 JsonOpt = Annotated[bool, typer.Option("--json", help="print JSON")]
 
 
-class ConsoleObserver:
-    """Renders a Run for a person: phases as they finish, live output, staging progress."""
+def human_bytes(n: int) -> str:
+    """A byte count as people read it: ``200.0 MiB`` (``512 B`` below a KiB)."""
+    if n < 1024:
+        return f"{n} B"
+    value = float(n)
+    for unit in ("KiB", "MiB", "GiB", "TiB"):
+        value /= 1024
+        if value < 1024 or unit == "TiB":
+            return f"{value:.1f} {unit}"
+    return f"{n} B"  # unreachable
 
-    def __init__(self) -> None:
-        self.staging: Progress | None = None
-        self.task: TaskID | None = None
+
+class ConsoleObserver:
+    """Renders a Run for a person: phases as they finish, live output, hashing and staging progress.
+
+    ``quiet`` (``-q``) shows only the command's own output.
+    """
+
+    def __init__(self, *, quiet: bool = False) -> None:
+        self.quiet = quiet
+        self.bars: dict[str, tuple[Progress, TaskID]] = {}
+        self.raw = False
+        """The caller's terminal is in raw mode (``-it``): lines need a carriage return."""
         self.attempt: Attempt | None = None
 
     async def before(self, name: str) -> None:
         pass
 
+    def say(self, said: str) -> None:
+        """Print ``said``: markup this code built, every value in it escaped (the static guard checks callers)."""
+        if not self.quiet:
+            err.print(said + ("\r" if self.raw else ""))
+
     def phase(self, name: str, seconds: float) -> None:
-        err.print(f"[dim]• {escape(name):<11} {seconds * 1000:8.1f} ms[/]")
+        self.say(f"[dim]• {escape(name):<11} {seconds * 1000:8.1f} ms[/]")
 
     def warning(self, text: str) -> None:
-        err.print(f"[bold yellow]warning[/]: {escape(text)}")
+        self.say(f"[bold yellow]warning[/]: {escape(text)}")
 
     def selected(self, attempt: Attempt) -> None:
         self.attempt = attempt
-        a = assess(attempt.adapter.envelope)
-        err.print(f"[dim]• adapter     {escape(str(attempt.adapter.target))} — grade: {escape(a.label)}[/]")
+        a = assess(attempt.adapter.envelope, in_tree=attempt.adapter.in_tree)
+        self.say(f"[dim]• adapter     {escape(str(attempt.adapter.target))} — grade: {escape(a.label)}[/]")
 
-    def build_line(self, line: str) -> None:
-        err.print(f"[dim]  build: {escape(line.rstrip())}[/]")
+    def build_line(self, line: object) -> None:
+        text = line if isinstance(line, str) else str(getattr(line, "line", None) or line)
+        self.say(f"[dim]  build: {escape(text.rstrip())}[/]")
 
-    def stage_progress(self, done: int, total: int) -> None:
-        if self.staging is None:
-            self.staging = Progress(
+    def _progress(self, label: str, done: int, total: int, finished: str) -> None:
+        if self.quiet:
+            return
+        bar = self.bars.get(label)
+        if bar is None:
+            progress = Progress(
                 *Progress.get_default_columns(),
-                DownloadColumn(),
+                DownloadColumn(binary_units=True),
                 console=err,
                 transient=True,
                 disable=not err.is_terminal,
             )
-            self.task = self.staging.add_task("staging mounts", total=total)
-            self.staging.start()
-        assert self.task is not None
-        self.staging.update(self.task, completed=done)
+            bar = (progress, progress.add_task(escape(label), total=total))
+            self.bars[label] = bar
+            progress.start()
+        progress, task = bar
+        progress.update(task, completed=done, total=total)
         if done >= total:
-            self.staging.stop()
-            self.staging = None
-            err.print(f"[dim]  staged {total:d} bytes[/]")
+            progress.stop()
+            del self.bars[label]
+            self.say(f"[dim]  {escape(finished)} {escape(human_bytes(total))}[/]")
+
+    def hash_progress(self, done: int, total: int) -> None:
+        self._progress("hashing mounts", done, total, "hashed")
+
+    def stage_progress(self, done: int, total: int) -> None:
+        self._progress("staging mounts", done, total, "staged")
 
     def output(self, stream: str, data: bytes) -> None:
         target = sys.stdout if stream == "out" else sys.stderr
@@ -104,38 +166,40 @@ class ConsoleObserver:
 
 ENGINE_DOWN = (
     "Either start a Docker Engine (scripts/engine-up does it as root), or run on the host with "
-    "--provider host-process --profile examples/profiles/host.toml, which enforces no isolation and says so."
+    "--provider host-process, which enforces no isolation and says so."
 )
 
+EXIT_REFUSED = 125
+"""``checkfu run``'s own failure (a refusal, a usage error, a sandbox failure): docker's code for the same."""
 
-def _pin_image(profile: dict[str, Any], provider: str) -> None:
-    """Pin an unpinned ``base_image`` tag to the engine's image id (admission owns the digest).
+
+def _pin_image(read: ReadProfile, provider: str, quiet: bool) -> SandboxProfile:
+    """The profile, its ``base_image`` tag pinned to the engine's image id (admission owns the digest).
 
     Pinning is the Docker provider's to do; other providers take the profile as written.
 
     Raises:
         SandboxAdapterUnavailable: no Docker Engine answers (the profile may well be fine).
-        SandboxProfileInvalid: the engine has no image of that tag.
+        SandboxProfileInvalid: the engine has no image of that tag, or a tag for a provider that pins none.
     """
-    ref = profile.get("base_image")
-    if not isinstance(ref, str) or ref == "host" or "sha256:" in ref or provider != "docker":
-        return
+    if read.tag is None:
+        assert read.profile is not None
+        return read.profile
+    if provider != "docker":
+        raise SandboxProfileInvalid(
+            f"{read.name}: base_image: {read.tag!r} is a tag, and only the Docker tier pins tags; name the image "
+            "by digest (name@sha256:...) or by image id (sha256:...)",
+            field="base_image",
+        )
     from checkfu.providers.docker import pin_base_image  # noqa: PLC0415 - only the Docker tier pins
 
     try:
-        image_id = pin_base_image(ref)
+        image_id = pin_base_image(read.tag)
     except SandboxAdapterUnavailable as exc:
         raise SandboxAdapterUnavailable(f"{exc.message}. {ENGINE_DOWN}", field="provider") from None
-    err.print(f"[dim]• pinned      {escape(ref)} → {escape(image_id)}[/]")
-    profile["base_image"] = image_id
-
-
-def _read_profile(path: Path, provider: str) -> SandboxProfile:
-    if path.suffix.lower() != ".toml":
-        return load(SandboxProfile, path)
-    doc = read_document(SandboxProfile, path)  # bounded: size, regular file, nesting
-    _pin_image(doc, provider)
-    return decode_value(SandboxProfile, doc)
+    if not quiet:
+        err.print(f"[dim]• pinned      {escape(read.tag)} → {escape(image_id)}[/]")
+    return pinned(read, image_id)
 
 
 def _choose(registry: Registry, provider: str, explicit: bool) -> Any:
@@ -157,150 +221,461 @@ def _choose(registry: Registry, provider: str, explicit: bool) -> Any:
     )
 
 
-def _allowing(prof: SandboxProfile, allow: list[str]) -> SandboxProfile:
-    """``prof`` with its network an allowlist of exactly ``allow`` (``HOST:PORT`` each), when any is given.
+def _allow_problems(allow: list[str]) -> list[Problem]:
+    return [
+        Problem(
+            SandboxProfileInvalid(
+                f"--allow: {value[:80]!r} is not HOST:PORT (a lowercase DNS name, an IPv4 address or a bracketed "
+                "IPv6 address, then a port 1..65535)",
+                field="allow",
+            )
+        )
+        for value in allow
+        if not re.fullmatch(DESTINATION_PATTERN, value)
+    ]
 
-    Raises:
-        typer.BadParameter: a destination is not ``HOST:PORT`` (a usage error naming ``--allow``, exit 2).
-    """
+
+def _allowing(prof: SandboxProfile, allow: list[str]) -> SandboxProfile:
+    """``prof`` with its network an allowlist of exactly ``allow`` (``HOST:PORT`` each), when any is given."""
     if not allow:
         return prof
-    for value in allow:
-        if not re.fullmatch(DESTINATION_PATTERN, value):
-            raise typer.BadParameter(
-                f"{value[:80]!r} is not HOST:PORT (a lowercase DNS name, an IPv4 address or a bracketed IPv6 "
-                "address, then a port 1..65535)",
-                param_hint="--allow",
-            )
     policy = decode_value(NetworkPolicy, {"mode": "allowlist", "allowlist": list(dict.fromkeys(allow))})
     return prof.model_copy(update={"network_policy": policy})
 
 
-def _summary(result: JobResult, attempt_label: str, allowed: tuple[str, ...] = ()) -> None:
-    err.print()
-    err.print(f"[bold]run[/]        {escape(result.run_id)}")
-    err.print(f"[bold]adapter[/]    {escape(result.adapter)} — grade: {escape(attempt_label)}")
-    err.print("[bold]phases[/]     " + ", ".join(f"{escape(k)} {v * 1000:.0f} ms" for k, v in result.phases.items()))
-    if allowed:
-        err.print("[bold]allowed[/]  " + escape(", ".join(allowed)))
-    colour = "green" if result.exit_code == 0 else "red"
-    err.print(f"[bold]exit[/]       [{colour}]{result.exit_code:d}[/]")
-    if result.captured:
-        err.print("[bold]captured[/]   " + escape(", ".join(result.captured)))
-    if result.not_enforced:
-        err.print("[bold yellow]not enforced[/] " + escape(", ".join(result.not_enforced)))
+# the environment ---------------------------------------------------------------------------------
+
+MAX_ENV_FILE = 1 << 20
+
+
+def _env(values: list[str], files: list[Path], warn: list[str]) -> tuple[dict[str, str], list[Problem]]:
+    """The process's environment from ``--env-file`` files, then ``-e`` (later wins), as docker reads them.
+
+    ``NAME=VALUE`` sets a value; ``NAME`` alone copies the caller's (and is left out, with a warning, when the
+    caller has none). In a file, blank lines and lines starting with ``#`` are skipped. Values are never shown.
+    """
+    env: dict[str, str] = {}
+    problems: list[Problem] = []
+
+    def take(item: str, where: str) -> None:
+        name, sep, value = item.partition("=")
+        if not ENV_NAME.match(name):  # named once, where it was given (not again as env)
+            problems.extend(env_problems({name: ""}, field=where))
+            env.pop(name, None)
+            return
+        if not sep:
+            if name not in os.environ:
+                warn.append(f"{name} is not set here, so it is not passed ({where})")
+                return
+            env[name] = os.environ[name]
+        else:
+            env[name] = value
+
+    for path in files:
+        try:
+            raw = read_bounded(path, limit=MAX_ENV_FILE)  # a FIFO or a device is refused, not read
+        except DocumentError as exc:
+            problems.append(Problem(SandboxProfileInvalid(f"--env-file: {exc}", field="env-file")))
+            continue
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            problems.append(Problem(SandboxProfileInvalid(f"--env-file: {path} is not UTF-8", field="env-file")))
+            continue
+        for number, line in enumerate(text.splitlines(), 1):
+            if not line.strip() or line.lstrip().startswith("#"):
+                continue
+            take(line, f"--env-file {path}:{number}")
+    for item in values:
+        take(item, "-e")
+    problems.extend(env_problems(env))
+    return env, problems
+
+
+def _capture_dir_problems(path: Path) -> list[Problem]:
+    """``--capture-dir`` must be a directory this user can write, or creatable as one: a file is made and removed
+    in it (or in its nearest existing parent), which is the only test that holds for root and read-only mounts."""
+    probe = path
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if probe == path and not path.is_dir():
+        why = f"{path} exists and is not a directory"
+    elif not probe.is_dir():
+        why = f"{path} cannot be made ({probe} is not a directory)"
     else:
-        err.print("[bold]enforced[/]   all nine axes")
+        try:
+            with tempfile.TemporaryFile(dir=probe):
+                return []
+        except OSError as exc:
+            why = f"{path} cannot be written ({probe}: {exc.strerror})"
+    return [Problem(SandboxPathRejected(f"--capture-dir: {why}", field="capture-dir"))]
+
+
+# the run -------------------------------------------------------------------------------------------
+
+FINISHED: list[int] = []
+"""The command's exit status once the Run ran it (so ``main`` tells it from a usage error's)."""
 
 
 @dataclass(frozen=True)
 class CheckedRun:
-    """``checkfu run``'s options, checked before any work (``checkfu submit`` takes and checks the same)."""
+    """``checkfu run``'s inputs, every one checked before any work (``checkfu submit`` checks its own with this)."""
 
-    name: str
-    remote: bool
-    credential: Credential | None
+    read: ReadProfile
     specs: list[MountSpec]
-    profile: SandboxProfile | Path
-    """A provider service's profile stays a path: it is read once the service's envelope says who pins."""
+    env: dict[str, str]
 
 
-def check_run_options(
+def check_run_inputs(
     *,
-    profile: Path,
-    mount: list[str] | None,
-    provider: str | None,
-    capture: list[str] | None,
+    command: list[str],
+    profile: Path | None,
+    mounts: list[str],
+    no_ignore: bool,
+    env_values: list[str],
+    env_files: list[Path],
+    workdir: str | None,
+    interactive: bool,
+    use_tty: bool,
+    name: str,
+    remote: bool,
+    captures: list[str],
     capture_dir: Path | None,
+    db: str | None,
     timeout: float,
-    credential_file: Path | None,
-    allow: list[str] | None,
+    allow: list[str],
+    warnings: list[str],
 ) -> CheckedRun:
-    """Every check of ``checkfu run``'s options that needs no journal and no provider.
+    """Every check of ``checkfu run``'s inputs that asks no provider anything, every problem listed.
 
     Raises:
-        SandboxAdapterUnavailable: no installed provider of that name.
-        SandboxError: a mount or the profile is refused.
-        typer.BadParameter: a usage error naming the option.
+        SandboxError: the problems found (nothing was run, nothing allocated).
     """
-    name = provider or "docker"
-    remote = is_url(name)
+    problems: list[Problem] = []
     if not remote:
         installed = sorted(ep.name for ep in entry_points(group=ENTRY_POINT_GROUP))
         if name not in installed:
-            raise SandboxAdapterUnavailable(
-                f"no provider named {name!r} (installed: {', '.join(installed) or 'none'})", field="provider"
+            problems.append(
+                Problem(
+                    SandboxAdapterUnavailable(
+                        f"no provider named {name!r} (installed: {', '.join(installed) or 'none'})", field="provider"
+                    )
+                )
             )
-    credential = client_credential(credential_file) if remote else None
-    specs: list[MountSpec] = [parse_mount(m) for m in (mount or [])]
-    if not timeout > 0:  # also refuses nan
-        raise typer.BadParameter(f"must be a positive number of seconds, not {timeout}", param_hint="--timeout")
-    if capture and capture_dir is not None and capture_dir.exists() and not capture_dir.is_dir():
-        raise typer.BadParameter(f"{capture_dir} exists and is not a directory", param_hint="--capture-dir")
-    prof = profile if remote else _allowing(_read_profile(profile, name), allow or [])
-    return CheckedRun(name=name, remote=remote, credential=credential, specs=specs, profile=prof)
+    if remote and profile is None:
+        problems.append(
+            Problem(SandboxProfileInvalid("--profile: a provider service needs a profile file", field="profile"))
+        )
+    read = read_profile(profile, name)
+    problems.extend(read.problems)
+    specs: list[MountSpec] = []
+    for i, text in enumerate(mounts):
+        try:
+            specs.append(parse_mount(text, stage_all=no_ignore))
+        except SandboxError as exc:
+            problems.append(Problem(type(exc)(f"mounts.{i}: {exc.message}", field=f"mounts.{i}")))
+    problems.extend(target_problems([s.target for s in specs]))
+    for i, spec in enumerate(specs):
+        src = spec.source
+        where = src.path if isinstance(src, DirectorySource) else src.repo
+        if not where.exists():
+            problems.append(
+                Problem(
+                    SandboxProfileInvalid(f"mounts.{i}: {spec.describe()}: {where} does not exist", field=f"mounts.{i}")
+                )
+            )
+    env, env_probs = _env(env_values, env_files, warnings)
+    problems.extend(env_probs)
+    problems.extend(workdir_problems(workdir))
+    problems.extend(capture_problems(captures))
+    if captures and capture_dir is not None:
+        problems.extend(_capture_dir_problems(capture_dir))
+    problems.extend(argv_problems(command))
+    problems.extend(runner_tag_problems(runner_tag(db)))
+    problems.extend(_allow_problems(allow))
+    if not 0 < timeout < math.inf:  # also refuses nan
+        problems.append(
+            Problem(
+                SandboxProfileInvalid(
+                    f"--timeout: must be a positive number of seconds, not {timeout}", field="timeout"
+                )
+            )
+        )
+    if interactive and use_tty and not stdin_is_terminal():
+        problems.append(
+            Problem(
+                SandboxProfileInvalid(
+                    "-it: the input is not a terminal; use -i alone to stream piped input", field="tty"
+                )
+            )
+        )
+    raise_problems(problems)
+    return CheckedRun(read=read, specs=specs, env=env)
 
 
 def run_command(
-    command: Annotated[list[str], typer.Argument(help="the command to run inside the sandbox, after --")],
-    profile: Annotated[Path, typer.Option("--profile", help="a SandboxProfile (TOML or JSON)")],
-    mount: Annotated[list[str] | None, typer.Option("--mount", help="SRC:TARGET; SRC a directory or REPO@REF")] = None,
-    provider: Annotated[
-        str | None, typer.Option("--provider", help="provider name, or a provider service's URL (default: docker)")
+    command: Annotated[
+        list[str],
+        typer.Argument(
+            help="the command to run inside the sandbox, after --", show_default=False, metavar="COMMAND..."
+        ),
+    ],
+    profile: Annotated[
+        Path | None,
+        typer.Option(
+            "--profile",
+            help="a SandboxProfile, TOML or JSON (default: the built-in one; see `checkfu profile init`)",
+            show_default=False,
+            metavar="FILE",
+        ),
     ] = None,
-    capture: Annotated[list[str] | None, typer.Option("--capture", help="a sandbox path to read back")] = None,
-    capture_dir: Annotated[Path | None, typer.Option("--capture-dir", help="where captures go")] = None,
+    mount: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--mount",
+            help="SRC:TARGET[:rw]: a directory or REPO@REF at an absolute sandbox path; sealed read-only unless :rw",
+            show_default=False,
+            metavar="SRC:TARGET[:rw]",
+        ),
+    ] = None,
+    no_ignore: Annotated[
+        bool, typer.Option("--no-ignore", help="stage what git ignores too (a directory inside a git work tree)")
+    ] = False,
+    env: Annotated[
+        list[str] | None,
+        typer.Option(
+            "-e",
+            "--env",
+            help="NAME=VALUE, or NAME to pass the caller's value (repeatable)",
+            show_default=False,
+            metavar="NAME[=VALUE]",
+        ),
+    ] = None,
+    env_file: Annotated[
+        list[Path] | None,
+        typer.Option("--env-file", help="a file of NAME=VALUE lines (repeatable)", show_default=False, metavar="FILE"),
+    ] = None,
+    workdir: Annotated[
+        str | None,
+        typer.Option(
+            "-w",
+            "--workdir",
+            help="the working directory in the sandbox (absolute)",
+            show_default=False,
+            metavar="PATH",
+        ),
+    ] = None,
+    interactive: Annotated[bool, typer.Option("-i", "--interactive", help="stream stdin to the command")] = False,
+    use_tty: Annotated[
+        bool, typer.Option("-t", "--tty", help="give the command a pseudo-terminal that follows this one's size")
+    ] = False,
+    quiet: Annotated[bool, typer.Option("-q", "--quiet", help="print only the command's own output")] = False,
+    json_file: Annotated[
+        Path | None,
+        typer.Option("--json", help="write the summary as JSON to FILE", show_default=False, metavar="FILE"),
+    ] = None,
+    provider: Annotated[
+        str | None,
+        typer.Option(
+            "--provider",
+            help="provider name, or a provider service's URL (default: docker)",
+            show_default=False,
+            metavar="NAME|URL",
+        ),
+    ] = None,
+    capture: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--capture",
+            help="an absolute sandbox path (a file or a directory) to read back",
+            show_default=False,
+            metavar="PATH",
+        ),
+    ] = None,
+    capture_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--capture-dir",
+            help="where captures go (default: captures/RUN in the state directory)",
+            show_default=False,
+            metavar="DIR",
+        ),
+    ] = None,
     db: DbOpt = None,
-    timeout: Annotated[float, typer.Option("--timeout", help="seconds the command may run")] = 3600.0,
+    timeout: Annotated[
+        float, typer.Option("--timeout", help="seconds the command may run", metavar="SECONDS")
+    ] = 3600.0,
     credential_file: CredentialOpt = None,
     allow: Annotated[
         list[str] | None,
         typer.Option(
-            "--allow", help="HOST:PORT the sandbox may reach (repeatable): the profile's network becomes this allowlist"
+            "--allow",
+            help="HOST:PORT the sandbox may reach (repeatable): the profile's network becomes this allowlist",
+            show_default=False,
+            metavar="HOST:PORT",
         ),
     ] = None,
 ) -> None:
-    """Run one command in a fresh sandbox built from a profile, with mounts staged by the runner."""
-    checked = check_run_options(
+    """Run one command in a fresh sandbox, with mounts staged by the runner.
+
+    Exit status: the command's own, or one of checkfu's (docs/exit-codes.md):
+    125 refused, usage error or sandbox failure; 126 cannot execute; 127 not found;
+    124 --timeout; 130 SIGINT; 143 SIGTERM.
+    """
+    name = provider or "docker"
+    remote = is_url(name)
+    warnings: list[str] = []
+    summary: dict[str, Any] = {"ok": False}
+    try:
+        code = _admit_and_run(
+            command=command,
+            profile=profile,
+            mounts=mount or [],
+            no_ignore=no_ignore,
+            env_values=env or [],
+            env_files=env_file or [],
+            workdir=workdir,
+            interactive=interactive,
+            use_tty=use_tty,
+            quiet=quiet,
+            name=name,
+            remote=remote,
+            explicit=provider is not None,
+            captures=capture or [],
+            capture_dir=capture_dir,
+            db=db,
+            timeout=timeout,
+            credential_file=credential_file,
+            allow=allow or [],
+            warnings=warnings,
+            summary=summary,
+        )
+    except SandboxError as exc:
+        _refused(exc, json_file, summary)
+        raise typer.Exit(EXIT_REFUSED) from None
+    if json_file is not None:
+        _write_json(json_file, summary)
+    FINISHED.append(code)
+    raise typer.Exit(code)
+
+
+def _refused(exc: SandboxError, json_file: Path | None, summary: dict[str, Any]) -> None:
+    lines = exc.message.split("; ") if exc.message.count(": ") > 1 and " problems: " in exc.message else [exc.message]
+    if len(lines) > 1:
+        head, _, first = lines[0].partition(" problems: ")
+        err.print(f"[bold red]refused[/]: {escape(head)} problems, nothing was run or allocated:")
+        for line in [first, *lines[1:]]:
+            err.print(f"  {escape(line)}", highlight=False)
+    else:
+        err.print(f"[bold red]{escape(exc.code)}[/]: {escape(exc.message)}", highlight=False)
+    if exc.code in (
+        "SandboxProfileInvalid",
+        "SandboxPathRejected",
+        "SandboxCapabilityUnavailable",
+        "SandboxBoundExceeded",
+    ):
+        err.print("[dim]  nothing was run; fix the input above and run again (docs/errors.md says more)[/]")
+    summary.update(
+        ok=False, exit_code=EXIT_REFUSED, error={"code": exc.code, "message": exc.message, "field": exc.field}
+    )
+    if json_file is not None:
+        _write_json(json_file, summary)
+
+
+def _write_json(path: Path, summary: dict[str, Any]) -> None:
+    try:
+        path.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    except OSError as exc:
+        why = exc.strerror or str(exc)
+        err.print(f"[bold yellow]warning[/]: cannot write --json {escape(str(path))}: {escape(why)}")
+
+
+def _admit_and_run(
+    *,
+    command: list[str],
+    profile: Path | None,
+    mounts: list[str],
+    no_ignore: bool,
+    env_values: list[str],
+    env_files: list[Path],
+    workdir: str | None,
+    interactive: bool,
+    use_tty: bool,
+    quiet: bool,
+    name: str,
+    remote: bool,
+    explicit: bool,
+    captures: list[str],
+    capture_dir: Path | None,
+    db: str | None,
+    timeout: float,
+    credential_file: Path | None,
+    allow: list[str],
+    warnings: list[str],
+    summary: dict[str, Any],
+) -> int:
+    """Every input checked (every problem listed), then the Run. Returns the exit status.
+
+    Raises:
+        SandboxError: a refusal (nothing ran, nothing was allocated) or a sandbox failure.
+    """
+    checked = check_run_inputs(
+        command=command,
         profile=profile,
-        mount=mount,
-        provider=provider,
-        capture=capture,
+        mounts=mounts,
+        no_ignore=no_ignore,
+        env_values=env_values,
+        env_files=env_files,
+        workdir=workdir,
+        interactive=interactive,
+        use_tty=use_tty,
+        name=name,
+        remote=remote,
+        captures=captures,
         capture_dir=capture_dir,
+        db=db,
         timeout=timeout,
-        credential_file=credential_file,
         allow=allow,
+        warnings=warnings,
     )
-    name, remote, credential, specs, prof = (
-        checked.name,
-        checked.remote,
-        checked.credential,
-        checked.specs,
-        checked.profile,
-    )
+    read, specs, env = checked.read, checked.specs, checked.env
+    for line in warnings:
+        if not quiet:
+            err.print(f"[bold yellow]warning[/]: {escape(line)}")
+    credential = client_credential(credential_file) if remote else None
     journal = open_journal(db)
     if remote and credential is None:
         credential = enrolled_credential(journal, name)
     try:
-        code = asyncio.run(
+        if not quiet:
+            err.print(f"[dim]• profile     {escape(read.name)}[/]")
+        prof: SandboxProfile | ReadProfile = read if remote else _allowing(_pin_image(read, name, quiet), allow)
+        size = window_size() if use_tty else None
+        return asyncio.run(
             _run(
                 prof,
                 name,
-                provider is not None,
+                explicit,
                 specs,
                 command,
-                capture or [],
+                captures,
                 capture_dir,
                 journal,
                 timeout,
                 credential,
-                allow or [],
-                db,
+                allow,
+                env=env,
+                workdir=workdir,
+                interactive=interactive,
+                tty=size,
+                quiet=quiet,
+                summary=summary,
+                db=db,
+                profile_name=read.name,
             )
         )
     finally:
         journal.close()
-    raise typer.Exit(code)
 
 
 async def _registry(name: str, credential: Credential | None, observer: ConsoleObserver, journal: Any) -> Registry:
@@ -314,7 +689,7 @@ async def _registry(name: str, credential: Credential | None, observer: ConsoleO
 
 
 async def _run(
-    prof: SandboxProfile | Path,
+    prof: SandboxProfile | ReadProfile,
     name: str,
     explicit: bool,
     specs: list[MountSpec],
@@ -323,16 +698,29 @@ async def _run(
     capture_dir: Path | None,
     journal: Any,
     timeout: float,
-    credential: Credential | None = None,
-    allow: list[str] | None = None,
+    credential: Credential | None,
+    allow: list[str],
+    *,
+    env: dict[str, str],
+    workdir: str | None,
+    interactive: bool,
+    tty: tuple[int, int] | None,
+    quiet: bool,
+    summary: dict[str, Any],
     db: str | None = None,
+    profile_name: str = "",
 ) -> int:
-    observer = ConsoleObserver()
+    observer = ConsoleObserver(quiet=quiet)
+    # Mounts are read, bounded and hashed before any provider is asked anything (describe included).
+    t0 = time.perf_counter()
+    resolved = await resolve_mounts(specs, observer)
+    resolve_seconds = time.perf_counter() - t0
+    observer.phase("resolve", resolve_seconds)
     registry = await _registry(name, credential, observer, journal)
-    if isinstance(prof, Path):  # a provider service: the provider it serves decides who pins a tag
+    if isinstance(prof, ReadProfile):  # a provider service: the provider it serves decides who pins a tag
         (adapter,) = registry.adapters
         target = adapter.target
-        prof = _allowing(_read_profile(prof, adapter.envelope.provider), allow or [])
+        prof = _allowing(_pin_image(prof, adapter.envelope.provider, quiet), allow)
     else:
         target = _choose(registry, name, explicit)
     runner = Runner(registry, journal, runner_tag=runner_tag(db))
@@ -347,6 +735,18 @@ async def _run(
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal, sig)
+    interact = None
+    if interactive or tty is not None:
+
+        async def interact(proc: Any) -> None:
+            with raw_mode(tty is not None and interactive and stdin_is_terminal()):
+                observer.raw = tty is not None and interactive
+                try:
+                    await feed(proc, stdin=interactive, resize=tty is not None)
+                finally:
+                    observer.raw = False
+
+    into = capture_dir
     try:
         result = await run_job(
             runner,
@@ -355,15 +755,23 @@ async def _run(
             command,
             mounts=specs,
             captures=captures,
-            capture_dir=capture_dir,
+            capture_dir=into,
             observer=observer,
             timeout=timeout,
+            env=env,
+            cwd=workdir,
+            interact=interact,
+            tty=tty,
+            capture_root=state_dir() / "captures",
+            resolved=resolved,
         )
+        result.phases = {"resolve": resolve_seconds, **result.phases}
     except asyncio.CancelledError:
         signum = got[0] if got else signal.SIGINT
         said = f"[bold red]interrupted[/] by {escape(signal.Signals(signum).name)}"
         if not _report_left(observer.attempt, db, said):
             err.print(f"{said}: released and compensated; nothing is left behind")
+        summary.update(ok=False, exit_code=128 + signum, interrupted=signal.Signals(signum).name)
         return 128 + signum
     except (SandboxError, JournalError):
         _report_left(observer.attempt, db, "[bold red]failed[/]")
@@ -371,19 +779,76 @@ async def _run(
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
-    grade = assess(registry.select(target).envelope)
+    chosen = registry.select(target)
+    grade = assess(chosen.envelope, in_tree=chosen.in_tree)  # graded as the grade card grades it
     label = grade.label
     if grade.short_of_next:
         label += f" (short of the next tier: {'; '.join(grade.short_of_next)})"
     allowed = tuple(prof.network_policy.allowlist) if allow else ()
-    _summary(result, label, allowed)
+    summary.update(
+        ok=True,
+        run_id=result.run_id,
+        exit_code=result.exit_code,
+        adapter=result.adapter,
+        grade=label,
+        profile=profile_name,
+        phases_ms={k: round(v * 1000, 1) for k, v in result.phases.items()},
+        staged_bytes=result.staged_bytes,
+        writable=list(result.writable),
+        env=sorted(env),
+        workdir=workdir,
+        captured=result.captured,
+        capture_dir=str(result.capture_dir) if result.capture_dir is not None else None,
+        not_enforced=list(result.not_enforced),
+        allowed=list(allowed),
+    )
+    if not quiet:
+        _summary(result, label, allowed, profile_name, env, workdir)
     if _report_left(observer.attempt, db, f"[bold red]the command exited {result.exit_code:d}, but[/]"):
+        summary.update(exit_code=LEFT_BEHIND_EXIT, left=dict(result.left))
         return LEFT_BEHIND_EXIT
+    if result.unjournaled:
+        summary["unjournaled"] = dict(result.unjournaled)
     return result.exit_code
 
 
-LEFT_BEHIND_EXIT = 1
-"""The exit status of a Run that finished but left something of its sandbox behind (see ``_report_left``)."""
+def _summary(
+    result: JobResult,
+    attempt_label: str,
+    allowed: tuple[str, ...],
+    profile_name: str,
+    env: dict[str, str],
+    workdir: str | None,
+) -> None:
+    err.print()
+    err.print(f"[bold]run[/]        {escape(result.run_id)}")
+    err.print(f"[bold]adapter[/]    {escape(result.adapter)} — grade: {escape(attempt_label)}")
+    if profile_name:
+        err.print(f"[bold]profile[/]    {escape(profile_name)}")
+    err.print("[bold]phases[/]     " + ", ".join(f"{escape(k)} {v * 1000:.0f} ms" for k, v in result.phases.items()))
+    if result.staged_bytes:
+        err.print(f"[bold]staged[/]     {escape(human_bytes(result.staged_bytes))}")
+    if env:
+        err.print("[bold]env[/]        " + escape(", ".join(sorted(env))) + " [dim](names only)[/]")
+    if workdir:
+        err.print(f"[bold]workdir[/]    {escape(workdir)}")
+    if allowed:
+        err.print("[bold]allowed[/]  " + escape(", ".join(allowed)))
+    colour = "green" if result.exit_code == 0 else "red"
+    err.print(f"[bold]exit[/]       [{colour}]{result.exit_code:d}[/]")
+    if result.capture_dir is not None:
+        err.print(f"[bold]captured[/]   {len(result.captured):d} files into {escape(str(result.capture_dir))}")
+    if result.writable:
+        err.print("[bold]writable[/]   " + escape(", ".join(result.writable)) + " (:rw, not sealed)")
+    if result.not_enforced:
+        err.print("[bold yellow]not enforced[/] " + escape(", ".join(result.not_enforced)))
+    else:
+        err.print("[bold]enforced[/]   all nine axes")
+
+
+LEFT_BEHIND_EXIT = EXIT_REFUSED
+"""The exit status of a Run that finished but left something of its sandbox behind (see ``_report_left``): a
+sandbox failure around the command, so checkfu's own 125, never a status the command could have had."""
 
 
 def _report_left(attempt: Attempt | None, db: str | None, said: str) -> bool:

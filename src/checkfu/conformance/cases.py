@@ -260,38 +260,39 @@ async def git_blob_without_credential(ctx: Context) -> str:
         commit = _git(repo, "rev-parse", "HEAD").strip()
         blob_id = _git(repo, "rev-parse", f"{commit}:data.bin").strip()
         mount = resolve_mount(MountSpec(GitSource(repo, commit), "/workspace"))
-    ctx.saw(f"git blob {blob_id} ({len(blob)} bytes) from commit {commit[:12]}, remote URL carrying a token")
-    (f,) = [f for f in mount.plan.files if f.path == "data.bin"]
-    _check(f.digest == f"git:{blob_id}", f"the mount plan names {f.digest}, the blob is {blob_id}")
-    secrets_to_find = [token] + ([ctx.secret] if ctx.secret else [])
-    async with ctx.session(mounts=1) as session:
-        inst = await ctx.active(session, [mount])
-        seen = await read_file(session, inst, "/workspace/data.bin")
-        _check(seen == blob, f"the sandbox read {len(seen or b'')} bytes, not the blob's {len(blob)}")
-        ctx.saw("inside: /workspace/data.bin is exactly the blob's bytes")
-        env_text = await environment(session, inst)
-        names = [line.split("=", 1)[0] for line in env_text.splitlines() if "=" in line]
-        suspicious = [n for n in names if any(w in n.upper() for w in CREDENTIAL_NAMES) or n.startswith("GIT_")]
-        _check(not suspicious, f"the environment names credentials: {', '.join(suspicious)}")
-        ctx.saw(f"inside: environment of {len(names)} variables, none a credential")
-        places = ["/workspace/data.bin", "/workspace/notes.txt", *CREDENTIAL_FILES]
-        for place in places:
-            path = place.replace("~", _home(env_text), 1) if place.startswith("~") else place
-            content = await read_file(session, inst, path)
-            if content is None:
-                continue
-            leaked = [s for s in secrets_to_find if s.encode() in content]
-            _check(not leaked, f"{path} holds a credential")
-            if place in CREDENTIAL_FILES:
-                raise Failed(f"{path} exists inside the sandbox: a credential store")
-        for text in (env_text,):
-            _check(not any(s in text for s in secrets_to_find), "a credential is in the environment")
-        workspace = await listing(session, inst, "/workspace") or ""
-        _check(".git" not in workspace.split(), "/workspace holds a .git directory (and so the remote URL)")
-        ctx.saw(f"inside: /workspace lists {' '.join(sorted(workspace.split()))}; no .git, no credential files")
-        for sock in SOCKETS:
-            _check(await listing(session, inst, sock) is None, f"{sock} is mounted in the sandbox")
-        ctx.saw(f"inside: none of {', '.join(SOCKETS)} is present")
+        # The repository stays until the sandbox is gone: staging reads each blob again from it (never held).
+        ctx.saw(f"git blob {blob_id} ({len(blob)} bytes) from commit {commit[:12]}, remote URL carrying a token")
+        (f,) = [f for f in mount.plan.files if f.path == "data.bin"]
+        _check(f.digest == f"git:{blob_id}", f"the mount plan names {f.digest}, the blob is {blob_id}")
+        secrets_to_find = [token] + ([ctx.secret] if ctx.secret else [])
+        async with ctx.session(mounts=1) as session:
+            inst = await ctx.active(session, [mount])
+            seen = await read_file(session, inst, "/workspace/data.bin")
+            _check(seen == blob, f"the sandbox read {len(seen or b'')} bytes, not the blob's {len(blob)}")
+            ctx.saw("inside: /workspace/data.bin is exactly the blob's bytes")
+            env_text = await environment(session, inst)
+            names = [line.split("=", 1)[0] for line in env_text.splitlines() if "=" in line]
+            suspicious = [n for n in names if any(w in n.upper() for w in CREDENTIAL_NAMES) or n.startswith("GIT_")]
+            _check(not suspicious, f"the environment names credentials: {', '.join(suspicious)}")
+            ctx.saw(f"inside: environment of {len(names)} variables, none a credential")
+            places = ["/workspace/data.bin", "/workspace/notes.txt", *CREDENTIAL_FILES]
+            for place in places:
+                path = place.replace("~", _home(env_text), 1) if place.startswith("~") else place
+                content = await read_file(session, inst, path)
+                if content is None:
+                    continue
+                leaked = [s for s in secrets_to_find if s.encode() in content]
+                _check(not leaked, f"{path} holds a credential")
+                if place in CREDENTIAL_FILES:
+                    raise Failed(f"{path} exists inside the sandbox: a credential store")
+            for text in (env_text,):
+                _check(not any(s in text for s in secrets_to_find), "a credential is in the environment")
+            workspace = await listing(session, inst, "/workspace") or ""
+            _check(".git" not in workspace.split(), "/workspace holds a .git directory (and so the remote URL)")
+            ctx.saw(f"inside: /workspace lists {' '.join(sorted(workspace.split()))}; no .git, no credential files")
+            for sock in SOCKETS:
+                _check(await listing(session, inst, sock) is None, f"{sock} is mounted in the sandbox")
+            ctx.saw(f"inside: none of {', '.join(SOCKETS)} is present")
     return "the sandbox saw exactly the blob's bytes and no credential"
 
 

@@ -85,7 +85,49 @@ def _inner_model(annotation: Any) -> Any:
 
 def translate(model: type[Model], exc: ValidationError) -> SandboxError:
     """The first error of a pydantic ``ValidationError`` as a vocabulary member."""
-    first = exc.errors(include_url=False, include_input=False)[0]
+    return _translate_one(model, exc.errors(include_url=False, include_input=False)[0])
+
+
+def translate_all(model: type[Model], exc: ValidationError) -> list[SandboxError]:
+    """Every error of a pydantic ``ValidationError`` as a vocabulary member, in order.
+
+    An unknown key is named with the keys that are known there; a missing one is called missing.
+    """
+    out: list[SandboxError] = []
+    for e in exc.errors(include_url=False, include_input=False):
+        if e["type"] == "extra_forbidden":
+            loc = e["loc"]
+            owner = _model_at(model, loc[:-1])
+            known = ", ".join(owner.model_fields) if owner is not None else ""
+            field = field_path(loc)
+            name = str(loc[-1]) if loc else "?"
+            hint = f" (the keys here are: {known})" if known else ""
+            cls = _owner_error(model, loc)
+            out.append(cls(f"{model.__name__}: {field}: unknown key {name!r}{hint}", field=field))
+        elif e["type"] == "missing":
+            field = field_path(e["loc"])
+            out.append(_owner_error(model, e["loc"])(f"{model.__name__}: {field}: missing (required)", field=field))
+        else:
+            out.append(_translate_one(model, e))
+    return out
+
+
+def _model_at(model: type[Model], loc: tuple[int | str, ...]) -> type[Model] | None:
+    """The model class whose fields sit at ``loc`` (an unknown key's parent), when it is one."""
+    current: Any = model
+    for part in loc:
+        if isinstance(part, int) or part == "[key]":
+            continue
+        if not (isinstance(current, type) and issubclass(current, Model)):
+            return None
+        info = current.model_fields.get(str(part))
+        if info is None:
+            return None
+        current = _inner_model(info.annotation)
+    return current if isinstance(current, type) and issubclass(current, Model) else None
+
+
+def _translate_one(model: type[Model], first: Any) -> SandboxError:
     loc = first["loc"]
     ctx = first.get("ctx") or {}
     field: str | None

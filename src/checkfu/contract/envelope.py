@@ -249,6 +249,19 @@ class SandboxProviderCapabilities(Model):
         default=False,
         description="each sandbox runs in a user namespace of its own, so root inside is not root on the host",
     )
+    terminal: Bool = Field(
+        default=False,
+        description="openProcess can give the process a pseudo-terminal (a request's tty) and follow resize",
+    )
+    writable_mounts: Bool = Field(
+        default=False,
+        description="a mount plan may be writable: copied in, owned by the sandbox user, not sealed, its bytes "
+        "counted in disk_mib",
+    )
+    mount_symlinks: Bool = Field(
+        default=False,
+        description="a mount file may be a symlink (writeFile with symlink true) whose target stays inside the mount",
+    )
 
     @model_validator(mode="before")
     @classmethod

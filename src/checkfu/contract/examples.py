@@ -379,6 +379,10 @@ def client_frames() -> list[tuple[str, dict[str, Any]]]:
         ("stdin_end: no more stdin", {"type": "stdin_end"}),
         ("window: 65536 more bytes of credit (and as many consumed)", {"type": "window", "bytes": 65536}),
         ("kill: end the process and everything it started", {"type": "kill"}),
+        (
+            "resize: the terminal of a process started with tty is now 50 rows by 132 columns",
+            {"type": "resize", "rows": 50, "cols": 132},
+        ),
     ]
 
 

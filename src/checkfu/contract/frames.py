@@ -4,7 +4,7 @@ One WebSocket message is one frame. Output and input bytes travel as binary
 messages: one tag byte, then the bytes (``0x01`` stdin, ``0x02`` out, ``0x03``
 err). Every other frame is a JSON text message with a ``type``:
 
-    client -> server   start, stdin, stdin_end, window, kill
+    client -> server   start, stdin, stdin_end, window, kill, resize
     server -> client   start, out, err, out_end, err_end, exit, window, error
 
 - ``start`` (client) names a client-chosen ``operation_id`` and carries the
@@ -23,6 +23,7 @@ err). Every other frame is a JSON text message with a ``type``:
 - ``out_end`` and ``err_end`` end their stream; ``exit`` comes after both and
   carries the real exit status; nothing comes after it.
 - ``kill`` asks the server to end the process (and everything it started).
+- ``resize`` gives a process started with ``tty`` a new window size (``rows``, ``cols``).
 - ``error`` carries ``{"code", "message", "retryable", "field"?}`` and ends the
   conversation.
 
@@ -126,6 +127,14 @@ class KillFrame(Model):
     type: Literal["kill"]
 
 
+class ResizeFrame(Model):
+    """Client: the process's pseudo-terminal has a new window size (only for a process started with ``tty``)."""
+
+    type: Literal["resize"]
+    rows: Annotated[int, Field(ge=1, le=65535)]
+    cols: Annotated[int, Field(ge=1, le=65535)]
+
+
 class OutEndFrame(Model):
     type: Literal["out_end"]
 
@@ -168,7 +177,7 @@ class Data:
     data: bytes
 
 
-ClientFrame = StartFrame | StdinEndFrame | WindowFrame | KillFrame
+ClientFrame = StartFrame | StdinEndFrame | WindowFrame | KillFrame | ResizeFrame
 ServerFrame = StartedFrame | OutEndFrame | ErrEndFrame | ExitFrame | WindowFrame | ErrorFrame
 Frame = ClientFrame | ServerFrame | Data
 
@@ -177,6 +186,7 @@ _CLIENT_TYPES: dict[str, type[Model]] = {
     "stdin_end": StdinEndFrame,
     "window": WindowFrame,
     "kill": KillFrame,
+    "resize": ResizeFrame,
 }
 _SERVER_TYPES: dict[str, type[Model]] = {
     "start": StartedFrame,
@@ -294,7 +304,7 @@ class ProcessChannel:
 
     def _admit_in(self, frame: Frame) -> None:
         if self.closed:
-            if self.ended_here and isinstance(frame, WindowFrame | KillFrame | StdinEndFrame | Data):
+            if self.ended_here and isinstance(frame, WindowFrame | KillFrame | StdinEndFrame | ResizeFrame | Data):
                 return  # sent before the peer saw this side's exit (or error): harmless, and nothing more is owed
             raise _violation(f"a {_name(frame)} frame after the conversation ended")
         if isinstance(frame, StartFrame | StartedFrame):
@@ -470,6 +480,7 @@ __all__ = [
     "OutEndFrame",
     "OutputOrder",
     "ProcessChannel",
+    "ResizeFrame",
     "ResumePoint",
     "StartFrame",
     "StartedFrame",

@@ -184,6 +184,11 @@ class WriteFileRequest(InstanceCall):
     )
     size: NonNegInt
     digest: Sha256Digest
+    symlink: Bool = Field(
+        default=False,
+        description="stage a symlink whose target is the bytes (a relative path inside the mount), not a file; "
+        "only where the envelope declares mount_symlinks",
+    )
 
 
 class WriteFileResult(Result):
@@ -249,8 +254,22 @@ class ExecResult(Result):
     stderr_truncated: Bool
 
 
+class TerminalSize(Model):
+    """A pseudo-terminal's window, in character cells."""
+
+    rows: Annotated[int, Strict(), Field(ge=1, le=65535)]
+    cols: Annotated[int, Strict(), Field(ge=1, le=65535)]
+
+
 class OpenProcessRequest(_ProcessSpec):
-    """Start one process with streamed stdin, stdout and stderr."""
+    """Start one process with streamed stdin, stdout and stderr.
+
+    With ``tty`` the process gets a pseudo-terminal of that size as its stdin, stdout and
+    stderr (its controlling terminal): everything it writes arrives as ``out``, and ``err``
+    ends at once. Only where the envelope declares ``terminal``.
+    """
+
+    tty: TerminalSize | None = Field(default=None, description="a pseudo-terminal of this size; null or omitted: pipes")
 
 
 class ProcessStarted(Result):

@@ -7,7 +7,7 @@ from typing import Annotated, ClassVar
 from pydantic import Field, Strict, model_validator
 
 from checkfu.contract.errors import SandboxError, SandboxPathRejected, SandboxProfileInvalid
-from checkfu.contract.model import Model, NonNegInt, rule_error
+from checkfu.contract.model import Bool, Model, NonNegInt, rule_error
 from checkfu.contract.paths import MAX_PATH_BYTES, RelativePath, SandboxPath, is_within
 
 # The path rule of ``checkfu.contract.paths`` as the published schema states it. A segment
@@ -69,7 +69,12 @@ MAX_FILES_PER_MOUNT = 100_000
 
 
 class MountFile(Model):
-    """One file of a mount: where it lands below the target, its mode, size and digest."""
+    """One file of a mount: where it lands below the target, its mode, size and digest.
+
+    A symlink (``symlink`` true) is staged as a link, never followed: its bytes are the link's
+    target, a relative path that stays inside the mount (``link_problem``); size and digest are
+    those of the target's UTF-8 bytes.
+    """
 
     decode_error: ClassVar[type[SandboxError]] = SandboxProfileInvalid
 
@@ -79,15 +84,20 @@ class MountFile(Model):
     )
     size: Annotated[NonNegInt, Field(le=MAX_FILE_BYTES)]
     digest: ContentDigest
+    symlink: Bool = Field(default=False, description="a symlink whose target (its bytes) stays inside the mount")
 
 
 class MountPlan(Model):
-    """A target directory and its files. Sealed read-only once the instance is active."""
+    """A target directory and its files. Sealed read-only once the instance is active, unless ``writable``."""
 
     decode_error: ClassVar[type[SandboxError]] = SandboxProfileInvalid
 
     target: MountTarget
     files: Annotated[tuple[MountFile, ...], Field(max_length=MAX_FILES_PER_MOUNT)]
+    writable: Bool = Field(
+        default=False,
+        description="copied in, owned by the sandbox user and writable (never sealed); its bytes count in disk_mib",
+    )
 
     @model_validator(mode="after")
     def _distinct_files(self) -> MountPlan:
@@ -114,6 +124,39 @@ class MountPlan(Model):
     @property
     def total_bytes(self) -> int:
         return sum(f.size for f in self.files)
+
+    @property
+    def has_symlinks(self) -> bool:
+        return any(f.symlink for f in self.files)
+
+
+def link_problem(path: str, link: str) -> str | None:
+    """Why a symlink at mount path ``path`` pointing to ``link`` may not be staged, or ``None``.
+
+    The target must be relative, free of NUL, at most 4096 bytes, and resolve (lexically,
+    from the link's own directory) to a path inside the mount, never its root's parent.
+    """
+    if not link or "\x00" in link:
+        return "has an empty or NUL target"
+    try:
+        link.encode("utf-8")
+    except UnicodeEncodeError:
+        return "has a target that is not UTF-8"
+    if len(link.encode("utf-8", "surrogatepass")) > MAX_PATH_BYTES:
+        return f"has a target longer than {MAX_PATH_BYTES} bytes"
+    if link.startswith("/"):
+        return f"points outside the mount (absolute target {link[:200]!r})"
+    depth = path.count("/")  # directories between the mount root and the link
+    for segment in link.split("/"):
+        if segment in ("", "."):
+            continue
+        if segment == "..":
+            depth -= 1
+            if depth < 0:
+                return f"points outside the mount ({link[:200]!r})"
+        else:
+            depth += 1
+    return None
 
 
 def overlapping_targets(mounts: tuple[MountPlan, ...]) -> tuple[int, int] | None:

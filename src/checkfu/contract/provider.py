@@ -106,6 +106,17 @@ class ProcessStream(Protocol):
             SandboxProviderTimeout: the provider's backend did not answer in time.
         """
 
+    async def resize(self, rows: int, cols: int) -> None:
+        """Give the process's pseudo-terminal a new window size (the process gets ``SIGWINCH``).
+
+        Idempotent: yes.
+        Cancelled: the size may have changed.
+
+        Raises:
+            SandboxOperationUnsupported: the process was started without ``tty``.
+            SandboxProviderFailed: the provider could not resize it.
+        """
+
     async def kill(self) -> None:
         """End the process and everything it started.
 

@@ -16,8 +16,16 @@ def unmet_requirements(
     *,
     platform: Platform,
     mount_count: int,
+    terminal: bool = False,
+    writable_mounts: bool = False,
+    mount_symlinks: bool = False,
+    interactive: bool = False,
 ) -> list[Unmet]:
-    """Every way ``envelope`` falls short of ``profile`` and the attempt, each naming its field."""
+    """Every way ``envelope`` falls short of ``profile`` and the attempt, each naming its field.
+
+    ``terminal``: the attempt gives its process a pseudo-terminal; ``writable_mounts``: a mount is
+    writable; ``mount_symlinks``: a mount holds a symlink.
+    """
     unmet: list[Unmet] = []
     if profile.tier not in envelope.tiers:
         unmet.append(Unmet("profile.tier", f"tier {profile.tier!r} is not among {list(envelope.tiers)}"))
@@ -49,6 +57,16 @@ def unmet_requirements(
         unmet.append(Unmet(f"profile.resource_limits.{dim}", problem.split(": ", 1)[1]))
     if mount_count > envelope.effective_max_mounts:
         unmet.append(Unmet("mounts", f"{mount_count} mounts asked, at most {envelope.effective_max_mounts} served"))
+    if interactive and not envelope.declares("openProcess"):
+        unmet.append(Unmet("stdin", "streaming stdin (-i) needs openProcess, which is not served"))
+    if terminal and not (envelope.terminal and envelope.declares("openProcess")):
+        unmet.append(Unmet("tty", "a pseudo-terminal (-t) is not served (the envelope's terminal is false)"))
+    if writable_mounts and not envelope.writable_mounts:
+        unmet.append(Unmet("mounts", "a writable mount (:rw) is not served (the envelope's writable_mounts is false)"))
+    if mount_symlinks and not envelope.mount_symlinks:
+        unmet.append(
+            Unmet("mounts", "a mount holding a symlink is not served (the envelope's mount_symlinks is false)")
+        )
     return unmet
 
 
@@ -58,8 +76,21 @@ def require_capabilities(
     *,
     platform: Platform,
     mount_count: int,
+    terminal: bool = False,
+    writable_mounts: bool = False,
+    mount_symlinks: bool = False,
+    interactive: bool = False,
 ) -> None:
     """Raises SandboxCapabilityUnavailable listing every unmet requirement, if any."""
-    unmet = unmet_requirements(envelope, profile, platform=platform, mount_count=mount_count)
+    unmet = unmet_requirements(
+        envelope,
+        profile,
+        platform=platform,
+        mount_count=mount_count,
+        terminal=terminal,
+        writable_mounts=writable_mounts,
+        mount_symlinks=mount_symlinks,
+        interactive=interactive,
+    )
     if unmet:
         raise SandboxCapabilityUnavailable(unmet, provider=envelope.provider)

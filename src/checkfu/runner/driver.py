@@ -276,21 +276,36 @@ class RunSession:
 
     # provisioning -----------------------------------------------------------------------------
 
-    async def write_file(self, inst: Instance, path: str, data: bytes, *, mode: int = 0o644) -> WriteFileResult:
-        return await self._run(self._plan("writeFile", lambda: self.core.write_file(inst, path, data, mode=mode)))
+    async def write_file(
+        self, inst: Instance, path: str, data: bytes, *, mode: int = 0o644, symlink: bool = False
+    ) -> WriteFileResult:
+        return await self._run(
+            self._plan("writeFile", lambda: self.core.write_file(inst, path, data, mode=mode, symlink=symlink))
+        )
 
     async def stage(
         self, inst: Instance, mounts: Sequence[ResolvedMount], progress: Callable[[int, int], None] | None = None
     ) -> int:
-        """Push every mount file with ``writeFile``; returns the bytes staged."""
+        """Push every mount file with ``writeFile``, one file in memory at a time; returns the bytes staged.
+
+        Each file is read again (in a worker thread) and verified against its plan first.
+
+        Raises:
+            SandboxDigestMismatch: a file changed after it was resolved; nothing more is staged.
+        """
         total = sum(m.plan.total_bytes for m in mounts)
         done = 0
         for mount in mounts:
-            for f, data in mount.files():
-                await self.write_file(inst, mount.plan.absolute(f), data, mode=f.mode)
-                done += len(data)
-                if progress is not None:
-                    progress(done, total)
+            files = mount.files()
+            try:
+                while (item := await asyncio.to_thread(next, files, None)) is not None:
+                    f, data = item
+                    await self.write_file(inst, mount.plan.absolute(f), data, mode=f.mode, symlink=f.symlink)
+                    done += len(data)
+                    if progress is not None:
+                        progress(done, total)
+            finally:
+                await asyncio.to_thread(files.close)
         return done
 
     async def activate(self, inst: Instance) -> InstanceResult:
@@ -319,10 +334,16 @@ class RunSession:
         )
 
     async def open_process(
-        self, inst: Instance, argv: Sequence[str], *, env: Mapping[str, str] | None = None, cwd: str | None = None
+        self,
+        inst: Instance,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        tty: tuple[int, int] | None = None,
     ) -> CheckedProcess:
         opened = await self._run(
-            self._plan("openProcess", lambda: self.core.open_process(inst, argv, env=env, cwd=cwd))
+            self._plan("openProcess", lambda: self.core.open_process(inst, argv, env=env, cwd=cwd, tty=tty))
         )
 
         async def reclaim(error: SandboxError) -> None:
@@ -450,6 +471,10 @@ class CheckedProcess:
                 await self.stream.close_stdin()
         except SandboxError as exc:
             raise await self._faulted(exc) from None
+
+    async def resize(self, rows: int, cols: int) -> None:
+        with _translated():
+            await self.stream.resize(rows, cols)
 
     async def kill(self) -> None:
         await kill_process(self.stream)

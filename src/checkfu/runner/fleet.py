@@ -59,7 +59,7 @@ from checkfu.runner.mounts import parse_mount
 from checkfu.runner.queue import Claim, RunQueue, new_runner_id
 from checkfu.runner.reconcile import reconcile
 from checkfu.runner.registry import Adapter, Registry
-from checkfu.runner.runner import Attempt, Runner
+from checkfu.runner.runner import Attempt, Needs, Runner
 from checkfu.runner.session import compensate_plan, describe_plan
 
 OUTPUT_CAP = 16 << 20
@@ -191,9 +191,16 @@ class _AttemptRunner(Runner):
         mount_count: int = 0,
         command: list[str] | None = None,
         run_id: str | None = None,
+        needs: Needs | None = None,
     ) -> Attempt:
         return super().start(
-            target, profile, platform=platform, mount_count=mount_count, command=command, run_id=self.claim.run_id
+            target,
+            profile,
+            platform=platform,
+            mount_count=mount_count,
+            command=command,
+            run_id=self.claim.run_id,
+            needs=needs,
         )
 
     def finish(
@@ -228,6 +235,9 @@ class _Output:
 
     def selected(self, attempt: Attempt) -> None:
         pass
+
+    def hash_progress(self, done: int, total: int) -> None:
+        pass  # a served Run shows no progress bars
 
     def stage_progress(self, done: int, total: int) -> None:
         pass
@@ -494,7 +504,7 @@ class FleetRunner:
     ) -> tuple[_Outcome | None, SandboxError | None]:
         request = claim.request
         profile = decode_value(SandboxProfile, request.profile)
-        specs = [parse_mount(m) for m in request.mounts]
+        specs = [parse_mount(m, stage_all=request.stage_all) for m in request.mounts]
         runner = _AttemptRunner(
             registry,
             self.journal,
@@ -516,6 +526,7 @@ class FleetRunner:
                 captures=list(request.captures),
                 capture_dir=Path(request.capture_dir) / claim.run_id if request.capture_dir else None,
                 observer=output,
+                cwd=request.workdir,
                 timeout=request.timeout,
             )
         except SandboxLeaseFenced:

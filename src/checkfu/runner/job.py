@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import platform as host_platform
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Protocol
@@ -21,13 +22,26 @@ from checkfu.contract.process import ProcessExit, ProcessOutput
 from checkfu.contract.profile import SandboxProfile
 from checkfu.contract.target import ExecutionTarget
 from checkfu.contract.vocabulary import Platform
-from checkfu.runner.driver import Instance, RunSession
+from checkfu.runner.admission import (
+    argv_problems,
+    capture_problems,
+    env_problems,
+    raise_problems,
+    target_problems,
+    workdir_problems,
+)
+from checkfu.runner.driver import CheckedProcess, Instance, RunSession
 from checkfu.runner.journal import JournalError
 from checkfu.runner.mounts import MountSpec, ResolvedMount, resolve_mount
-from checkfu.runner.runner import Attempt, Runner
+from checkfu.runner.runner import Attempt, Needs, Runner
 
 TIMEOUT_EXIT = 124
 """The exit status of a command stopped by ``timeout`` (as coreutils ``timeout`` reports it)."""
+READ_BATCH = 1024
+"""Paths per ``readFiles`` request: the contract's bound on one request."""
+
+Interact = Callable[[CheckedProcess], Awaitable[None]]
+"""Feeds an open process from the caller (stdin, terminal resizes) until cancelled; must end its stdin itself."""
 
 PHASES = ("resolve", "select", "materialize", "provision", "stage", "activate", "process", "capture", "release")
 
@@ -45,6 +59,9 @@ class Observer(Protocol):
     def selected(self, attempt: Attempt) -> None: ...
 
     def stage_progress(self, done: int, total: int) -> None: ...
+
+    def hash_progress(self, done: int, total: int) -> None:
+        """Bytes of the mounts hashed so far (resolution); called from a worker thread."""
 
     def output(self, stream: str, data: bytes) -> None: ...
 
@@ -71,6 +88,9 @@ class QuietObserver:
     def stage_progress(self, done: int, total: int) -> None:
         pass
 
+    def hash_progress(self, done: int, total: int) -> None:
+        pass
+
     def output(self, stream: str, data: bytes) -> None:
         (self.out if stream == "out" else self.err).extend(data)
 
@@ -90,6 +110,10 @@ class JobResult:
     not_enforced: tuple[str, ...] = ()
     adapter: str = ""
     tier: str = ""
+    staged_bytes: int = 0
+    capture_dir: Path | None = None
+    writable: tuple[str, ...] = ()
+    """Targets of the mounts that are writable (``:rw``), hence not sealed."""
     left: dict[str, str] = field(default_factory=dict)
     """What is still held in the provider after release, by allocation key, with why (empty: nothing)."""
     unjournaled: dict[str, str] = field(default_factory=dict)
@@ -133,8 +157,19 @@ async def run_job(
     env: dict[str, str] | None = None,
     cwd: str | None = None,
     timeout: float = 3600.0,
+    interact: Interact | None = None,
+    tty: tuple[int, int] | None = None,
+    capture_root: Path | None = None,
+    resolved: Sequence[ResolvedMount] | None = None,
 ) -> JobResult:
     """Run ``argv`` in a fresh sandbox; returns its exit code and what happened.
+
+    ``env`` and ``cwd`` are the process's; only the names of ``env`` are recorded, never a value.
+    ``interact`` feeds the process from the caller (``-i``), ``tty`` gives it a pseudo-terminal
+    of ``(rows, cols)`` (``-t``). Every input is checked before any work, every problem listed.
+    Captures go to ``capture_dir``, else to ``capture_root/RUN`` (default ``captures/RUN``).
+    ``resolved`` are ``mounts`` already resolved (``resolve_mounts``), by a caller that resolves
+    them before it asks any provider anything.
 
     Raises:
         SandboxError: a refusal or a provider fault; whatever was allocated has been
@@ -143,13 +178,37 @@ async def run_job(
     obs = observer or QuietObserver()
     phases = _Phases(obs)
     platform = host_platform_value()
-    async with phases.run("resolve"):
-        resolved = [resolve_mount(spec) for spec in mounts]
+    env = dict(env or {})
+    raise_problems(
+        argv_problems(argv)
+        + env_problems(env)
+        + workdir_problems(cwd)
+        + target_problems([m.target for m in mounts])
+        + capture_problems(captures)
+    )
+    if resolved is None:
+        async with phases.run("resolve"):
+            resolved = await resolve_mounts(mounts, obs)
+    resolved = list(resolved)
+    needs = Needs(
+        terminal=tty is not None,
+        writable_mounts=any(r.plan.writable for r in resolved),
+        mount_symlinks=any(r.plan.has_symlinks for r in resolved),
+        interactive=interact is not None,
+    )
     async with phases.run("select"):
-        attempt = runner.start(target, profile, platform=platform, mount_count=len(resolved), command=list(argv))
+        attempt = runner.start(
+            target, profile, platform=platform, mount_count=len(resolved), command=list(argv), needs=needs
+        )
     session = attempt.session
     result = JobResult(
-        run_id=session.run_id, exit_code=-1, not_enforced=attempt.not_enforced, adapter=str(attempt.adapter.target)
+        run_id=session.run_id,
+        exit_code=-1,
+        not_enforced=attempt.not_enforced,
+        adapter=str(attempt.adapter.target),
+        staged_bytes=sum(r.plan.total_bytes for r in resolved),
+        capture_dir=(capture_dir or (capture_root or Path("captures")) / session.run_id) if captures else None,
+        writable=tuple(r.plan.target for r in resolved if r.plan.writable),
     )
     status = "failed"
     try:
@@ -157,8 +216,22 @@ async def run_job(
         warning = attempt.warning()
         if warning:
             obs.warning(warning)
-        result.exit_code, result.captured = await _drive(
-            session, profile, platform, resolved, argv, captures, capture_dir, phases, obs, env, cwd, timeout
+        await _drive(
+            session,
+            profile,
+            platform,
+            resolved,
+            argv,
+            captures,
+            result.capture_dir,
+            phases,
+            obs,
+            env,
+            cwd,
+            timeout,
+            interact,
+            tty,
+            result,
         )
         status = "succeeded" if result.exit_code == 0 else "command_failed"
     except asyncio.CancelledError:
@@ -178,6 +251,11 @@ async def run_job(
             "phases": phases.seconds,
             "captured": result.captured,
             "not_enforced": list(attempt.not_enforced),
+            "env": sorted(env),
+            "workdir": cwd,
+            "tty": tty is not None,
+            "stdin": interact is not None,
+            "writable": list(result.writable),
         }
         if session.left:
             summary["left"] = session.left
@@ -195,6 +273,35 @@ async def run_job(
         if interrupted and status != "interrupted":
             raise asyncio.CancelledError
     return result
+
+
+class _Stop(Exception):
+    """Resolution was abandoned: the Run was cancelled while a worker thread hashed."""
+
+
+async def resolve_mounts(mounts: Sequence[MountSpec], obs: Observer) -> list[ResolvedMount]:
+    """Resolve every mount in a worker thread (hashing never blocks the loop, so a signal is taken at once);
+    a cancellation stops the hashing at its next chunk."""
+    stop = threading.Event()
+    base = 0
+    grand = 0
+
+    def progress(done: int, total: int) -> None:
+        if stop.is_set():
+            raise _Stop
+        obs.hash_progress(base + done, max(grand, base + total))
+
+    out: list[ResolvedMount] = []
+    try:
+        for spec in mounts:
+            mount = await asyncio.to_thread(resolve_mount, spec, progress=progress)
+            base += mount.plan.total_bytes
+            grand = base
+            out.append(mount)
+    except asyncio.CancelledError:
+        stop.set()
+        raise
+    return out
 
 
 async def _finish_releasing(session: RunSession) -> bool:
@@ -217,16 +324,19 @@ async def _drive(
     session: RunSession,
     profile: SandboxProfile,
     platform: Platform,
-    resolved: list[ResolvedMount],
+    resolved: Sequence[ResolvedMount],
     argv: Sequence[str],
     captures: Sequence[str],
     capture_dir: Path | None,
     phases: _Phases,
     obs: Observer,
-    env: dict[str, str] | None,
+    env: dict[str, str],
     cwd: str | None,
     timeout: float,
-) -> tuple[int, list[str]]:
+    interact: Interact | None,
+    tty: tuple[int, int] | None,
+    result: JobResult,
+) -> None:
     async with phases.run("materialize"):
         image = (await session.materialize(profile, platform)).image
     async with phases.run("provision"):
@@ -236,12 +346,16 @@ async def _drive(
     async with phases.run("activate"):
         await session.activate(inst)
     async with phases.run("process"):
-        code = await _process(session, inst, argv, obs, env, cwd, timeout)
-    captured: list[str] = []
+        result.exit_code = await _process(session, inst, argv, obs, env, cwd, timeout, interact, tty)
     if captures:
         async with phases.run("capture"):
-            captured = await _capture(session, inst, captures, capture_dir or Path("captures") / session.run_id, obs)
-    return code, captured
+            into = capture_dir or Path("captures") / session.run_id
+            try:
+                result.captured = await _capture(session, inst, captures, into, obs)
+            except SandboxError as exc:
+                exc.message = f"{exc.message} (capture failed after the command exited {result.exit_code})"
+                exc.args = (exc.message,)
+                raise
 
 
 async def _process(
@@ -249,17 +363,23 @@ async def _process(
     inst: Instance,
     argv: Sequence[str],
     obs: Observer,
-    env: dict[str, str] | None,
+    env: dict[str, str],
     cwd: str | None,
     timeout: float,
+    interact: Interact | None,
+    tty: tuple[int, int] | None,
 ) -> int:
     if session.envelope.declares("openProcess"):
-        proc = await session.open_process(inst, argv, env=env, cwd=cwd)
+        proc = await session.open_process(inst, argv, env=env, cwd=cwd, tty=tty)
+        feeding: asyncio.Future[None] | None = None
         try:
             # No member call renews the lease while the command streams: hold it for the whole timeout,
             # or reconciliation takes an expired lease (and the running sandbox) from a live Run.
             session.leases.renew(session.lease, ttl=max(session.leases.ttl, timeout + 120))
-            await proc.close_stdin()
+            if interact is None:
+                await proc.close_stdin()
+            else:
+                feeding = asyncio.ensure_future(interact(proc))
             async with asyncio.timeout(timeout):
                 async for event in proc.events():
                     if isinstance(event, ProcessOutput):
@@ -270,6 +390,9 @@ async def _process(
             obs.warning(f"the command ran longer than {timeout:g} s and was killed")
             return TIMEOUT_EXIT
         finally:
+            if feeding is not None:
+                feeding.cancel()
+                await asyncio.gather(feeding, return_exceptions=True)
             await proc.kill()
         return -1  # unreachable: events() ends with an exit or raises
     res = await session.exec(inst, argv, env=env, cwd=cwd, timeout=timeout)
@@ -281,28 +404,53 @@ async def _process(
 async def _capture(session: RunSession, inst: Instance, paths: Sequence[str], into: Path, obs: Observer) -> list[str]:
     """Read each path back (a directory: every file below it) into ``into``, mirroring sandbox paths.
 
-    A path that does not exist is not an error of the Run: ``obs`` is warned, naming it.
+    Files are read in batches of at most ``READ_BATCH`` paths and the runner's read bound, each
+    batch written out before the next is asked for. What cannot be captured is not an error of
+    the Run: ``obs`` is warned, naming it (a missing path, a link, a name that is not UTF-8, a
+    file over the read bound, a listing cut short by its bound).
     """
-    files: list[str] = []
+    files: dict[str, int] = {}
+    missing: list[str] = []
     skipped: list[str] = []
     for path in paths:
         if not session.envelope.declares("listDir"):
-            files.append(path)  # a file, or nothing: readFiles returns it or reports it missing
+            files.setdefault(path, 0)  # a file, or nothing: readFiles returns it or reports it missing
             continue
         listing = await session.list_dir(inst, path, recursive=True)
         if listing.kind == "dir":
-            files.extend(e.path for e in listing.entries if e.kind == "file")
+            for e in listing.entries:
+                if e.kind == "file":
+                    files.setdefault(e.path, e.size)
+                elif e.kind in ("symlink", "other"):
+                    skipped.append(e.path)
+            if listing.truncated:
+                obs.warning(
+                    f"capture of {path}: the listing stopped at its bound of {len(listing.entries)} entries; "
+                    "what lies beyond it is not captured (capture the subdirectories one by one)"
+                )
         elif listing.kind == "file":
-            files.append(path)
+            files.setdefault(path, 0)
         elif listing.kind == "missing":
-            skipped.append(path)
+            missing.append(path)
         else:
             obs.warning(f"not captured, {path} is a {listing.kind} (links are never followed)")
-    files = list(dict.fromkeys(files))  # overlapping captures name a file once
-    missing = list(skipped)
+    limit = session.limits.max_read_bytes
+    too_big = [p for p, size in files.items() if size > limit]
+    batches: list[list[str]] = [[]]
+    held = 0
+    for p, size in files.items():
+        if size > limit:
+            continue
+        if len(batches[-1]) >= READ_BATCH or (batches[-1] and held + size > limit):
+            batches.append([])
+            held = 0
+        batches[-1].append(p)
+        held += size
     saved: list[str] = []
-    if files:
-        result = await session.read_files(inst, files)
+    for batch in batches:
+        if not batch:
+            continue
+        result = await session.read_files(inst, batch)
         missing.extend(result.missing)
         for f in result.files:
             local = into / PurePosixPath(f.path).relative_to("/")
@@ -311,4 +459,9 @@ async def _capture(session: RunSession, inst: Instance, paths: Sequence[str], in
             saved.append(str(local))
     if missing:
         obs.warning(f"not captured, no such file in the sandbox: {', '.join(missing)}")
+    if skipped:
+        shown = ", ".join(skipped[:20]) + (f" and {len(skipped) - 20} more" if len(skipped) > 20 else "")
+        obs.warning(f"not captured (a link, not a regular file, or a name that is not UTF-8): {shown}")
+    if too_big:
+        obs.warning(f"not captured, over the read bound of {limit} bytes each: {', '.join(too_big)}")
     return saved

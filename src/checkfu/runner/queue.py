@@ -64,6 +64,10 @@ class RunRequest(Model):
     mounts: tuple[str, ...] = ()
     captures: tuple[str, ...] = ()
     capture_dir: str | None = None
+    stage_all: bool = False
+    """``--no-ignore``: a directory mount stages what Git ignores too."""
+    workdir: str | None = None
+    """``-w``: the process's working directory in the sandbox (absolute)."""
     timeout: float = Field(default=3600.0, gt=0)
     allowed: tuple[str, ...] = ()
     """The ``--allow`` destinations the profile's network was made an allowlist of (for the summary)."""

@@ -25,6 +25,16 @@ from checkfu.runner.leases import DEFAULT_TTL, LeaseStore
 from checkfu.runner.registry import Adapter, Registry
 
 
+@dataclass(frozen=True)
+class Needs:
+    """What an attempt asks of the envelope beyond its profile and mount count."""
+
+    terminal: bool = False
+    writable_mounts: bool = False
+    mount_symlinks: bool = False
+    interactive: bool = False
+
+
 def new_run_id() -> str:
     return f"run-{uuid.uuid4().hex[:20]}"
 
@@ -64,7 +74,13 @@ class Runner:
         self.record_in_tree()
 
     def select(
-        self, target: ExecutionTarget, profile: SandboxProfile, *, platform: Platform, mount_count: int
+        self,
+        target: ExecutionTarget,
+        profile: SandboxProfile,
+        *,
+        platform: Platform,
+        mount_count: int,
+        needs: Needs | None = None,
     ) -> Adapter:
         """The one adapter for ``target`` that can serve ``profile``; no provider call is made.
 
@@ -75,7 +91,17 @@ class Runner:
         """
         adapter = self._adapter(target)
         self._admit(adapter)
-        require_capabilities(adapter.envelope, profile, platform=platform, mount_count=mount_count)
+        n = needs or Needs()
+        require_capabilities(
+            adapter.envelope,
+            profile,
+            platform=platform,
+            mount_count=mount_count,
+            terminal=n.terminal,
+            writable_mounts=n.writable_mounts,
+            mount_symlinks=n.mount_symlinks,
+            interactive=n.interactive,
+        )
         return adapter
 
     def _adapter(self, target: ExecutionTarget) -> Adapter:
@@ -146,9 +172,10 @@ class Runner:
         mount_count: int = 0,
         command: list[str] | None = None,
         run_id: str | None = None,
+        needs: Needs | None = None,
     ) -> Attempt:
         """Select, check, journal the Run and take its lease; returns the session to drive."""
-        adapter = self.select(target, profile, platform=platform, mount_count=mount_count)
+        adapter = self.select(target, profile, platform=platform, mount_count=mount_count, needs=needs)
         run_id = run_id or new_run_id()
         now = self.clock.now()
         lease = self._begin(run_id, adapter, profile, command, now)

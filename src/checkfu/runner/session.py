@@ -542,11 +542,20 @@ class SessionCore:
 
     # provisioning -----------------------------------------------------------------------------
 
-    def write_file(self, inst: Instance, path: str, data: bytes, *, mode: int = 0o644) -> Plan[WriteFileResult]:
+    def write_file(
+        self, inst: Instance, path: str, data: bytes, *, mode: int = 0o644, symlink: bool = False
+    ) -> Plan[WriteFileResult]:
         self._may(inst, "writeFile")
         admit_path(path, roots=inst.mount_roots, field="path")
+        extra: dict[str, Any] = {"symlink": True} if symlink else {}
         req = build(
-            WriteFileRequest, **self._on(inst), path=path, mode=mode, size=len(data), digest=sha256_digest(data)
+            WriteFileRequest,
+            **self._on(inst),
+            path=path,
+            mode=mode,
+            size=len(data),
+            digest=sha256_digest(data),
+            **extra,
         )
         return self._instance_plan(
             inst, "writeFile", req, WriteFileResult, lambda res: check_write(res, req), data=data, move=True
@@ -597,10 +606,17 @@ class SessionCore:
         return self._instance_plan(inst, "exec", req, ExecResult, check, extra_seconds=timeout)
 
     def open_process(
-        self, inst: Instance, argv: Sequence[str], *, env: Mapping[str, str] | None = None, cwd: str | None = None
+        self,
+        inst: Instance,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        tty: tuple[int, int] | None = None,
     ) -> Plan[OpenedProcess]:
         self._may(inst, "openProcess")
-        req = build(OpenProcessRequest, **self._on(inst), argv=list(argv), env=dict(env or {}), cwd=cwd)
+        extra: dict[str, Any] = {"tty": {"rows": tty[0], "cols": tty[1]}} if tty is not None else {}
+        req = build(OpenProcessRequest, **self._on(inst), argv=list(argv), env=dict(env or {}), cwd=cwd, **extra)
 
         def accept(raw: object) -> Accepted[OpenedProcess]:
             stream: Any = raw

@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mappi
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
-from checkfu.contract.errors import SandboxStateConflict
+from checkfu.contract.errors import SandboxOperationUnsupported, SandboxStateConflict
 from checkfu.contract.members import ProcessStarted
 from checkfu.contract.paths import is_within
 from checkfu.contract.process import ProcessEvent, ProcessExit, ProcessOutput, ProcessStreamEnd, Stream
@@ -281,6 +281,10 @@ class MemoryProcess:
         yield ProcessStreamEnd(stream="out")
         yield ProcessStreamEnd(stream="err")
         yield ProcessExit(exit_code=KILLED_EXIT if self._task.cancelled() else self._task.result()[0])
+
+    async def resize(self, rows: int, cols: int) -> None:
+        """Raises SandboxOperationUnsupported: the memory provider has no terminals (``terminal`` is false)."""
+        raise SandboxOperationUnsupported("resize: the memory provider gives no process a terminal", field="tty")
 
     async def kill(self) -> None:
         self._task.cancel()

@@ -427,6 +427,8 @@ class MemoryProvider:
             SandboxDigestMismatch: ``data`` does not have the stated size or digest.
         """
         inst = self._instance("writeFile", request)
+        if request.symlink:
+            raise SandboxOperationUnsupported("symlink: the memory provider stages no symlinks", field="symlink")
         if not any(is_within(request.path, root) for root in inst.mounts):
             roots = ", ".join(inst.mounts) or "none"
             raise SandboxPathRejected(f"path: {request.path!r} is under no mount target ({roots})", field="path")
@@ -503,6 +505,8 @@ class MemoryProvider:
 
     async def open_process(self, request: OpenProcessRequest) -> MemoryProcess:
         inst = self._instance("openProcess", request)
+        if request.tty is not None:
+            raise SandboxOperationUnsupported("tty: the memory provider gives no process a terminal", field="tty")
         started = ProcessStarted(**echo(request, process_id=_new_id("proc")))
         return MemoryProcess(
             started, lambda read, emit: self._spawn(inst, self._context(inst, request, read, emit), request.argv)

@@ -130,6 +130,9 @@ class _Relabelled:
     def events(self) -> AsyncIterator[ProcessEvent]:
         return self._inner.events()
 
+    async def resize(self, rows: int, cols: int) -> None:
+        await self._inner.resize(rows, cols)
+
     async def kill(self) -> None:
         await self._inner.kill()
 

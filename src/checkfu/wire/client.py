@@ -52,6 +52,7 @@ from checkfu.contract.frames import (
     ExitFrame,
     KillFrame,
     ProcessChannel,
+    ResizeFrame,
     ResumePoint,
     StartedFrame,
     StartFrame,
@@ -682,6 +683,11 @@ class RemoteProcess:
         if not self._stdin_ended:
             self._stdin_ended = True
             await self._send_quietly(StdinEndFrame(type="stdin_end"))
+
+    async def resize(self, rows: int, cols: int) -> None:
+        """Send the terminal's new size; quiet when the stream is over (a lost resize is only a stale size)."""
+        if not self._exited:
+            await self._send_quietly(ResizeFrame(type="resize", rows=rows, cols=cols))
 
     async def kill(self) -> None:
         """Ask the service to end the process; idempotent, quiet when the stream is already over, and sent

@@ -638,7 +638,7 @@ schema matches a valid frame).
 
 - client: `start` (the client-chosen `operation_id`, the `OpenProcessRequest`, `window`: the
   first credit for out and err together, and `resume` when reattaching), `stdin_end`,
-  `window`, `kill`;
+  `window`, `kill`, `resize` (`rows`, `cols`: a new window for a process started with `tty`);
 - server: `start` (the `ProcessStarted` result, `window`: the first stdin credit, `stdin`:
   how many stdin bytes it has received for this operation), `out_end`, `err_end`, `exit`
   (`exit_code`), `window`, `error` (a vocabulary error, as in the HTTP error body; it ends the
@@ -672,6 +672,12 @@ its stream's end (`stdin_end`, `out_end`, `err_end`), no end twice, and `exit` o
 `out_end` and `err_end`. Any breach is `SandboxProtocolViolation`. `kill` asks the server to
 end the process and everything it started; the ends and `exit` follow as usual. After
 `exit` the client closes the WebSocket with code 1000.
+
+A request with `tty` (`{{"rows", "cols"}}`, only where the envelope declares `terminal`) gives
+the process a pseudo-terminal as stdin, stdout and stderr: everything it writes is `out`,
+`err` ends at once, `stdin_end` is the terminal's end-of-file character (`^D`), and `resize`
+changes the window (the process gets `SIGWINCH`). A `resize` for a process without `tty` is
+ignored.
 
 ### Credit and windows
 

@@ -56,6 +56,7 @@ from checkfu.contract.frames import (
     ExitFrame,
     KillFrame,
     ProcessChannel,
+    ResizeFrame,
     StartedFrame,
     StartFrame,
     StdinEndFrame,
@@ -333,6 +334,8 @@ def create_app(
                     credit.set()
                 elif isinstance(frame, KillFrame):
                     killing.add(asyncio.ensure_future(_kill(op)))
+                elif isinstance(frame, ResizeFrame):
+                    killing.add(asyncio.ensure_future(_resize(op, frame.rows, frame.cols)))
 
         send_task: asyncio.Future[None] | None = None
         recv_task: asyncio.Future[bool] | None = None
@@ -413,6 +416,11 @@ async def _send_error(ws: WebSocket, channel: ProcessChannel, exc: SandboxError)
 async def _kill(op: Operation) -> None:
     with contextlib.suppress(Exception):
         await op.stream.kill()
+
+
+async def _resize(op: Operation, rows: int, cols: int) -> None:
+    with contextlib.suppress(Exception):  # a stale size is harmless; the process's own end is what matters
+        await op.stream.resize(rows, cols)
 
 
 __all__ = ["attested", "create_app"]

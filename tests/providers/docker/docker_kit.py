@@ -174,3 +174,42 @@ def plans_for(files: dict[str, bytes]) -> tuple[MountPlan, ...]:
 
 def _arch() -> Any:
     return host_facts().architecture
+
+
+HARDENED: dict[str, Any] = {
+    "user": "1000:1000",
+    "read_only": True,
+    "cap_drop": ["ALL"],
+    "security_opt": ["no-new-privileges"],
+    "network_mode": "none",
+    "ipc_mode": "private",
+    "init": True,
+}
+"""The hardening flags of a sandbox container, as a plain ``docker run`` spells them: a positive control is
+these minus the one setting a probe tests (``control(..., without=...)``)."""
+
+
+def control(
+    kit: Kit, argv: list[str], *, without: tuple[str, ...] = (), image: str | None = None, **settings: Any
+) -> tuple[int, bytes]:
+    """Run ``argv`` in a plain container of ``image`` (the kit's by default) with every ``HARDENED`` flag but
+    those named in ``without``, ``settings`` added or overriding; labelled with the runner tag and removed
+    after. Returns the exit code and stdout and stderr together.
+
+    A probe that a sandbox blocks must succeed here: that is what makes its failure in the sandbox mean
+    that the setting blocked it, not that the probe could never work.
+    """
+    flags = {k: v for k, v in HARDENED.items() if k not in without}
+    flags.update(settings)
+    c = kit.client.containers.create(
+        image or kit.image,
+        argv,
+        labels={L.RUNNER_TAG: kit.runner_tag, L.ALLOCATION_KEY: f"{kit.runner_tag}-control"},
+        **flags,
+    )
+    try:
+        c.start()
+        code = int(c.wait(timeout=120)["StatusCode"])
+        return code, bytes(c.logs(stdout=True, stderr=True))
+    finally:
+        c.remove(force=True, v=True)

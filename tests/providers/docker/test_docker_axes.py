@@ -1,5 +1,11 @@
 """Every enforcement axis, proved twice: from outside (what ``docker inspect`` reports) and from inside
-(the effect a sandbox process meets)."""
+(the effect a sandbox process meets).
+
+Each probe from inside has its positive control (``docker_kit.control``): the same probe in a plain container
+of the same image with only the setting under test removed gets through, so the sandbox's refusal is the
+setting's doing. The escape attempts of ``test_docker_escapes.py`` and the oracle of ``test_docker_posture.py``
+complete these.
+"""
 
 from __future__ import annotations
 
@@ -9,8 +15,9 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import docker.types
 import pytest
-from docker_kit import Box, Kit
+from docker_kit import Box, Kit, control
 
 from checkfu.providers.docker import labels as L
 from checkfu.providers.docker.spec import split_disk
@@ -71,10 +78,16 @@ def test_root_read_only_outside(info: dict[str, Any]) -> None:
     assert info["HostConfig"]["ReadonlyRootfs"] is True
 
 
-async def test_root_read_only_inside(box: Box) -> None:
-    r = await box.sh("touch /etc/x; touch /x; touch /usr/bin/x; grep ' / ' /proc/mounts")
-    assert r.stderr.count(b"Read-only file system") == 3
+ROOT_WRITES = "touch /etc/x; touch /x; touch /usr/bin/x; touch /var/tmp/x && echo wrote; grep ' / ' /proc/mounts"
+
+
+async def test_root_read_only_inside(box: Box, kit: Kit) -> None:
+    r = await box.sh(ROOT_WRITES)
+    assert r.stderr.count(b"Read-only file system") == 4 and b"wrote" not in r.stdout
     assert r.stdout.split()[3].split(b",")[0] == b"ro"
+    # control: without the read-only root the world-writable /var/tmp of the image takes the file
+    code, out = control(kit, ["sh", "-c", ROOT_WRITES], without=("read_only",))
+    assert b"wrote" in out and b"Read-only file system" not in out, (code, out)
 
 
 # non_root ---------------------------------------------------------------------------------
@@ -120,10 +133,13 @@ def test_capabilities_outside(info: dict[str, Any]) -> None:
     assert info["HostConfig"]["CapDrop"] == ["ALL"] and not info["HostConfig"]["CapAdd"]
 
 
-async def test_capabilities_inside(box: Box) -> None:
+async def test_capabilities_inside(box: Box, kit: Kit) -> None:
     r = await box.sh("grep ^Cap /proc/self/status; grep ^CapEff /proc/1/status")
     caps = dict(line.split(":\t") for line in r.stdout.decode().splitlines())
     assert {caps[k] for k in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb")} == {"0000000000000000"}
+    # control: without CapDrop the engine's default set bounds the process (root in it holds it effective)
+    _, out = control(kit, ["grep", "^CapBnd", "/proc/self/status"], without=("cap_drop",))
+    assert int(out.split()[1], 16) != 0, out
 
 
 # mounts_sealed ----------------------------------------------------------------------------
@@ -135,7 +151,7 @@ def test_mounts_sealed_outside(info: dict[str, Any], client: Any, box: Box) -> N
     assert not client.containers.list(all=True, filters={"name": L.stager_name(box.instance_id)})
 
 
-async def test_mounts_sealed_inside(box: Box) -> None:
+async def test_mounts_sealed_inside(box: Box, kit: Kit) -> None:
     r = await box.sh(
         "cat /workspace/README; echo x > /workspace/README; echo y > /workspace/new; rm /workspace/README;"
         " mount -o remount,rw /workspace; grep ' /workspace ' /proc/mounts"
@@ -143,6 +159,12 @@ async def test_mounts_sealed_inside(box: Box) -> None:
     assert r.stdout.startswith(README)
     assert r.stderr.count(b"Read-only file system") == 3
     assert b" ro," in r.stdout and (await box.exec("cat", "/workspace/README")).stdout == README
+    # control: the sandbox's own mount volume, mounted read-write for the same user, takes a write to the
+    # staged file (the same bytes again, so the sandbox's README stays as it was)
+    volume = docker.types.Mount("/workspace", L.mount_volume(box.instance_id, 0), type="volume", read_only=False)
+    code, out = control(kit, ["sh", "-c", "echo hello > /workspace/README && echo wrote"], mounts=[volume])
+    assert (code, out) == (0, b"wrote\n")
+    assert (await box.exec("cat", "/workspace/README")).stdout == README
 
 
 # disk_limit -------------------------------------------------------------------------------
@@ -177,6 +199,14 @@ async def test_disk_limit_inside(box: Box, kit: Kit) -> None:
         assert b"No space left on device" in r.stdout and b"rc=0" not in r.stdout, path
         assert int(r.stdout.split()[-2]) <= kib
         await box.sh(f"rm -f {path}/fill")
+    # control: the same write into a memory-backed /tmp without a size succeeds
+    kib = areas["/tmp"]
+    code, out = control(
+        kit,
+        ["sh", "-c", f"dd if=/dev/zero of=/tmp/fill bs=1024 count={kib + 256} 2>&1; echo rc=$?"],
+        tmpfs={"/tmp": "mode=1777"},
+    )
+    assert code == 0 and b"rc=0" in out, out
 
 
 # network_policy ---------------------------------------------------------------------------
@@ -187,9 +217,12 @@ def test_network_outside(info: dict[str, Any]) -> None:
     assert list(info["NetworkSettings"]["Networks"]) == ["none"]
 
 
-async def test_network_inside(box: Box) -> None:
+async def test_network_inside(box: Box, kit: Kit) -> None:
     r = await box.sh("ls /sys/class/net; tail -n +3 /proc/net/dev | cut -d: -f1")
     assert r.stdout.split() == [b"lo", b"lo"]
+    # control: without NetworkMode none the same listing shows more than lo (the host's, here)
+    _, out = control(kit, ["sh", "-c", "tail -n +3 /proc/net/dev | cut -d: -f1"], network_mode="host")
+    assert set(out.split()) - {b"lo"}, out
     routes = await box.sh("tail -n +2 /proc/net/route; tail -n +1 /proc/net/ipv6_route 2>/dev/null | grep -v ' lo$'")
     assert routes.stdout == b"", "no route leads anywhere but loopback"
 
@@ -210,12 +243,20 @@ def test_limits_outside(limited: Box, client: Any) -> None:
     assert host["NanoCpus"] == 250_000_000 and host["PidsLimit"] == 32
 
 
+BOMB = "i=0; while [ $i -lt 100 ]; do sleep 2 & i=$((i+1)); done; wait"
+
+
 async def test_fork_bomb_stops_at_the_pids_limit(limited: Box) -> None:
-    r = await limited.sh("i=0; while [ $i -lt 100 ]; do sleep 2 & i=$((i+1)); done; wait", timeout_ms=10_000)
+    r = await limited.sh(BOMB, timeout_ms=10_000)
     assert b"can't fork" in r.stderr and not r.timed_out
     await asyncio.sleep(2.5)
     after = await limited.sh("ps -o pid | wc -l")
     assert after.exit_code == 0 and int(after.stdout) < 10, "the sandbox recovers once the bomb's children end"
+
+
+def test_the_same_bomb_without_a_pids_limit_forks_every_child(kit: Kit) -> None:
+    code, out = control(kit, ["sh", "-c", f"{BOMB} 2>&1; echo done"])
+    assert code == 0 and b"can't fork" not in out and out.endswith(b"done\n"), out
 
 
 async def test_memory_hog_is_oom_killed(limited: Box, client: Any) -> None:
@@ -230,10 +271,20 @@ async def test_memory_hog_is_oom_killed(limited: Box, client: Any) -> None:
     assert ok.exit_code == 0, "30 MB fits in 64 MiB"
 
 
-async def test_cpu_is_throttled(limited: Box) -> None:
-    r = await limited.sh(
-        "f=/sys/fs/cgroup/cpu/cpu.stat; [ -f $f ] || f=/sys/fs/cgroup/cpu.stat;"
-        " end=$(($(date +%s) + 2)); while [ $(date +%s) -lt $end ]; do :; done; grep nr_throttled $f",
-        timeout_ms=10_000,
-    )
+def test_the_same_hog_without_a_memory_limit_completes(kit: Kit) -> None:
+    code, out = control(kit, ["sh", "-c", "head -c 200000000 /dev/zero | tail > /dev/null; echo rc=$?"])
+    assert (code, out) == (0, b"rc=0\n")
+
+
+SPIN = (
+    "f=/sys/fs/cgroup/cpu/cpu.stat; [ -f $f ] || f=/sys/fs/cgroup/cpu.stat;"
+    " end=$(($(date +%s) + 2)); while [ $(date +%s) -lt $end ]; do :; done; grep nr_throttled $f"
+)
+
+
+async def test_cpu_is_throttled(limited: Box, kit: Kit) -> None:
+    r = await limited.sh(SPIN, timeout_ms=10_000)
     assert int(r.stdout.split()[1]) > 0
+    # control: the same spin without a CPU quota is never throttled
+    code, out = control(kit, ["sh", "-c", SPIN])
+    assert code == 0 and int(out.split()[1]) == 0, out

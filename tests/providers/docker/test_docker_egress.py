@@ -24,7 +24,9 @@ from typing import Any
 import pytest
 from docker_kit import LEASE, Box, Kit, leftovers, resources
 
+import posture
 from checkfu.conformance.destinations import Destination, NameServer, beside, destination, name_server
+from checkfu.contract.enforcement import AXES
 from checkfu.contract.errors import SandboxCapabilityUnavailable, SandboxProfileInvalid, SandboxProviderFailed
 from checkfu.contract.members import ActivateRequest, CloneRequest, CompensateRequest, ListAllocationsRequest
 from checkfu.contract.profile import SandboxProfile
@@ -210,6 +212,22 @@ def test_activate_refuses_a_proxy_not_as_built(box: Box, client: Any, net: Net) 
     ]
     for part, change, problem in changed:
         assert egress.proxy_problems({**info, part: {**info[part], **change}}, net.allowlist) == [problem], change
+
+
+async def test_the_posture_oracle_finds_every_axis_held_in_allowlist_mode(
+    box: Box, client: Any, ekit: Kit, net: Net
+) -> None:
+    """Read from the host's ``/proc``, not from the provider: an allowlist sandbox's processes hold all nine
+    axes as a ``none`` sandbox's do (only ``lo``, no route), and the proxy is no process of its pid namespace."""
+    init = int(client.api.inspect_container(box.instance_id)["State"]["Pid"])
+    found = posture.read_all(posture.pids_in_namespace_of(init))
+    envelope = (await ekit.provider.describe()).envelope
+    profile = allowlisted(ekit, net.allowlist)
+    report = posture.examine(found, posture.Asked(profile, user_namespace=envelope.user_namespace))
+    assert found and report.failures(dict.fromkeys(AXES, True)) == []
+    proxy = int(client.api.inspect_container(egress.proxy_name(box.instance_id))["State"]["Pid"])
+    assert proxy not in {p.pid for p in found}
+    assert posture.read(proxy).namespaces["net"] != found[0].namespaces["net"]
 
 
 # the effects, from inside ----------------------------------------------------------------------

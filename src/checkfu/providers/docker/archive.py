@@ -82,6 +82,14 @@ def _below_a_non_directory(api: Any, url: str, path: str) -> bool:
         parent = posixpath.dirname(parent)
 
 
+def exists(api: Any, container: str, path: str) -> bool:
+    """Whether anything (a link included, not followed) is at ``path`` in the container: its stat alone is asked."""
+    url = f"{api.base_url}/v{api.api_version}/containers/{container}/archive"
+    head = api.head(url, params={"path": path}, timeout=api.timeout)
+    head.close()
+    return bool(head.status_code == 200)
+
+
 def open_path(api: Any, container: str, path: str) -> tuple[PathStat, Any] | None:
     """The stat of ``path`` and the open response streaming its archive, or ``None`` when nothing is there
     (``path`` does not exist, or lies below something that is not a directory).

@@ -135,6 +135,9 @@ def build_envelope(
         maximum_resources=maximum,
         max_mounts=64,
         operations=("openProcess", "readFiles", "listAllocations"),
+        terminal=True,
+        writable_mounts=True,
+        mount_symlinks=True,
         lifecycle_assurances=LifecycleAssurances(
             release_destroys=True,
             release_idempotent=True,

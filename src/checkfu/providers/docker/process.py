@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import posixpath
 import select
 import signal
 import socket
@@ -26,9 +27,10 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from checkfu.contract.errors import SandboxProviderFailed, SandboxStateConflict
+from checkfu.contract.errors import SandboxOperationUnsupported, SandboxProviderFailed, SandboxStateConflict
 from checkfu.contract.members import ProcessStarted
 from checkfu.contract.process import ProcessEvent, ProcessExit, ProcessOutput, ProcessStreamEnd
+from checkfu.providers.docker.archive import exists
 from checkfu.providers.docker.engine import STATUS_ERRORS, Engine
 from checkfu.providers.docker.transport import Stream
 
@@ -102,7 +104,7 @@ class ExecOutcome:
 
 
 def hijack(
-    dial: Callable[[float], Stream], api_version: str, exec_id: str, *, timeout: float = 60.0
+    dial: Callable[[float], Stream], api_version: str, exec_id: str, *, timeout: float = 60.0, tty: bool = False
 ) -> tuple[Stream, bytes]:
     """Start exec ``exec_id`` attached over a connection ``dial`` opens; the stream and the bytes already read.
 
@@ -115,7 +117,7 @@ def hijack(
     sock = dial(timeout)
     try:
         sock.settimeout(timeout)
-        body = b'{"Detach":false,"Tty":false}'
+        body = b'{"Detach":false,"Tty":true}' if tty else b'{"Detach":false,"Tty":false}'
         head = (
             f"POST /v{api_version}/exec/{exec_id}/start HTTP/1.1\r\nHost: docker\r\n"
             f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
@@ -226,6 +228,30 @@ def _close_write(sock: Stream) -> None:
         sock.shutdown(socket.SHUT_WR)
 
 
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+CANNOT_EXECUTE, NOT_FOUND = 126, 127
+
+
+def exit_as_shell(api: Any, container_id: str, code: int, argv0: str, cwd: str, env: dict[str, str]) -> int:
+    """The exit status as a shell (and every other tier) reports it: the engine says 126 both for a program it
+    cannot execute and for one that is not there; 127 is the second, told apart by looking for the program
+    (the archive API's stat, inside the sandbox's own root, links not followed) where ``execvp`` would."""
+    if code != CANNOT_EXECUTE or not argv0:
+        return code
+    if "/" in argv0:
+        candidates = [posixpath.normpath(posixpath.join(cwd, argv0))]
+    else:
+        path = env.get("PATH")
+        if path is None:
+            image_env = api.inspect_container(container_id).get("Config", {}).get("Env") or []
+            path = next((e[5:] for e in image_env if e.startswith("PATH=")), DEFAULT_PATH)
+        candidates = [posixpath.join(d or ".", argv0) for d in path.split(":")]
+        candidates = [c if c.startswith("/") else posixpath.join(cwd, c) for c in candidates]
+    if any(exists(api, container_id, c) for c in dict.fromkeys(candidates)):
+        return code
+    return NOT_FOUND
+
+
 def wait_exit(api: Any, exec_id: str, *, limit: float = EXIT_WAIT) -> int | None:
     """The exit code the engine records for ``exec_id``, waiting up to ``limit`` seconds for it."""
     end = time.monotonic() + limit
@@ -239,6 +265,15 @@ def wait_exit(api: Any, exec_id: str, *, limit: float = EXIT_WAIT) -> int | None
             return None
         time.sleep(pause)
         pause = min(pause * 2, 0.05)
+
+
+def resize_exec(api: Any, exec_id: str, rows: int, cols: int) -> None:
+    """Resize an exec's terminal; nothing when it already ended."""
+    try:
+        api.exec_resize(exec_id, height=rows, width=cols)
+    except Exception as exc:
+        if getattr(getattr(exc, "response", None), "status_code", None) not in (404, 409, 500):
+            raise
 
 
 def kill_group(engine: Engine, exec_id: str, container_id: str) -> None:
@@ -339,6 +374,7 @@ def run_exec(
         code = wait_exit(api, exec_id)
     if code is None:
         raise SandboxProviderFailed(f"exec {exec_id[:12]}: the engine reports no exit status; none is made up")
+    code = exit_as_shell(api, container_id, code, argv[0] if argv else "", cwd, env)
     return ExecOutcome(
         exit_code=code,
         timed_out=(overran or not ended) and not cancel.is_set(),
@@ -353,7 +389,15 @@ class DockerProcess:
     """An open process: ``ProcessStream`` over one hijacked exec stream."""
 
     def __init__(
-        self, engine: Engine, started: ProcessStarted, sock: Stream, initial: bytes, container_id: str
+        self,
+        engine: Engine,
+        started: ProcessStarted,
+        sock: Stream,
+        initial: bytes,
+        container_id: str,
+        *,
+        tty: bool = False,
+        launch: tuple[str, str, dict[str, str]] = ("", "/", {}),
     ) -> None:
         self._engine = engine
         self._started = started
@@ -362,6 +406,9 @@ class DockerProcess:
         self._container_id = container_id
         self._stdin_closed = False
         self._finished = False
+        self._tty = tty
+        self._launch = launch
+        """argv[0], the working directory and the request's environment: where a program is looked for."""
 
     @property
     def started(self) -> ProcessStarted:
@@ -388,13 +435,35 @@ class DockerProcess:
             raise
 
     async def close_stdin(self) -> None:
-        """End stdin; idempotent. Later ``send_stdin`` calls raise ``SandboxStateConflict``."""
+        """End stdin; idempotent. Later ``send_stdin`` calls raise ``SandboxStateConflict``.
+
+        On a terminal, end of input is the terminal's end-of-file character (``^D``), as a person types it.
+        """
         if not self._stdin_closed:
             self._stdin_closed = True
+            if self._tty:
+                with contextlib.suppress(OSError):
+                    await self._engine.run("openProcess stdin", self._sock.sendall, b"\x04")
+                return
             _close_write(self._sock)
+
+    async def resize(self, rows: int, cols: int) -> None:
+        """Give the process's terminal a new window size.
+
+        Raises:
+            SandboxOperationUnsupported: the process was started without a terminal.
+        """
+        if not self._tty:
+            raise SandboxOperationUnsupported("resize: the process has no terminal (it was started without tty)")
+        if not self._finished:
+            await self._engine.run("openProcess resize", resize_exec, self._engine.api, self.exec_id, rows, cols)
 
     async def events(self) -> AsyncIterator[ProcessEvent]:
         """Output chunks as they arrive, one end per stream, then the exit. Pulling is the backpressure."""
+        if self._tty:
+            async for event in self._raw_events():
+                yield event
+            return
         decoder = FrameDecoder()
         pending = decoder.feed(self._initial)
         self._initial = b""
@@ -409,15 +478,40 @@ class DockerProcess:
                 pending = decoder.feed(data)
             yield ProcessStreamEnd(stream="out")
             yield ProcessStreamEnd(stream="err")
-            # Its output ended, yet the process may run on (it closed its own stdout): wait for the real exit,
-            # however long; the reader's own timeout or a kill ends the wait. An exit is never made up.
-            code = None
-            while code is None:
-                code = await self._engine.run("openProcess exit", wait_exit, self._engine.api, self.exec_id)
-            self._finished = True
+            yield await self._exit()
         finally:
             self._sock.close()  # also when the engine went away meanwhile, or the reader stopped reading
-        yield ProcessExit(exit_code=code)
+
+    async def _raw_events(self) -> AsyncIterator[ProcessEvent]:
+        """A terminal's output is one raw stream (no multiplexing): all of it is ``out``; ``err`` has nothing."""
+        try:
+            yield ProcessStreamEnd(stream="err")
+            data = self._initial
+            self._initial = b""
+            while True:
+                if data:
+                    yield ProcessOutput(stream="out", data=data)
+                data = await self._engine.run("openProcess read", self._recv)
+                if not data:
+                    break
+            yield ProcessStreamEnd(stream="out")
+            yield await self._exit()
+        finally:
+            self._sock.close()
+
+    async def _exit(self) -> ProcessExit:
+        # Its output ended, yet the process may run on (it closed its own stdout): wait for the real exit,
+        # however long; the reader's own timeout or a kill ends the wait. An exit is never made up.
+        code = None
+        while code is None:
+            code = await self._engine.run("openProcess exit", wait_exit, self._engine.api, self.exec_id)
+        argv0, cwd, env = self._launch
+        code = await self._engine.run(
+            "openProcess exit", exit_as_shell, self._engine.api, self._container_id, code, argv0, cwd, env
+        )
+        self._finished = True
+        self._sock.close()
+        return ProcessExit(exit_code=code)
 
     def _recv(self) -> bytes:
         try:

@@ -92,13 +92,14 @@ from checkfu.contract.members import (
     _Allocating,
     echo,
 )
+from checkfu.contract.mounts import link_problem
 from checkfu.contract.paths import is_within
 from checkfu.providers.docker import egress, files, snapshots, spec
 from checkfu.providers.docker import labels as L
 from checkfu.providers.docker.engine import DEFAULT_WORKERS, Engine
 from checkfu.providers.docker.envelope import HostFacts, build_envelope, check_target, host_facts, require_served
 from checkfu.providers.docker.materialize import BuildLine, Materializer
-from checkfu.providers.docker.process import DockerProcess, ExecOutcome, hijack, run_exec
+from checkfu.providers.docker.process import DockerProcess, ExecOutcome, hijack, resize_exec, run_exec
 from checkfu.providers.docker.staging import (
     DIRECT_BYTES,
     END_OF_ARCHIVE,
@@ -106,7 +107,9 @@ from checkfu.providers.docker.staging import (
     SPOOL_LIMIT,
     Spool,
     Spools,
+    discard_writable,
     file_archive,
+    writable_spool_name,
 )
 
 T = TypeVar("T")
@@ -142,6 +145,12 @@ class Instance:
     @property
     def areas(self) -> tuple[str, ...]:
         return L.json_list(self.labels, L.AREAS)
+
+    @property
+    def writable(self) -> tuple[str, ...]:
+        """The writable mounts' targets: mount targets that are writable areas of their own."""
+        areas = set(self.areas)
+        return tuple(t for t in self.mounts if t in areas)
 
     @property
     def stager(self) -> str | None:
@@ -225,6 +234,7 @@ class DockerProvider:
         self.target = self.envelope.target
         self.state_dir = Path(state_dir) if state_dir is not None else default_state_dir()
         self.spools = Spools(self.state_dir / "staging")
+        self.rw_spools = Spools(self.state_dir / "staging-rw")
         self.cache_tag = cache_tag
         self._progress = progress
         self._materializer = Materializer(self.engine.api, lambda: self.engine.build_client().api, self.user, cache_tag)
@@ -517,9 +527,10 @@ class DockerProvider:
         name = L.instance_name(key)
         # The volumes are created by the container creates themselves (``spec.area_mounts``, ``spec.mount_mounts``),
         # labelled like every other object: the stager creates the mount volumes, the sandbox its (anonymous) areas.
-        if request.mounts:
+        sealed = tuple(m for m in request.mounts if not m.writable)
+        if sealed:
             try:
-                api.create_container(**spec.stager_spec(api, name, request.root_image, request.mounts, key, tag))
+                api.create_container(**spec.stager_spec(api, name, request.root_image, sealed, key, tag))
             except Exception as exc:
                 if _status(exc) == 404:
                     raise _RootImageMissing() from exc
@@ -530,12 +541,13 @@ class DockerProvider:
             instance=name,
             image=request.root_image,
             profile=request.profile,
-            mounts=request.mounts,
+            mounts=sealed,
             areas=areas,
             user=self.user,
             key=key,
             tag=tag,
             restore=restore,
+            targets=tuple(m.target for m in request.mounts),
         )
         try:
             created = api.create_container(**config)
@@ -548,12 +560,13 @@ class DockerProvider:
             existing = self._inspect_blocking(name, key)
             transition(existing.state if existing is not None else "released", "provision")
             raise
-        return str(created["Id"]), dict(config["labels"]), spec.named_volumes(name, request.mounts)
+        return str(created["Id"]), dict(config["labels"]), spec.named_volumes(name, sealed)
 
     async def _allocate(self, request: _Allocating, member: Member, restore: str | None) -> None:
         check_target(request, self.target)
         require_served(self.envelope, request.profile, request.platform, request.mounts)
-        areas = spec.split_disk(request.profile.resource_limits.disk_mib, self.user)
+        writable = tuple(m for m in request.mounts if m.writable)
+        areas = spec.split_disk(request.profile.resource_limits.disk_mib, self.user, writable)
         spec.check_mount_targets(request.mounts, areas)
         if egress.wants_egress(request.profile):
             egress.allowlist_of(request.profile)  # every destination readable by the proxy, before any create
@@ -672,11 +685,13 @@ class DockerProvider:
         spool.discard()
 
     @staticmethod
-    def _verify(instance: Instance, request: WriteFileRequest, data: bytes) -> str:
-        """The stager of ``instance``, once ``data`` has the stated length and SHA-256.
+    def _verify(instance: Instance, request: WriteFileRequest, data: bytes, target: str) -> str:
+        """The stager of ``instance``, once ``data`` has the stated length and SHA-256 (and, for a symlink, a
+        UTF-8 target that stays inside the mount).
 
         Raises:
             SandboxDigestMismatch: the length or the digest differs.
+            SandboxPathRejected: a symlink's target leads outside its mount, or is not UTF-8.
             SandboxProviderFailed: the instance has no stager.
         """
         if len(data) != request.size:
@@ -688,15 +703,45 @@ class DockerProvider:
             raise SandboxDigestMismatch(
                 f"digest: the bytes are {actual}, the request states {request.digest}", field="digest"
             )
+        if request.symlink:
+            try:
+                why = link_problem(request.path[len(target) + 1 :], data.decode("utf-8"))
+            except UnicodeDecodeError:
+                why = "has a target that is not UTF-8"
+            if why is not None:
+                raise SandboxPathRejected(f"path: the symlink {request.path!r} {why}", field="path")
+        if target in instance.writable:
+            return ""  # a writable mount is spooled for its own area, filled after start: no stager
         if instance.stager is None:
             raise SandboxProviderFailed(f"instance {instance.name!r} has mounts but no stager")
         return instance.stager
 
+    def _spool_for(self, instance: Instance, target: str) -> Spool:
+        if target in instance.writable:
+            index = instance.mounts.index(target)
+            return self.rw_spools.get(writable_spool_name(instance.name, index), instance.runner_tag)
+        return self.spools.get(instance.name, instance.runner_tag)
+
     def _stage_blocking(self, instance: Instance, request: WriteFileRequest, target: str, data: bytes) -> None:
-        stager = self._verify(instance, request, data)
-        spool = self.spools.get(instance.name, instance.runner_tag)
+        stager = self._verify(instance, request, data, target)
+        spool = self._spool_for(instance, target)
         uid, gid = self.user.uid, self.user.gid
+        rw = target in instance.writable
         with spool.lock:
+            if rw or request.symlink:
+                spool.append(
+                    request.path,
+                    target,
+                    data,
+                    mode=request.mode,
+                    uid=uid,
+                    gid=gid,
+                    symlink=request.symlink,
+                    from_root=not rw,
+                )
+                if not rw and spool.size() >= SPOOL_LIMIT:
+                    self._flush(spool, stager)
+                return
             if len(data) >= DIRECT_BYTES:
                 self._flush(spool, stager)
                 self.engine.api.put_archive(
@@ -717,14 +762,24 @@ class DockerProvider:
         """
         if len(data) >= INLINE_BYTES:
             return False
-        self._verify(instance, request, data)
-        spool = self.spools.get(instance.name, instance.runner_tag)
+        self._verify(instance, request, data, target)
+        spool = self._spool_for(instance, target)
+        rw = target in instance.writable
         if not spool.lock.acquire(blocking=False):
             return False
         try:
-            if spool.size() + len(data) + INLINE_BYTES >= SPOOL_LIMIT:
+            if not rw and spool.size() + len(data) + INLINE_BYTES >= SPOOL_LIMIT:
                 return False
-            spool.append(request.path, target, data, mode=request.mode, uid=self.user.uid, gid=self.user.gid)
+            spool.append(
+                request.path,
+                target,
+                data,
+                mode=request.mode,
+                uid=self.user.uid,
+                gid=self.user.gid,
+                symlink=request.symlink,
+                from_root=not rw,
+            )
             return True
         finally:
             spool.lock.release()
@@ -791,6 +846,25 @@ class DockerProvider:
             labels = self._snapshot_labels(instance.restore) or {}
             if L.kind_of(labels) == "carrier" and labels.get(L.ALLOCATION_KEY) == instance.labels.get(L.ALLOCATION_KEY):
                 api.remove_image(instance.restore)
+        for target in instance.writable:
+            self._fill_writable(instance, target)
+
+    def _fill_writable(self, instance: Instance, target: str) -> None:
+        """Extract a writable mount's spool into its area of the started sandbox (the engine writes into the
+        running container's own volume at ``target``; the root file system stays read-only)."""
+        spool = self._spool_for(instance, target)
+        with spool.lock:
+            if spool.size() == 0:
+                return
+
+            def body() -> Any:
+                with spool.path.open("rb") as f:
+                    while chunk := f.read(1 << 20):
+                        yield chunk
+                yield END_OF_ARCHIVE
+
+            self.engine.api.put_archive(instance.container_id, target, body())
+            spool.discard()
 
     def _verify_proxy(self, instance: Instance) -> None:
         """The egress proxy runs as it was built, allowing the sandbox's own list; otherwise the sandbox is stopped
@@ -816,7 +890,10 @@ class DockerProvider:
             problems.append("capabilities kept")
         if "no-new-privileges" not in (host.get("SecurityOpt") or []):
             problems.append("new privileges allowed")
+        writable = set(instance.writable)
         for mount in info.get("Mounts") or []:
+            if mount.get("Destination") in writable:
+                continue  # a writable mount (:rw) is a writable area by request, sized within disk_mib
             if mount.get("Destination") in instance.mounts and mount.get("RW"):
                 problems.append(f"mount {mount.get('Destination')} is writable")
         if problems:
@@ -890,20 +967,27 @@ class DockerProvider:
 
     def _open_blocking(self, container_id: str, request: OpenProcessRequest) -> tuple[str, Any, bytes]:
         api = self.engine.api
+        tty = request.tty is not None
         created = api.exec_create(
             container_id,
             list(request.argv),
             stdout=True,
             stderr=True,
             stdin=True,
-            tty=False,
+            tty=tty,
             environment=dict(request.env) or None,
             workdir=request.cwd or self.user.home,
             user=self.user.spec,
             privileged=False,
         )
         exec_id = str(created["Id"])
-        sock, initial = hijack(self.engine.dial, self.engine.api_version, exec_id)
+        sock, initial = hijack(self.engine.dial, self.engine.api_version, exec_id, tty=tty)
+        if request.tty is not None:
+            try:
+                resize_exec(api, exec_id, request.tty.rows, request.tty.cols)
+            except BaseException:
+                sock.close()
+                raise
         return exec_id, sock, initial
 
     async def open_process(self, request: OpenProcessRequest) -> DockerProcess:
@@ -921,7 +1005,10 @@ class DockerProvider:
                 await self._explain(request, "openProcess", exc)
             raise
         started = ProcessStarted(**echo(request, process_id=exec_id))
-        return DockerProcess(self.engine, started, sock, initial, container_id)
+        launch = (request.argv[0], request.cwd or self.user.home, dict(request.env))
+        return DockerProcess(
+            self.engine, started, sock, initial, container_id, tty=request.tty is not None, launch=launch
+        )
 
     # readFiles, listDir ---------------------------------------------------------------------
 
@@ -1049,7 +1136,8 @@ class DockerProvider:
             )
         for image in images:
             count += self._gone(lambda i=image: api.remove_image(i["Id"], force=False, noprune=False))
-        return count + self.spools.discard(L.instance_name(allocation_key), runner_tag)
+        name = L.instance_name(allocation_key)
+        return count + self.spools.discard(name, runner_tag) + discard_writable(self.rw_spools, name, runner_tag)
 
     @staticmethod
     def _gone(remove: Any) -> int:
@@ -1133,6 +1221,7 @@ class DockerProvider:
         if second:
             self._all(*second)
         self.spools.discard(instance.name, instance.runner_tag)
+        discard_writable(self.rw_spools, instance.name, instance.runner_tag)
 
     async def release(self, request: ReleaseRequest) -> ReleaseResult:
         """Remove the sandbox and everything of its allocation (killing every process it started); for

@@ -11,10 +11,12 @@ flag a test checks with ``docker inspect`` is set in exactly one place:
 - ``no_new_privileges``: ``SecurityOpt: no-new-privileges``;
 - ``capabilities_dropped``: ``CapDrop: ALL``;
 - ``mounts_sealed``: every mount plan's volume is mounted read-only in the sandbox
-  (it is written only through the stager, before activation);
+  (it is written only through the stager, before activation); a ``writable`` plan
+  (``:rw``) is no sealed mount but a writable area of its own (below);
 - ``disk_limit``: every writable path is a size-limited tmpfs volume (created
   with the container, labelled, and removed with it), and
-  together they are exactly ``disk_mib`` (``split_disk``); POSIX message queues
+  together they are exactly ``disk_mib`` (``split_disk``; a writable mount plan is
+  one of these areas, filled after start); POSIX message queues
   get no bytes (``RLIMIT_MSGQUEUE`` 0); the container's output goes to no log file;
 - ``network_policy``: ``NetworkMode: none`` (only ``lo``) in every mode; with
   ``allowlist``, the proxy variables name ``127.0.0.1:3128``, where the egress
@@ -34,7 +36,7 @@ from typing import Any
 
 import docker.types
 
-from checkfu.contract.errors import SandboxAdapterUnavailable, SandboxPathRejected
+from checkfu.contract.errors import SandboxAdapterUnavailable, SandboxBoundExceeded, SandboxPathRejected
 from checkfu.contract.mounts import MountPlan
 from checkfu.contract.paths import is_within
 from checkfu.contract.profile import SandboxProfile
@@ -94,24 +96,65 @@ class Area:
         return {"type": "tmpfs", "device": "tmpfs", "o": ",".join(opts)}
 
 
-def split_disk(disk_mib: int, user: SandboxUser) -> tuple[Area, ...]:
+PAGE_KIB = 4
+
+
+def staged_kib(plan: MountPlan) -> int:
+    """What a plan's files take in a tmpfs: whole pages per file (a symlink's target included)."""
+    return sum(max(1, -(-f.size // (PAGE_KIB * 1024))) * PAGE_KIB for f in plan.files)
+
+
+def split_disk(disk_mib: int, user: SandboxUser, writable: tuple[MountPlan, ...] = ()) -> tuple[Area, ...]:
     """The writable areas and their sizes; the sizes add up to exactly ``disk_mib``.
 
-    ``/dev/shm`` gets a sixteenth, ``/tmp`` a quarter, the home directory the rest.
+    ``/dev/shm`` gets a sixteenth, ``/tmp`` a quarter, the home directory the rest. With writable
+    mount plans (``:rw``), half of ``disk_mib`` is theirs: each gets what its files take, and the
+    rest of that half is shared equally among them (room to write); ``/tmp`` then gets an eighth
+    and the home directory what is left.
+
+    Raises:
+        SandboxBoundExceeded: the writable mounts' files take more than half of ``disk_mib``, or
+            the home directory would be left less than 1 MiB (naming ``disk_mib`` and what is needed).
     """
     total = disk_mib * 1024
     shm = max(1024, total // 16)
-    tmp = max(1024, total // 4)
-    home = total - shm - tmp
+    rw: list[Area] = []
+    if writable:
+        share = total // 2
+        needs = [staged_kib(p) for p in writable]
+        if sum(needs) > share:
+            want = -(-sum(needs) * 2 // 1024) + 1
+            raise SandboxBoundExceeded(
+                f"profile.resource_limits.disk_mib: the writable mounts' files take {sum(needs) // 1024} MiB, more "
+                f"than half of disk_mib ({disk_mib} MiB); ask for disk_mib {want} or more",
+                field="profile.resource_limits.disk_mib",
+            )
+        spare = share - sum(needs)
+        for i, (plan, need) in enumerate(zip(writable, needs, strict=True)):
+            extra = spare // len(writable) + (spare % len(writable) if i == len(writable) - 1 else 0)
+            rw.append(Area(path=plan.target, size_kib=need + extra, mode=0o755, owned=True, executable=True))
+        tmp = max(1024, total // 8)
+        home = total - share - shm - tmp
+    else:
+        tmp = max(1024, total // 4)
+        home = total - shm - tmp
+    if home < 1024:
+        raise SandboxBoundExceeded(
+            f"profile.resource_limits.disk_mib: {disk_mib} MiB leaves the home directory less than 1 MiB",
+            field="profile.resource_limits.disk_mib",
+        )
     return (
         Area(path=user.home, size_kib=home, mode=0o755, owned=True, executable=True),
         Area(path="/tmp", size_kib=tmp, mode=0o1777, owned=False, executable=True),
         Area(path="/dev/shm", size_kib=shm, mode=0o1777, owned=False, executable=False),
+        *rw,
     )
 
 
 def check_mount_targets(mounts: tuple[MountPlan, ...], areas: tuple[Area, ...]) -> None:
     """A mount may sit inside a writable area, but never on one, above one, or in a kernel tree.
+
+    A writable plan's own area (at its target) is the one area it may sit on.
 
     Raises:
         SandboxPathRejected: naming the first mount target at fault.
@@ -119,6 +162,8 @@ def check_mount_targets(mounts: tuple[MountPlan, ...], areas: tuple[Area, ...]) 
     for i, plan in enumerate(mounts):
         field = f"mounts.{i}.target"
         for area in areas:
+            if plan.writable and area.path == plan.target:
+                continue
             if is_within(area.path, plan.target):
                 raise SandboxPathRejected(
                     f"{field}: {plan.target!r} would cover the writable area {area.path!r}", field=field
@@ -222,8 +267,13 @@ def sandbox_spec(
     key: str,
     tag: str,
     restore: str | None,
+    targets: tuple[str, ...] | None = None,
 ) -> dict[str, Any]:
-    """The sandbox container, created (not started) with every enforcement flag set."""
+    """The sandbox container, created (not started) with every enforcement flag set.
+
+    ``mounts`` are the sealed plans (each a read-only volume); ``targets`` every mount target, the writable
+    plans' (which are among ``areas``) too.
+    """
     limits = profile.resource_limits
     volume_mounts = area_mounts(areas, user, key, tag) + mount_mounts(instance, mounts, key, tag, read_only=True)
     memory = limits.memory_mib * 1024 * 1024
@@ -245,7 +295,7 @@ def sandbox_spec(
     )
     extra = {
         L.RETENTION: profile.retention_mode,
-        L.MOUNTS: L.dump_list(tuple(p.target for p in mounts)),
+        L.MOUNTS: L.dump_list(targets if targets is not None else tuple(p.target for p in mounts)),
         L.AREAS: L.dump_list(tuple(a.path for a in areas)),
     }
     if mounts:

@@ -27,12 +27,14 @@ when that needs neither a flush nor a wait for the spool's lock: a local append,
 DIR_MODE = 0o755
 
 
-def _header(name: str, *, size: int, mode: int, uid: int, gid: int, directory: bool) -> bytes:
+def _header(name: str, *, size: int, mode: int, uid: int, gid: int, directory: bool, link: str | None = None) -> bytes:
     info = tarfile.TarInfo(name)
-    info.size = 0 if directory else size
+    info.size = 0 if directory or link is not None else size
     info.mode = mode
     info.uid, info.gid = uid, gid
-    info.type = tarfile.DIRTYPE if directory else tarfile.REGTYPE
+    info.type = tarfile.DIRTYPE if directory else tarfile.SYMTYPE if link is not None else tarfile.REGTYPE
+    if link is not None:
+        info.linkname = link
     info.mtime = 0
     return info.tobuf(format=tarfile.PAX_FORMAT, encoding="utf-8", errors="strict")
 
@@ -41,11 +43,14 @@ def _padding(size: int) -> bytes:
     return b"\0" * (-size % BLOCK)
 
 
-def entry_names(path: str, mount_target: str) -> tuple[list[str], str]:
-    """Archive names (relative to ``/``) of the directories from ``mount_target`` down to ``path``, and of ``path``."""
+def entry_names(path: str, mount_target: str, *, from_root: bool = True) -> tuple[list[str], str]:
+    """Archive names of the directories from ``mount_target`` down to ``path``, and of ``path``: relative to
+    ``/``, or with ``from_root`` false to ``mount_target`` itself (an archive extracted at the target)."""
     rel = path[len(mount_target) + 1 :]
-    base = mount_target.lstrip("/")
     parts = rel.split("/")
+    if not from_root:
+        return ["/".join(parts[:i]) for i in range(1, len(parts))], rel
+    base = mount_target.lstrip("/")
     dirs = [f"{base}/{'/'.join(parts[:i])}" for i in range(1, len(parts))]
     return dirs, f"{base}/{rel}"
 
@@ -78,13 +83,31 @@ class Spool:
         except FileNotFoundError:
             return 0
 
-    def append(self, path: str, mount_target: str, data: bytes, *, mode: int, uid: int, gid: int) -> None:
-        """Append one file (and its parent directories) to the spool. Call with ``lock`` held."""
-        dirs, name = entry_names(path, mount_target)
+    def append(
+        self,
+        path: str,
+        mount_target: str,
+        data: bytes,
+        *,
+        mode: int,
+        uid: int,
+        gid: int,
+        symlink: bool = False,
+        from_root: bool = True,
+    ) -> None:
+        """Append one file or symlink (and its parent directories) to the spool. Call with ``lock`` held.
+
+        A symlink's ``data`` is its target (UTF-8); it is archived as a link, never as the file it names.
+        """
+        dirs, name = entry_names(path, mount_target, from_root=from_root)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with self.path.open("ab") as out:
             for d in dirs:
                 out.write(_header(d, size=0, mode=DIR_MODE, uid=uid, gid=gid, directory=True))
+            if symlink:
+                link = data.decode("utf-8")
+                out.write(_header(name, size=0, mode=0o777, uid=uid, gid=gid, directory=False, link=link))
+                return
             out.write(_header(name, size=len(data), mode=mode, uid=uid, gid=gid, directory=False))
             out.write(data)
             out.write(_padding(len(data)))
@@ -126,3 +149,16 @@ class Spools:
             with self._lock:
                 self._spools.pop(path, None)
         return removed
+
+
+def writable_spool_name(instance: str, index: int) -> str:
+    """The spool of an instance's writable mount ``index``: filled by ``writeFile``, extracted after start."""
+    return f"{instance}-rw{index}"
+
+
+def discard_writable(spools: Spools, instance: str, runner_tag: str | None) -> int:
+    """Remove every writable-mount spool of ``instance`` (of ``runner_tag`` only, when given)."""
+    if not spools.root.exists():
+        return 0
+    names = {p.name.split("~", 1)[0] for p in spools.root.glob(f"{instance}-rw*~{runner_tag or '*'}.tar")}
+    return sum(spools.discard(name, runner_tag) for name in sorted(names))

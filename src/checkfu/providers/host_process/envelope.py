@@ -124,6 +124,7 @@ def envelope(*, cgroups: bool, maximum: Resources, host: Platform) -> SandboxPro
         maximum_resources=maximum,
         max_mounts=0,
         operations=["openProcess", "listAllocations"],
+        terminal=True,
         lifecycle_assurances=LifecycleAssurances(
             release_destroys=False,
             release_idempotent=True,

@@ -650,8 +650,10 @@ class HostProcessProvider:
         transition(instance.state, member)
         cwd = self._cwd(instance, request.cwd)
         env = spawning.process_env(instance.workdir, request.env)
+        tty = request.tty if isinstance(request, OpenProcessRequest) else None
+        size = (tty.rows, tty.cols) if tty is not None else None
         try:
-            return instance, await self._spawn(instance, request.argv, env, cwd, stdin=stdin)
+            return instance, await self._spawn(instance, request.argv, env, cwd, stdin=stdin, tty=size)
         except SandboxError:
             raise
         except Exception as exc:
@@ -662,7 +664,14 @@ class HostProcessProvider:
             return instance, NotStarted(status, _start_message(request.argv[0], exc))
 
     async def _spawn(
-        self, instance: Instance, argv: tuple[str, ...], env: dict[str, str], cwd: str, *, stdin: bool
+        self,
+        instance: Instance,
+        argv: tuple[str, ...],
+        env: dict[str, str],
+        cwd: str,
+        *,
+        stdin: bool,
+        tty: tuple[int, int] | None = None,
     ) -> spawning.Tree:
         """Start one process tree in the instance.
 
@@ -676,11 +685,11 @@ class HostProcessProvider:
         if self._host is not None and held is not None and set(held.dirs) == set(cg.CONTROLLERS):
             try:
                 return await spawning.spawn_in_cgroups(
-                    self._spawner, held, self._host.bases, lambda: instance.closing, argv, env, cwd, stdin
+                    self._spawner, held, self._host.bases, lambda: instance.closing, argv, env, cwd, stdin, tty
                 )
             except spawning.InstanceClosing:
                 raise SandboxStateConflict("state: the instance is being released", field="state") from None
-        tree = spawning.spawn_direct(argv, env, cwd, stdin)
+        tree = spawning.spawn_direct(argv, env, cwd, stdin, tty)
         instance.groups.append((tree.pid, tree.start))
         try:
             with seam("exec"):

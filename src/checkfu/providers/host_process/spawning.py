@@ -24,7 +24,10 @@ import errno
 import fcntl
 import os
 import signal
+import struct
 import subprocess
+import sys
+import termios
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -66,6 +69,8 @@ class Tree:
     """Start time of the leader (``/proc/<pid>/stat`` field 22)."""
     spawn_dir: Path | None
     """Its freezer cgroup, when the instance has cgroups."""
+    pty: int | None = None
+    """The master side of its pseudo-terminal, when it was started with one (the stream owns it)."""
 
     @property
     def pid(self) -> int:
@@ -98,6 +103,54 @@ turn per 64 KiB of output)."""
 F_SETPIPE_SZ = 1031
 
 
+TERMINAL_LAUNCHER = """
+import errno, fcntl, os, sys, termios
+fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+argv = sys.argv[1:]
+try:
+    os.execvp(argv[0], argv)
+except OSError as exc:
+    missing = isinstance(exc, (FileNotFoundError, NotADirectoryError)) or exc.errno == errno.ELOOP
+    os.write(2, f"checkfu host-process: cannot start {argv[0]!r}: {exc.strerror}\\r\\n".encode())
+    os._exit(127 if missing else 126)
+"""
+"""Run in the child before its program: the terminal becomes its controlling terminal (a new session has none,
+and ``subprocess`` cannot make one), then the program replaces it; a program that cannot start exits 127 or 126
+with the reason, as ``start_failure`` says for a process started without a terminal."""
+
+
+def set_window(fd: int, rows: int, cols: int) -> None:
+    """Give the terminal of ``fd`` a window of ``rows`` by ``cols`` (its foreground group gets ``SIGWINCH``)."""
+    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+
+
+def _popen_terminal(
+    argv: tuple[str, ...], env: dict[str, str], cwd: str, size: tuple[int, int]
+) -> tuple[subprocess.Popen[bytes], int]:
+    """Start ``argv`` on a new pseudo-terminal of ``size``; the process and the terminal's master side."""
+    master, slave = os.openpty()
+    try:
+        set_window(slave, *size)
+        os.set_blocking(master, False)
+        popen = subprocess.Popen(
+            [sys.executable, "-I", "-S", "-c", TERMINAL_LAUNCHER, *argv],
+            stdin=slave,
+            stdout=slave,
+            stderr=slave,
+            bufsize=0,
+            close_fds=True,
+            cwd=cwd,
+            env=env,
+            start_new_session=True,
+        )
+    except BaseException:
+        os.close(master)
+        raise
+    finally:
+        os.close(slave)
+    return popen, master
+
+
 def _popen(argv: tuple[str, ...], env: dict[str, str], cwd: str, stdin: bool) -> subprocess.Popen[bytes]:
     popen = subprocess.Popen(
         list(argv),
@@ -117,12 +170,17 @@ def _popen(argv: tuple[str, ...], env: dict[str, str], cwd: str, stdin: bool) ->
     return popen
 
 
-def spawn_direct(argv: tuple[str, ...], env: dict[str, str], cwd: str, stdin: bool) -> Tree:
+def spawn_direct(
+    argv: tuple[str, ...], env: dict[str, str], cwd: str, stdin: bool, tty: tuple[int, int] | None = None
+) -> Tree:
     """Start a process in its own session, outside any cgroup (the process-group fallback).
 
     Raises:
         OSError: it could not be started.
     """
+    if tty is not None:
+        popen, master = _popen_terminal(argv, env, cwd, tty)
+        return Tree(popen, procfs.start_time(popen.pid) or 0, None, master)
     popen = _popen(argv, env, cwd, stdin)
     return Tree(popen, procfs.start_time(popen.pid) or 0, None)
 
@@ -136,6 +194,7 @@ async def spawn_in_cgroups(
     env: dict[str, str],
     cwd: str,
     stdin: bool,
+    tty: tuple[int, int] | None = None,
 ) -> Tree:
     """Start a process born inside ``instance``'s cgroups, forked by the spawner thread.
 
@@ -157,16 +216,20 @@ async def spawn_in_cgroups(
             except OSError as exc:
                 raise PlacementFailed(f"cannot make a cgroup in {instance.freezer}: {exc.strerror}") from exc
             entered = False
+            master: int | None = None
             try:
                 with cgroups.placed(instance, spawn_dir, home):
                     entered = True
-                    popen = _popen(argv, env, cwd, stdin)
+                    if tty is not None:
+                        popen, master = _popen_terminal(argv, env, cwd, tty)
+                    else:
+                        popen = _popen(argv, env, cwd, stdin)
             except BaseException as exc:
                 cgroups.remove_spawn_dir(spawn_dir)
                 if not entered and isinstance(exc, OSError):
                     raise PlacementFailed(f"cannot enter the instance's cgroups: {exc.strerror}") from exc
                 raise
-        return Tree(popen, procfs.start_time(popen.pid) or 0, spawn_dir)
+        return Tree(popen, procfs.start_time(popen.pid) or 0, spawn_dir, master)
 
     return await spawner.run(start, abandon=abandon)
 
@@ -178,6 +241,9 @@ def abandon(tree: Tree) -> None:
     for pipe in (tree.popen.stdin, tree.popen.stdout, tree.popen.stderr):
         if pipe is not None:
             pipe.close()
+    if tree.pty is not None:
+        with contextlib.suppress(OSError):
+            os.close(tree.pty)
     tree.popen.wait()
 
 

@@ -16,16 +16,17 @@ thread where pidfds are missing), so no thread sits in ``waitpid``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
-from checkfu.contract.errors import SandboxStateConflict
+from checkfu.contract.errors import SandboxOperationUnsupported, SandboxStateConflict
 from checkfu.contract.members import ProcessStarted
 from checkfu.contract.process import ProcessEvent, ProcessExit, ProcessOutput, ProcessStreamEnd, Stream
-from checkfu.providers.host_process.spawning import Tree, exit_status
+from checkfu.providers.host_process.spawning import Tree, exit_status, set_window
 
 HIGH_WATER = 256 * 1024
 """Bytes an open process's pipe may hold unread before the runner stops reading it (backpressure)."""
@@ -306,10 +307,20 @@ class HostProcessStream:
     async def _open(self) -> None:
         loop = asyncio.get_running_loop()
         popen = self._tree.popen
-        assert popen.stdin is not None and popen.stdout is not None and popen.stderr is not None
-        await loop.connect_read_pipe(lambda: self._pipes["out"], popen.stdout)
-        await loop.connect_read_pipe(lambda: self._pipes["err"], popen.stderr)
-        transport, _ = await loop.connect_write_pipe(lambda: self._stdin_protocol, popen.stdin)
+        master = self._tree.pty
+        if master is not None:
+            # A terminal: everything the process writes comes through its master side as ``out`` (reading it fails
+            # with EIO once every holder of the other side is gone: the end); ``err`` has nothing, and ends at once.
+            writer = os.dup(master)
+            await loop.connect_read_pipe(lambda: self._pipes["out"], os.fdopen(master, "rb", buffering=0))
+            self._pipes["err"].connection_lost(None)
+            stdin_pipe: Any = os.fdopen(writer, "wb", buffering=0)
+        else:
+            assert popen.stdin is not None and popen.stdout is not None and popen.stderr is not None
+            await loop.connect_read_pipe(lambda: self._pipes["out"], popen.stdout)
+            await loop.connect_read_pipe(lambda: self._pipes["err"], popen.stderr)
+            stdin_pipe = popen.stdin
+        transport, _ = await loop.connect_write_pipe(lambda: self._stdin_protocol, stdin_pipe)
         self._stdin = transport
         self._stdin_protocol.on_lost = lambda: self._linger.discard(transport)
         self._linger.add(transport)
@@ -359,8 +370,29 @@ class HostProcessStream:
         await self._stdin_protocol.drain()
 
     async def close_stdin(self) -> None:
-        """End stdin (idempotent); later ``send_stdin`` calls raise ``SandboxStateConflict``."""
+        """End stdin (idempotent); later ``send_stdin`` calls raise ``SandboxStateConflict``.
+
+        On a terminal, end of input is the terminal's end-of-file character (``^D``), as a person types it: the
+        terminal stays the process's own.
+        """
+        if self._tree.pty is not None and not self._stdin_closed and self._stdin is not None:
+            if not self._stdin.is_closing() and not self._stdin_protocol.lost:
+                self._stdin.write(b"\x04")
+            self._stdin_closed = True
+            return
         self._close_stdin()
+
+    async def resize(self, rows: int, cols: int) -> None:
+        """Give the terminal a new window size.
+
+        Raises:
+            SandboxOperationUnsupported: the process was started without a terminal.
+        """
+        if self._tree.pty is None:
+            raise SandboxOperationUnsupported("resize: the process has no terminal (it was started without tty)")
+        if self._stdin is not None and not self._stdin.is_closing():
+            with contextlib.suppress(OSError):
+                set_window(self._stdin.get_extra_info("pipe").fileno(), rows, cols)
 
     def _close_stdin(self) -> None:
         self._stdin_closed = True
@@ -429,6 +461,9 @@ class FailedStart:
 
     async def close_stdin(self) -> None:
         return None
+
+    async def resize(self, rows: int, cols: int) -> None:
+        return None  # there is no process, so nothing to resize
 
     def events(self) -> AsyncIterator[ProcessEvent]:
         """The reason, both ends, then the exit.
