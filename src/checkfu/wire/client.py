@@ -113,6 +113,8 @@ sent again when a reused connection ends after the request went out and before a
 may have acted on it, and an allocation, an exec or an activation must not happen twice."""
 
 REATTACH_ATTEMPTS = 6
+NOTHING_CONSUMED = ResumePoint(out=0, err=0, ended=())
+"""A reattach that has consumed nothing yet: what a retried start sends once its first start went out."""
 REATTACH_PAUSE = 0.05
 
 WS_LOG = logging.getLogger("checkfu.wire.websocket")
@@ -364,6 +366,8 @@ class RemoteProcess:
         self.request = request
         self.operation_id = operation_id
         self.window = window
+        self._start_sent = False
+        """Whether a start frame went out: from then on a retry may only reattach, never start again."""
         self._ws: ClientConnection | None = None
         self._channel = ProcessChannel("client")
         self._started: ProcessStarted | None = None
@@ -417,6 +421,7 @@ class RemoteProcess:
         )
         try:
             await ws.send(channel.send(start))
+            self._start_sent = True
             frame = channel.receive(await ws.recv())
         except SandboxError as exc:
             await ws.close()
@@ -451,12 +456,17 @@ class RemoteProcess:
         return frame
 
     async def start(self) -> None:
-        """Start the process; a lost reply is retried under the same operation id, which never starts it twice."""
+        """Start the process; a lost reply is retried under the same operation id, which never starts it twice.
+
+        Once a start has gone out, a retry only reattaches (it resumes from nothing consumed): a service that
+        restarted meanwhile and forgot the operation answers ``SandboxNotFound`` instead of starting the
+        process a second time.
+        """
         last: BaseException | None = None
         for attempt in range(REATTACH_ATTEMPTS):
             try:
                 async with asyncio.timeout(DEADLINES["openProcess"]):
-                    frame = await self._connect(None)
+                    frame = await self._connect(NOTHING_CONSUMED if self._start_sent else None)
                 break
             except SandboxError:
                 raise
