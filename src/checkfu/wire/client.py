@@ -32,7 +32,7 @@ from typing import Any, Literal, TypeVar
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 
-from checkfu.contract.codec import decode
+from checkfu.contract.codec import decode, strict_json
 from checkfu.contract.deadlines import DEFAULT_DEADLINES
 from checkfu.contract.envelope import Member
 from checkfu.contract.errors import (
@@ -130,6 +130,18 @@ def _decoded(model: type[M], body: bytes) -> M:
         raise observed_by_runner(exc) from None
 
 
+def decode_answer(member: str, model: type[M], status: int, body: bytes) -> M:
+    """A JSON answer to ``member``: its result, decoded strictly, when the status is 200.
+
+    Raises:
+        SandboxError: the result does not decode, or the error the answer carries (a typed one when it
+            carries none); never anything else.
+    """
+    if status != 200:
+        raise _unexpected(member, status, body)
+    return _decoded(model, body)
+
+
 def _unexpected(member: str, status: int, body: bytes) -> SandboxError:
     """A non-200 answer: the wire's error body, or a typed error saying it was not one."""
     try:
@@ -137,7 +149,7 @@ def _unexpected(member: str, status: int, body: bytes) -> SandboxError:
     except SandboxError:
         pass
     try:
-        doc = json.loads(body)
+        doc = strict_json(body)  # bounded: a body nested too deeply is a ValueError here, not a RecursionError
     except ValueError:
         return observed_by_runner(
             SandboxProtocolViolation(f"{member}: HTTP {status} with a body that is not JSON", field="body")
@@ -234,9 +246,7 @@ class RemoteProvider:
             ) from None
         except HttpError as exc:
             raise self._transport(member, exc) from None
-        if answer.status != 200:
-            raise _unexpected(member, answer.status, answer.body)
-        return _decoded(result, answer.body)
+        return decode_answer(member, result, answer.status, answer.body)
 
     def _transport(self, member: str, exc: HttpError) -> SandboxError:
         if exc.connect:

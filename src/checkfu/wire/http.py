@@ -185,7 +185,7 @@ class HttpPool:
             lines = raw[:-4].decode("latin-1").split("\r\n")
             version, _, rest = lines[0].partition(" ")
             code = rest[:3]
-            if not version.startswith("HTTP/1.") or not code.isdigit():
+            if not version.startswith("HTTP/1.") or not (len(code) == 3 and code.isascii() and code.isdigit()):
                 raise HttpError(f"not an HTTP/1.1 answer: {lines[0][:80]!r}")
             headers: dict[str, str] = {}
             for line in lines[1:]:
