@@ -50,7 +50,9 @@ def test_the_docker_tiers_card_shows_nine_enforced_axes(tmp_path: Path) -> None:
     axes = card["axes"]
     assert isinstance(axes, dict) and set(axes) == set(AXES)
     assert all(a["authority"] == "runner_enforced" and a["counts"] for a in axes.values())
-    assert card["tier"] == "durable" and card["short_of_next"] == ["'allowlist' egress"]
+    # allowlist egress (issue 15) is what lifted it from durable: the top tier, nothing short of a next one
+    assert card["tier"] == "docker_parity" and card["short_of_next"] == []
+    assert card["egress_certification"] == "advisory_filter"
     assert card["in_tree"] is True and card["loud"] is False
     assert set(card) >= {"tier", "axes", "egress_certification", "ceiling", "conformance"}
 

@@ -18,7 +18,7 @@ from checkfu.contract.members import CloneRequest, ProvisionRequest, ResumeReque
 from checkfu.contract.target import ExecutionTarget
 from checkfu.contract.vocabulary import Platform
 from checkfu.runner.driver import RunSession
-from checkfu.runner.journal import Journal, metadata, sqlite_url
+from checkfu.runner.journal import Journal, JournalError, metadata, sqlite_url
 from checkfu.runner.mounts import DirectorySource, MountSpec, resolve_mount
 from checkfu.testing import MemoryProvider, Misbehaving, clone_returns_source, memory_envelope, memory_profile
 
@@ -109,7 +109,7 @@ def test_allocations_round_trip(journal: Journal) -> None:
     assert [r.allocation_key for r in journal.open_allocations()] == ["ak-1", "ak-3"]
     assert [r.allocation_key for r in journal.allocations_for_run("run-1")] == ["ak-1", "ak-2", "ak-3"]
     assert journal.allocation("ak-none") is None
-    with pytest.raises(sa.exc.IntegrityError):
+    with pytest.raises(JournalError, match=r"^journal_allocation: .*(UNIQUE|unique)"):  # typed, never raw SQLAlchemy
         journal.journal_allocation("ak-1", kind="instance", now=7.0, **common)
 
 
