@@ -8,13 +8,15 @@ service, the journal says so, and nothing is left in the provider.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
-from wire_rig import Service
+from wire_rig import Service, peer, read_request
 
 from checkfu.contract.envelope import MEMBERS
 from checkfu.contract.errors import (
@@ -22,6 +24,7 @@ from checkfu.contract.errors import (
     SandboxProtocolViolation,
     SandboxProviderFailed,
     SandboxProviderTimeout,
+    SandboxResultInvalid,
 )
 from checkfu.contract.process import ProcessExit, ProcessOutput
 from checkfu.runner.driver import Limits, RunSession
@@ -205,3 +208,168 @@ async def test_an_answer_after_its_deadline_is_a_timeout_and_the_instance_is_rec
     assert again.state == "provisioning"
     await run.session.release_all()
     assert run.memory.live_objects() == ()
+
+
+# A service restarted in the middle of each member: typed, reclaimed, and never acted on twice --------------
+
+ONCE_ONLY: tuple[str, ...] = ("provision", "activate", "exec", "openProcess", "snapshot", "clone", "release")
+"""Members the client must never send again: each allocates, starts or ends something."""
+
+
+async def _scene(run: WireRun) -> tuple[Any, Any]:
+    image = (await run.session.materialize(PROFILE, run.platform)).image
+    inst = await run.session.provision(PROFILE, run.platform, image)
+    await run.session.activate(inst)
+    return image, inst
+
+
+def _call(run: WireRun, member: str, image: str, inst: Any) -> Any:
+    s, p = run.session, run.platform
+    if member == "provision":
+        return s.provision(PROFILE, p, image)
+    if member == "activate":
+        return s.activate(inst)  # an active instance: the service would refuse, but it is hung first
+    if member == "exec":
+        return s.exec(inst, ["echo", "once"], timeout=5)
+    if member == "openProcess":
+        return s.open_process(inst, ["echo", "once"])
+    if member == "snapshot":
+        return s.snapshot(inst)
+    if member == "clone":
+        return s.clone(inst, PROFILE, p, image)
+    return s.release(inst)
+
+
+@pytest.mark.parametrize("member", ONCE_ONLY)
+async def test_a_service_restarted_mid_call_never_acts_twice(wire_run: Callable[..., WireRun], member: str) -> None:
+    run = wire_run()
+    image, inst = await _scene(run)
+    if member == "activate":
+        inst = await run.session.provision(PROFILE, run.platform, image)  # one still provisioning
+    before = run.memory.calls.count(member)
+    run.provider.set(member, hang)  # does the work, then never answers
+    call = asyncio.ensure_future(_call(run, member, image, inst))
+    await until(lambda: run.memory.calls.count(member) == before + 1)
+    run.provider.set(member, None)
+    await run.service.crash(restart=True)
+    with pytest.raises(SandboxError) as caught:
+        await asyncio.wait_for(call, 15)
+    assert isinstance(caught.value, SandboxProtocolViolation | SandboxProviderFailed), caught.value
+    await asyncio.sleep(0.2)  # anything sent again would have landed by now
+    assert run.memory.calls.count(member) == before + 1, run.memory.calls  # never sent again
+    await run.session.release_all()
+    assert run.memory.live_objects() == ()
+    assert {r.state for r in run.journal.allocations_for_run(run.session.run_id)} <= {"released", "compensated"}
+
+
+@pytest.mark.parametrize("member", ["inspect", "readFiles", "listDir"])
+async def test_an_idempotent_call_cut_by_a_restart_is_sent_again_and_answered(
+    wire_run: Callable[..., WireRun], member: str
+) -> None:
+    run = wire_run()
+    _, inst = await _scene(run)
+    await run.session.exec(inst, ["sh", "-c", "echo kept > /tmp/f"], timeout=5)
+    calls = {
+        "inspect": lambda: run.session.inspect(inst),
+        "readFiles": lambda: run.session.read_files(inst, ["/tmp/f"]),
+        "listDir": lambda: run.session.list_dir(inst, "/tmp"),
+    }
+    await calls[member]()  # the connection is a reused one from here on
+    run.provider.set(member, hang)
+    call = asyncio.ensure_future(calls[member]())
+    await until(lambda: run.memory.calls.count(member) == 2)
+    run.provider.set(member, None)
+    await run.service.crash(restart=True)
+    answer = await asyncio.wait_for(call, 15)  # the contract makes it idempotent: asked again, answered
+    assert answer is not None and run.memory.calls.count(member) == 3
+    await run.session.release_all()
+    assert run.memory.live_objects() == ()
+
+
+# A service whose answers arrive twice, or are cut in the middle of a body ----------------------------
+
+
+@contextlib.asynccontextmanager
+async def relay(service: Service, answer: Callable[[str, bytes, asyncio.StreamWriter], Awaitable[None]]) -> Any:
+    """A loopback relay in front of ``service``: each request goes to it on a connection of its own, and
+    ``answer(member, response, writer)`` decides what the client gets of the whole response."""
+    upstream = urlsplit(service.url)
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            try:
+                head, body = await read_request(reader)
+            except (asyncio.IncompleteReadError, ConnectionError):
+                return
+            member = head.split(b" ", 2)[1].decode().rsplit("/", 1)[-1]
+            lines = [ln for ln in head[:-4].split(b"\r\n") if not ln.lower().startswith(b"connection:")]
+            up_reader, up_writer = await asyncio.open_connection(upstream.hostname, upstream.port)
+            up_writer.write(b"\r\n".join([*lines, b"connection: close"]) + b"\r\n\r\n" + body)
+            await up_writer.drain()
+            response = await up_reader.read(-1)  # the service closes after one answer
+            up_writer.close()
+            resp_head, _, resp_body = response.partition(b"\r\n\r\n")
+            kept = [ln for ln in resp_head.split(b"\r\n") if not ln.lower().startswith(b"connection:")]
+            await answer(member, b"\r\n".join(kept) + b"\r\n\r\n" + resp_body, writer)
+
+    async with peer(handle) as made:
+        yield made
+
+
+async def test_an_answer_sent_twice_is_a_protocol_violation_and_reclaimed(wire_run: Callable[..., WireRun]) -> None:
+    run = wire_run()
+
+    async def twice(member: str, response: bytes, writer: asyncio.StreamWriter) -> None:
+        writer.write(response + (response if member == "provision" else b""))
+        await writer.drain()
+
+    async with relay(run.service, twice) as relayed:
+        remote = RemoteProvider(relayed.url, run.service.secret)
+        try:
+            session = _session_over(run, remote)
+            image = (await session.materialize(PROFILE, run.platform)).image
+            inst = await session.provision(PROFILE, run.platform, image)
+            await asyncio.sleep(0.05)  # the second copy of the answer is on the connection by now
+            with pytest.raises(SandboxProtocolViolation, match="no request asked for"):
+                await session.activate(inst)
+            assert run.memory.calls.count("activate") == 0  # nothing was sent on a connection out of step
+            assert run.memory.live_objects() == ()  # compensated by its key
+            (row,) = run.journal.allocations_for_run(session.run_id)
+            assert row.state == "compensated"
+        finally:
+            await remote.aclose()
+
+
+async def test_a_body_cut_in_the_middle_is_typed_and_the_instance_reclaimed(
+    wire_run: Callable[..., WireRun],
+) -> None:
+    run = wire_run()
+
+    async def cut(member: str, response: bytes, writer: asyncio.StreamWriter) -> None:
+        writer.write(response if member != "readFiles" else response[: len(response) - 40])
+        await writer.drain()
+        if member == "readFiles":
+            writer.transport.abort()
+
+    async with relay(run.service, cut) as relayed:
+        remote = RemoteProvider(relayed.url, run.service.secret)
+        try:
+            session = _session_over(run, remote)
+            image = (await session.materialize(PROFILE, run.platform)).image
+            inst = await session.provision(PROFILE, run.platform, image)
+            await session.activate(inst)
+            await session.exec(inst, ["sh", "-c", "echo 0123456789012345678901234567890123456789 > /tmp/f"], timeout=5)
+            with pytest.raises(SandboxError) as caught:
+                await session.read_files(inst, ["/tmp/f"])
+            assert isinstance(caught.value, SandboxProtocolViolation | SandboxResultInvalid), caught.value
+            assert run.memory.live_objects() == ()
+            assert {r.state for r in run.journal.allocations_for_run(session.run_id)} == {"compensated"}
+        finally:
+            await remote.aclose()
+
+
+def _session_over(run: WireRun, remote: RemoteProvider) -> RunSession:
+    registry = Registry()
+    registry.add(Adapter(envelope=run.memory.envelope, provider=remote, source="relay"))
+    runner = Runner(registry, run.journal, runner_tag="wire-faults")
+    return runner.start(run.memory.target, PROFILE, platform=run.platform).session

@@ -25,9 +25,22 @@ def read_document(model: type[M], path: Path) -> Any:
         SandboxError: ``model.decode_error`` naming the file: unreadable, not a regular file, empty,
             oversized, malformed or nested too deeply.
     """
-    refuse = model.decode_error
     try:
         raw = read_bounded(path, limit=MAX_FILE_BYTES)
+    except DocumentError as exc:
+        raise model.decode_error(str(exc)) from None
+    return parse_document(model, raw, path)
+
+
+def parse_document(model: type[M], raw: bytes, path: Path) -> Any:
+    """The bytes of a document read from ``path`` parsed as ``read_document`` parses them, not yet decoded.
+
+    Raises:
+        SandboxError: ``model.decode_error`` naming the file: empty, oversized, malformed or nested too deeply.
+    """
+    try:
+        if len(raw) > MAX_FILE_BYTES:
+            raise DocumentError(f"{path}: larger than {MAX_FILE_BYTES} bytes")
         if not raw.strip():
             raise DocumentError(f"{path}: the file is empty")
         if path.suffix.lower() == ".toml":
@@ -41,7 +54,16 @@ def read_document(model: type[M], path: Path) -> Any:
         check_nesting(value, path)
         return value
     except DocumentError as exc:
-        raise refuse(str(exc)) from None
+        raise model.decode_error(str(exc)) from None
+
+
+def decode_document(model: type[M], raw: bytes, path: Path) -> M:
+    """Decode the bytes of a document read from ``path`` into ``model``, as ``load`` does.
+
+    Raises:
+        SandboxError: as ``load``.
+    """
+    return decode_value(model, parse_document(model, raw, path))
 
 
 def load(model: type[M], path: Path) -> M:
@@ -51,8 +73,7 @@ def load(model: type[M], path: Path) -> M:
         SandboxError: ``model.decode_error`` for an unreadable, empty, oversized, deep or
             malformed file, naming the file; the decoder's error for a bad document.
     """
-    value = read_document(model, path)
-    return decode_value(model, value)
+    return decode_value(model, read_document(model, path))
 
 
 def dump(model: Model) -> object:

@@ -15,6 +15,7 @@ than the one expected.
 
 from __future__ import annotations
 
+import binascii
 import hashlib
 import json
 import os
@@ -31,7 +32,7 @@ from securesystemslib.exceptions import VerificationError
 from securesystemslib.signer import CryptoSigner, SSlibKey
 
 from checkfu.conformance.suite import SUITE_VERSION, Report
-from checkfu.contract.codec import canonical, decode_value
+from checkfu.contract.codec import canonical, decode_value, strict_json
 from checkfu.contract.envelope import SandboxProviderCapabilities
 from checkfu.contract.target import ExecutionTarget
 from checkfu.runner.documents import DocumentError, read_bounded
@@ -187,11 +188,7 @@ def verify_evidence(
     Raises:
         EvidenceError: naming what does not hold.
     """
-    try:
-        doc = json.loads(document)
-        dsse = Envelope.from_dict(doc)
-    except (ValueError, KeyError, TypeError) as exc:
-        raise EvidenceError(f"not a DSSE envelope: {exc}") from None
+    dsse = _dsse(document)
     if dsse.payload_type != PAYLOAD_TYPE:
         raise EvidenceError(f"the payload is {dsse.payload_type!r}, not an in-toto Statement")
     ours = key_id(public)
@@ -204,13 +201,9 @@ def verify_evidence(
                 f"signed by another key ({', '.join(k[:16] for k in others)}), not this one ({ours[:16]})"
             ) from None
         raise EvidenceError("the signature does not verify with this public key: the file was changed") from None
+    stmt, predicate, subject = _statement(dsse.payload)
     try:
-        stmt = json.loads(dsse.payload)
-        predicate = stmt["predicate"]
         claimed = decode_value(SandboxProviderCapabilities, predicate["envelope"])
-        (subject,) = stmt["subject"]
-    except (ValueError, KeyError, TypeError) as exc:
-        raise EvidenceError(f"the Statement is not conformance evidence: {exc}") from None
     except Exception as exc:
         raise EvidenceError(f"the envelope in the evidence does not decode: {exc}") from None
     if stmt.get("_type") != STATEMENT_TYPE or stmt.get("predicateType") != PREDICATE_TYPE:
@@ -233,12 +226,77 @@ def verify_evidence(
         target=claimed.target,
         envelope=claimed,
         envelope_digest=digest,
-        cases=list(predicate.get("cases", [])),
-        tally=dict(predicate.get("tally", {})),
+        cases=_cases(predicate.get("cases", [])),
+        tally=_tally(predicate.get("tally", {})),
         suite_version=str(predicate.get("suite_version", "")),
         finished_at=str(predicate.get("finished_at", "")),
         key_id=key_id(public),
     )
+
+
+def _dsse(document: bytes) -> Envelope:
+    """The DSSE envelope ``document`` holds, its shape checked before any library reads it.
+
+    Raises:
+        EvidenceError: not JSON, or not an object with a string ``payload`` and ``payloadType`` and a list of
+            ``signatures``, each an object with a string ``keyid`` and ``sig``.
+    """
+    try:
+        doc = strict_json(document.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise EvidenceError(f"not a DSSE envelope: not a JSON document: {str(exc)[:200]}") from None
+    if not isinstance(doc, dict):
+        raise EvidenceError("not a DSSE envelope: not a JSON object")
+    for name in ("payload", "payloadType"):
+        if not isinstance(doc.get(name), str):
+            raise EvidenceError(f"not a DSSE envelope: {name} is missing or not a string")
+    signatures = doc.get("signatures")
+    if not isinstance(signatures, list) or not all(
+        isinstance(sig, dict) and isinstance(sig.get("keyid"), str) and isinstance(sig.get("sig"), str)
+        for sig in signatures
+    ):
+        raise EvidenceError("not a DSSE envelope: signatures must be a list of {keyid, sig} strings")
+    try:
+        return Envelope.from_dict(doc)
+    except (ValueError, KeyError, TypeError, binascii.Error) as exc:
+        raise EvidenceError(f"not a DSSE envelope: {str(exc)[:200]}") from None
+
+
+def _statement(payload: bytes) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """The signed Statement, its predicate and its one subject, each checked to be an object.
+
+    Raises:
+        EvidenceError: the payload is not such a Statement.
+    """
+    try:
+        stmt = strict_json(payload.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise EvidenceError(f"the Statement is not conformance evidence: not JSON: {str(exc)[:200]}") from None
+    if not isinstance(stmt, dict):
+        raise EvidenceError("the Statement is not conformance evidence: not a JSON object")
+    predicate, subjects = stmt.get("predicate"), stmt.get("subject")
+    if not isinstance(predicate, dict) or "envelope" not in predicate:
+        raise EvidenceError("the Statement is not conformance evidence: its predicate holds no envelope")
+    if not isinstance(subjects, list) or len(subjects) != 1 or not isinstance(subjects[0], dict):
+        raise EvidenceError("the Statement is not conformance evidence: it must have exactly one subject object")
+    subject = subjects[0]
+    if not isinstance(subject.get("digest"), dict):
+        raise EvidenceError("the Statement is not conformance evidence: the subject has no digest object")
+    return stmt, predicate, subject
+
+
+def _cases(value: object) -> list[dict[str, Any]]:
+    if not isinstance(value, list) or not all(isinstance(case, dict) for case in value):
+        raise EvidenceError("the Statement is not conformance evidence: cases must be a list of objects")
+    return list(value)
+
+
+def _tally(value: object) -> dict[str, int]:
+    if not isinstance(value, dict) or not all(
+        isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in value.values()
+    ):
+        raise EvidenceError("the Statement is not conformance evidence: tally must map outcomes to counts")
+    return dict(value)
 
 
 __all__ = [

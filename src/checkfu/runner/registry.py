@@ -295,9 +295,23 @@ def read_adapters_file(config: Path) -> list[tuple[str, dict[str, Any]]]:
             tables (naming the file and the table at fault).
     """
     try:
-        return parse_adapters(parse_toml(read_bounded(config), config), config)
+        raw = read_bounded(config)
     except DocumentError as exc:
         raise SandboxAdapterUnavailable(f"cannot read adapters file: {exc}", field="config") from None
+    return decode_adapters(raw, config)
+
+
+def decode_adapters(raw: bytes, config: Path | str) -> list[tuple[str, dict[str, Any]]]:
+    """The ``(factory, options)`` of each ``[[adapters]]`` table of the adapters file ``config`` holding ``raw``.
+
+    Raises:
+        SandboxAdapterUnavailable: not TOML, or not shaped as adapters tables (naming the file and the table).
+    """
+    try:
+        doc = parse_toml(raw, config)
+    except DocumentError as exc:
+        raise SandboxAdapterUnavailable(f"cannot read adapters file: {exc}", field="config") from None
+    return parse_adapters(doc, config)
 
 
 def parse_adapters(doc: Mapping[str, Any], config: Path | str) -> list[tuple[str, dict[str, Any]]]:

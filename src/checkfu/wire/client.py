@@ -32,7 +32,7 @@ from typing import Any, Literal, TypeVar
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 
-from checkfu.contract.codec import decode
+from checkfu.contract.codec import decode, strict_json
 from checkfu.contract.deadlines import DEFAULT_DEADLINES
 from checkfu.contract.envelope import Member
 from checkfu.contract.errors import (
@@ -114,6 +114,8 @@ sent again when a reused connection ends after the request went out and before a
 may have acted on it, and an allocation, an exec or an activation must not happen twice."""
 
 REATTACH_ATTEMPTS = 6
+NOTHING_CONSUMED = ResumePoint(out=0, err=0, ended=())
+"""A reattach that has consumed nothing yet: what a retried start sends once its first start went out."""
 REATTACH_PAUSE = 0.05
 
 WS_LOG = logging.getLogger("checkfu.wire.websocket")
@@ -129,6 +131,18 @@ def _decoded(model: type[M], body: bytes) -> M:
         raise observed_by_runner(exc) from None
 
 
+def decode_answer(member: str, model: type[M], status: int, body: bytes) -> M:
+    """A JSON answer to ``member``: its result, decoded strictly, when the status is 200.
+
+    Raises:
+        SandboxError: the result does not decode, or the error the answer carries (a typed one when it
+            carries none); never anything else.
+    """
+    if status != 200:
+        raise _unexpected(member, status, body)
+    return _decoded(model, body)
+
+
 def _unexpected(member: str, status: int, body: bytes) -> SandboxError:
     """A non-200 answer: the wire's error body, or a typed error saying it was not one."""
     try:
@@ -136,7 +150,7 @@ def _unexpected(member: str, status: int, body: bytes) -> SandboxError:
     except SandboxError:
         pass
     try:
-        doc = json.loads(body)
+        doc = strict_json(body)  # bounded: a body nested too deeply is a ValueError here, not a RecursionError
     except ValueError:
         return observed_by_runner(
             SandboxProtocolViolation(f"{member}: HTTP {status} with a body that is not JSON", field="body")
@@ -233,9 +247,7 @@ class RemoteProvider:
             ) from None
         except HttpError as exc:
             raise self._transport(member, exc) from None
-        if answer.status != 200:
-            raise _unexpected(member, answer.status, answer.body)
-        return _decoded(result, answer.body)
+        return decode_answer(member, result, answer.status, answer.body)
 
     def _transport(self, member: str, exc: HttpError) -> SandboxError:
         if exc.connect:
@@ -365,6 +377,8 @@ class RemoteProcess:
         self.request = request
         self.operation_id = operation_id
         self.window = window
+        self._start_sent = False
+        """Whether a start frame went out: from then on a retry may only reattach, never start again."""
         self._ws: ClientConnection | None = None
         self._channel = ProcessChannel("client")
         self._started: ProcessStarted | None = None
@@ -418,6 +432,7 @@ class RemoteProcess:
         )
         try:
             await ws.send(channel.send(start))
+            self._start_sent = True
             frame = channel.receive(await ws.recv())
         except SandboxError as exc:
             await ws.close()
@@ -452,12 +467,17 @@ class RemoteProcess:
         return frame
 
     async def start(self) -> None:
-        """Start the process; a lost reply is retried under the same operation id, which never starts it twice."""
+        """Start the process; a lost reply is retried under the same operation id, which never starts it twice.
+
+        Once a start has gone out, a retry only reattaches (it resumes from nothing consumed): a service that
+        restarted meanwhile and forgot the operation answers ``SandboxNotFound`` instead of starting the
+        process a second time.
+        """
         last: BaseException | None = None
         for attempt in range(REATTACH_ATTEMPTS):
             try:
                 async with asyncio.timeout(DEADLINES["openProcess"]):
-                    frame = await self._connect(None)
+                    frame = await self._connect(NOTHING_CONSUMED if self._start_sent else None)
                 break
             except SandboxError:
                 raise

@@ -87,6 +87,11 @@ def _chunk_size(line: bytes) -> int:
     return int(text, 16)
 
 
+def _buffered(reader: asyncio.StreamReader) -> int:
+    """Bytes the server sent that nobody has read yet (``StreamReader`` keeps them in ``_buffer``)."""
+    return len(getattr(reader, "_buffer", b""))
+
+
 class HttpPool:
     """Keep-alive connections to one origin, for one event loop."""
 
@@ -101,6 +106,8 @@ class HttpPool:
         self.headers = "".join(f"{k.lower()}: {v}\r\n" for k, v in headers.items())
         self.max_idle = max_idle
         self._idle: list[_Conn] = []
+        self._unsolicited: str | None = None
+        """Set when the server sent what no request asked for; the next request fails on it, typed."""
 
     async def _open(self) -> _Conn:
         try:
@@ -110,17 +117,41 @@ class HttpPool:
         return _Conn(reader, writer)
 
     async def _checkout(self) -> _Conn:
-        """An idle connection the server has not closed, or a new one."""
+        """An idle connection the server has not closed, or a new one.
+
+        Raises:
+            HttpError: the server sent bytes on an idle connection that no request asked for (an answer
+                sent twice, say): the conversation is out of step, and nothing is sent.
+        """
         while self._idle:
             conn = self._idle.pop()
+            self._note_unsolicited(conn)
             if conn.reader.at_eof() or conn.writer.is_closing() or conn.reader.exception() is not None:
                 conn.close()  # the server closed it while it was idle
                 continue
+            self._raise_unsolicited()
             return conn
+        self._raise_unsolicited()
         return await self._open()
 
+    def _note_unsolicited(self, conn: _Conn) -> None:
+        """Close ``conn`` and remember it when the server has sent bytes on it after its last answer."""
+        extra = _buffered(conn.reader)
+        if extra:
+            conn.close()
+            conn.reader.feed_eof()
+            self._unsolicited = self._unsolicited or (
+                f"the service sent {extra} bytes after an answer that no request asked for (an answer sent twice?)"
+            )
+
+    def _raise_unsolicited(self) -> None:
+        if self._unsolicited is not None:
+            message, self._unsolicited = self._unsolicited, None
+            raise HttpError(message)
+
     def _give_back(self, conn: _Conn) -> None:
-        if conn.reusable and len(self._idle) < self.max_idle:
+        self._note_unsolicited(conn)
+        if conn.reusable and not conn.writer.is_closing() and len(self._idle) < self.max_idle:
             conn.reused = True
             self._idle.append(conn)
         else:
@@ -154,7 +185,7 @@ class HttpPool:
             lines = raw[:-4].decode("latin-1").split("\r\n")
             version, _, rest = lines[0].partition(" ")
             code = rest[:3]
-            if not version.startswith("HTTP/1.") or not code.isdigit():
+            if not version.startswith("HTTP/1.") or not (len(code) == 3 and code.isascii() and code.isdigit()):
                 raise HttpError(f"not an HTTP/1.1 answer: {lines[0][:80]!r}")
             headers: dict[str, str] = {}
             for line in lines[1:]:

@@ -27,7 +27,7 @@ from docker_kit import LEASE, Box, Kit, leftovers, resources
 import posture
 from checkfu.conformance.destinations import Destination, NameServer, beside, destination, name_server
 from checkfu.contract.enforcement import AXES
-from checkfu.contract.errors import SandboxCapabilityUnavailable, SandboxProfileInvalid, SandboxProviderFailed
+from checkfu.contract.errors import SandboxCapabilityUnavailable, SandboxProviderFailed
 from checkfu.contract.members import ActivateRequest, CloneRequest, CompensateRequest, ListAllocationsRequest
 from checkfu.contract.profile import SandboxProfile
 from checkfu.providers.docker import DockerProvider, egress
@@ -363,9 +363,9 @@ async def test_a_destination_the_proxy_cannot_read_is_refused_before_anything_is
     too_long = ".".join(["a" * 63] * 4) + ":443"  # a 255-character name: the profile's pattern admits it, DNS not
     key = ekit.key("long-name")
     request = ekit.provision_request(key, profile=allowlisted(ekit, (too_long,), image=busybox_id))
-    with pytest.raises(SandboxProfileInvalid) as refused:
+    with pytest.raises(SandboxCapabilityUnavailable) as refused:
         await ekit.provider.provision(request)
-    assert refused.value.field == "network_policy.allowlist"
+    assert refused.value.field == "profile.network_policy.allowlist" and "egress proxy" in refused.value.message
     assert held(client, key) == []  # refused before the stager, the areas or the proxy were made
 
 

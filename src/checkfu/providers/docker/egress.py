@@ -34,7 +34,12 @@ from typing import Any
 
 import docker.types
 
-from checkfu.contract.errors import SandboxAdapterUnavailable, SandboxProfileInvalid, SandboxProviderFailed
+from checkfu.contract.errors import (
+    SandboxAdapterUnavailable,
+    SandboxCapabilityUnavailable,
+    SandboxProviderFailed,
+    Unmet,
+)
 from checkfu.contract.profile import SandboxProfile
 from checkfu.providers.docker import labels as L
 from checkfu.providers.docker.egress_door import PORT
@@ -72,14 +77,15 @@ def allowlist_of(profile: SandboxProfile) -> tuple[str, ...]:
     """The profile's destinations, once the proxy can read every one.
 
     Raises:
-        SandboxProfileInvalid: a destination the proxy cannot read (field ``network_policy.allowlist``).
+        SandboxCapabilityUnavailable: a destination the proxy cannot serve (field
+            ``profile.network_policy.allowlist``), such as a name longer than DNS allows.
     """
     entries = tuple(profile.network_policy.allowlist)
     try:
         Allowlist(entries)
     except Refused as exc:
-        raise SandboxProfileInvalid(
-            f"network_policy.allowlist: {exc.reason}", field="network_policy.allowlist"
+        raise SandboxCapabilityUnavailable(
+            [Unmet("profile.network_policy.allowlist", f"the egress proxy cannot serve it: {exc.reason}")]
         ) from None
     return entries
 

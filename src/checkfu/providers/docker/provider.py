@@ -594,9 +594,9 @@ class DockerProvider:
 
         Raises:
             SandboxIdentityMismatch: the request is for another adapter.
-            SandboxCapabilityUnavailable: the envelope cannot serve the profile, platform or mounts.
+            SandboxCapabilityUnavailable: the envelope cannot serve the profile, platform or mounts (or the egress
+                proxy an allowlist destination).
             SandboxPathRejected: a mount target covers a writable area or sits in a kernel tree.
-            SandboxProfileInvalid: an allowlist destination the egress proxy cannot read.
             SandboxNotFound: the root image is not on this engine.
             SandboxStateConflict: the allocation already has an instance.
         """
