@@ -361,3 +361,27 @@ def test_two_runners_with_their_own_journals_never_take_each_others_sandboxes(
         for name in left:
             docker_engine.api.remove_volume(name, force=True)
     assert left == []
+
+
+# A reconcile under another tag says what it did not take -------------------------------------------
+
+
+def test_a_reconcile_under_another_tag_names_what_it_left_and_how_to_finish(tmp_path: Path) -> None:
+    """The same journal reconciled under a tag that is not the killed Run's (another state directory, or a --db
+    spelled otherwise) takes nothing of it, and says so with exit 1 and the command that finishes it; run as
+    the Run's own tag, that command does."""
+    with isolated_cli(tmp_path) as cli:
+        try:
+            kill_at(cli, "answered:openProcess#1", "cli", cli_args("host-process", tmp_path, "answered:openProcess#1"))
+            assert host_leftovers(cli), "the provider answered: a process and its instance are held"
+            other = cli("runner", "reconcile", timeout=120, CHECKFU_RUNNER_TAG="someone-else")
+            assert other.code == 1, other
+            said = " ".join(other.err.split())
+            assert f"recorded under runner tag {cli.tag}" in said and "not taken" in said, other
+            assert f"CHECKFU_RUNNER_TAG={cli.tag} checkfu runner reconcile" in said, other
+            assert host_leftovers(cli), "another tag's reconcile took nothing"
+            code, report = reconcile_json(cli)
+            assert code == 0 and report["other_tags"] == {} and len(report["settled_runs"]) == 1, report
+            assert host_leftovers(cli) == []
+        finally:
+            cli.stop_all()

@@ -64,5 +64,8 @@ def test_the_runner_tag_names_the_journal(tmp_path: Path, monkeypatch: pytest.Mo
     pg = "postgresql+psycopg://u:secret@DB.example:5432/j"
     assert runner_tag(pg) == runner_tag("postgresql://u:other@db.example:5432/j") != base
     assert "secret" not in runner_tag(pg)
+    local = runner_tag("postgresql://u@localhost/j")  # one database, however its loopback and port are spelled
+    assert local == runner_tag("postgresql+psycopg://u@127.0.0.1:5432/j") == runner_tag("postgresql://u@[::1]/j")
+    assert local != runner_tag("postgresql://u@localhost:5433/j")
     monkeypatch.setenv("CHECKFU_RUNNER_TAG", "pinned")
     assert runner_tag("sqlite:///other.sqlite") == "pinned"

@@ -224,6 +224,7 @@ def test_the_cli_on_a_fresh_journal(tmp_path: Path) -> None:
         "unaccounted": [],
         "settled_runs": [],
         "unsettled_runs": [],
+        "other_tags": {},
     }
     assert b"Traceback" not in done.stderr
 

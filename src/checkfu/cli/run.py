@@ -996,8 +996,8 @@ def runner_reconcile(
 ) -> None:
     """Compensate every unsettled allocation whose lease expired or whose owner is gone, and settle its Run.
 
-    Exits 1 when anything is left (a compensation failed, or a provider could not be reached): what is
-    left and how to finish are listed.
+    Exits 1 when anything is left (a compensation failed, a provider could not be reached, or the journal
+    holds a gone runner's allocations under another runner tag): what is left and how to finish are listed.
     """
     sites = engine_sites(engine, engine_certs)
     journal = open_journal(db)
@@ -1017,6 +1017,7 @@ def runner_reconcile(
                     "unaccounted": report.unaccounted,
                     "settled_runs": report.settled_runs,
                     "unsettled_runs": report.unsettled_runs,
+                    "other_tags": report.other_tags,
                 }
             )
         )
@@ -1039,5 +1040,14 @@ def runner_reconcile(
                 f"[bold red]not finished[/]: {len(report.left):d} allocation(s) are still held; once their provider "
                 f"answers again (for Docker, once the engine is up), run `{escape(finish)}` again"
             )
-    if report.left:
+        for tag, count in sorted(report.other_tags.items()):
+            finish = f"CHECKFU_RUNNER_TAG={shlex.quote(tag)} checkfu runner reconcile" + (
+                f" --db {shlex.quote(db)}" if db else ""
+            )
+            err.print(
+                f"[bold red]not taken[/]: {count:d} allocation(s) in this journal were recorded under runner tag "
+                f"{escape(tag)}, not this one ({escape(runner_tag(db))}: another state directory, or --db spelled "
+                f"another way), and their runner is gone; to finish them, run `{escape(finish)}`"
+            )
+    if report.left or report.other_tags:
         raise typer.Exit(1)

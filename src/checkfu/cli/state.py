@@ -70,7 +70,13 @@ def journal_identity(url: str) -> str:
         name = parsed.database or ""
         return f"sqlite:{os.path.realpath(name) if name not in ('', ':memory:') else ':memory:'}"
     host = (parsed.host or "").lower()
-    return f"{family}://{parsed.username or ''}@{host}:{parsed.port or ''}/{parsed.database or ''}"
+    if host in ("", "localhost", "127.0.0.1", "::1", "[::1]"):
+        host = "localhost"  # the driver's default and every spelling of this machine's loopback
+    port = parsed.port or _DEFAULT_PORTS.get(family) or ""
+    return f"{family}://{parsed.username or ''}@{host}:{port}/{parsed.database or ''}"
+
+
+_DEFAULT_PORTS = {"postgresql": 5432}
 
 
 def open_journal(url: str | None) -> Journal:

@@ -58,6 +58,9 @@ class ReconcileReport:
     """Runs whose runner stopped, now settled as ``abandoned``."""
     unsettled_runs: list[str] = field(default_factory=list)
     """Runs whose runner stopped but that still hold something this pass could not settle."""
+    other_tags: dict[str, int] = field(default_factory=dict)
+    """Open allocations of this journal recorded under another runner tag whose lease is gone, by tag: this
+    pass (this runner's tag) left them; a reconciliation as that runner takes them."""
 
     @property
     def nothing_to_do(self) -> bool:
@@ -134,7 +137,22 @@ async def reconcile(journal: Journal, registry: Registry, clock: Clock, *, runne
         leases.end(lease)
     await _sweep_enumerated(journal, registry, leases, runner_tag, live_keys, report)
     _settle_runs(journal, leases, clock, runner_tag, report)
+    _note_other_tags(journal, leases, runner_tag, report)
     return report
+
+
+def _note_other_tags(journal: Journal, leases: LeaseStore, runner_tag: str, report: ReconcileReport) -> None:
+    """Count what this journal holds under another tag whose runner is gone, so that it is never passed over in
+    silence; a fleet's queued Run (``attempt`` > 0) is left out: another runner of the fleet takes it over."""
+    for row in journal.open_allocations():
+        if row.runner_tag == runner_tag or (row.kind == "snapshot" and row.state == "live"):
+            continue
+        if not leases.reclaimable(row.lease_id):
+            continue
+        run = journal.run(row.run_id) if row.run_id else None
+        if run is not None and run.attempt > 0:
+            continue
+        report.other_tags[row.runner_tag] = report.other_tags.get(row.runner_tag, 0) + 1
 
 
 def _unreachable(registry: Registry, row: AllocationRow) -> str:
