@@ -388,18 +388,7 @@ class RunQueue:
                 .where(runs.c.run_id == claim.run_id, runs.c.status == RUNNING)
                 .values(status=QUEUED, runner_id=None)
             )
-            c.execute(
-                events.insert().values(
-                    run_id=claim.run_id,
-                    member="requeue",
-                    allocation_key=None,
-                    started_at=now,
-                    duration_ms=0.0,
-                    outcome="ok",
-                    error_code=None,
-                    detail=f"attempt {claim.attempt}: {reason}"[:1000],
-                )
-            )
+            c.execute(_run_event(claim.run_id, "requeue", now, f"attempt {claim.attempt}: {reason}"))
 
     def postpone(self, claim: Claim, seconds: float, reason: str) -> None:
         """Let the lease lapse in ``seconds`` with no owner, so the Run is taken over (by any runner) then;
@@ -416,18 +405,7 @@ class RunQueue:
                 .where(leases.c.lease_id == claim.lease.lease_id)
                 .values(owner="(postponed)", expires_at=now + seconds)
             )
-            c.execute(
-                events.insert().values(
-                    run_id=claim.run_id,
-                    member="postpone",
-                    allocation_key=None,
-                    started_at=now,
-                    duration_ms=0.0,
-                    outcome="error",
-                    error_code=None,
-                    detail=f"attempt {claim.attempt}: {reason}"[:1000],
-                )
-            )
+            c.execute(_run_event(claim.run_id, "postpone", now, f"attempt {claim.attempt}: {reason}", outcome="error"))
 
     # reading ------------------------------------------------------------------------------------
 
@@ -536,13 +514,18 @@ def _fenced(lease: Lease) -> SandboxLeaseFenced:
 
 
 def _settle_event(run_id: str, now: float, status: str, detail: str) -> Any:
+    return _run_event(run_id, "settle", now, f"{status}: {detail}")
+
+
+def _run_event(run_id: str, member: str, now: float, detail: str, *, outcome: str = "ok") -> Any:
+    """The insert of one event of the queue's own (no provider call) in a Run's history."""
     return events.insert().values(
         run_id=run_id,
-        member="settle",
+        member=member,
         allocation_key=None,
         started_at=now,
         duration_ms=0.0,
-        outcome="ok",
+        outcome=outcome,
         error_code=None,
-        detail=f"{status}: {detail}"[:1000],
+        detail=detail[:1000],
     )
