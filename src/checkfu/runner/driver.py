@@ -143,9 +143,7 @@ class RunSession:
         try:
             self._apply_now(plan.before)
         except SandboxLeaseFenced as exc:  # taken over before even journaling: nothing to ask, nothing to undo
-            self.door.refused(
-                plan.member, exc, run_id=self.run_id, recorder=self.journal, key=plan.allocation_key
-            )
+            self.door.refused(plan.member, exc, run_id=self.run_id, recorder=self.journal, key=plan.allocation_key)
             raise
         try:
             accepted = await self.door.call(

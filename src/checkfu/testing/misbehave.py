@@ -266,9 +266,7 @@ duplicate_path = _answers("duplicate_path", lambda r, asked: r.model_copy(update
 """Every file answered twice."""
 dropped_path = _answers("dropped_path", lambda r, asked: r.model_copy(update={"files": (), "missing": ()}))
 """The asked paths answered neither as a file nor as missing."""
-file_and_missing = _answers(
-    "file_and_missing", lambda r, asked: r.model_copy(update={"missing": (*r.missing, asked)})
-)
+file_and_missing = _answers("file_and_missing", lambda r, asked: r.model_copy(update={"missing": (*r.missing, asked)}))
 """An asked path answered as a file and listed missing too."""
 path_below_file = _answers(
     "path_below_file",
