@@ -26,7 +26,8 @@ AXES_NOT_COUNTING_DAY_ONE = ["root_read_only", "non_root", "no_new_privileges", 
 
 
 def invoke(*args: str) -> Result:
-    result = CliRunner().invoke(app, list(args))
+    # wide enough that no line wraps, wherever the checkout lies (paths in the output vary in length)
+    result = CliRunner().invoke(app, list(args), env={"COLUMNS": "400"})
     assert "Traceback" not in result.stdout
     assert "Traceback" not in result.stderr
     return result

@@ -73,7 +73,7 @@ def leftovers(client: Any, tag: str) -> list[str]:
     """Every container, volume and image labelled with ``tag``."""
     flt = {"label": f"{LABEL}={tag}"}
     return (
-        [f"container {c.name}" for c in client.containers.list(all=True, filters=flt)]
+        [f"container {c.name}" for c in client.containers.list(all=True, filters=flt, ignore_removed=True)]
         + [f"volume {v.name}" for v in client.volumes.list(filters=flt)]
         + [f"image {i.id}" for i in client.images.list(filters=flt)]
     )
@@ -81,7 +81,7 @@ def leftovers(client: Any, tag: str) -> list[str]:
 
 def reclaim(client: Any, tag: str) -> None:
     flt = {"label": f"{LABEL}={tag}"}
-    for c in client.containers.list(all=True, filters=flt):
+    for c in client.containers.list(all=True, filters=flt, ignore_removed=True):
         c.remove(force=True, v=True)
     for v in client.volumes.list(filters=flt):
         v.remove(force=True)
@@ -108,7 +108,7 @@ def dcli(tmp_path: Path, engine: Any) -> Iterator[Cli]:
 
 
 def containers(engine: Any, tag: str, **more: str) -> list[Any]:
-    return list(engine.containers.list(all=True, filters={"label": f"{LABEL}={tag}", **more}))
+    return list(engine.containers.list(all=True, filters={"label": f"{LABEL}={tag}", **more}, ignore_removed=True))
 
 
 # 1. The README's first command ---------------------------------------------------------------------

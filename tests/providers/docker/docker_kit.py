@@ -38,7 +38,8 @@ def sha(data: bytes) -> str:
 def leftovers(client: Any, tag: str) -> list[tuple[str, str, str]]:
     flt = {"label": [f"{L.RUNNER_TAG}={tag}"]}
     out = [
-        ("container", c.name, c.labels.get(L.ALLOCATION_KEY, "")) for c in client.containers.list(all=True, filters=flt)
+        ("container", c.name, c.labels.get(L.ALLOCATION_KEY, ""))
+        for c in client.containers.list(all=True, filters=flt, ignore_removed=True)
     ]
     out += [("volume", v.name, v.attrs["Labels"].get(L.ALLOCATION_KEY, "")) for v in client.volumes.list(filters=flt)]
     out += [("image", i.id, i.labels.get(L.ALLOCATION_KEY, "")) for i in client.images.list(filters=flt)]

@@ -251,7 +251,7 @@ class PrivateEngine:
         c = self.client()
         try:
             selector = {"label": [f"checkfu.runner_tag={tag}"]}
-            out = [f"container {x.name}" for x in c.containers.list(all=True, filters=selector)]
+            out = [f"container {x.name}" for x in c.containers.list(all=True, filters=selector, ignore_removed=True)]
             out += [f"volume {v.name}" for v in c.volumes.list(filters=selector)]
             out += [f"image {i.id}" for i in c.images.list(filters=selector)]
             return out

@@ -148,7 +148,7 @@ async def test_capabilities_inside(box: Box, kit: Kit) -> None:
 def test_mounts_sealed_outside(info: dict[str, Any], client: Any, box: Box) -> None:
     mounts = {m["Destination"]: m for m in info["Mounts"]}
     assert mounts["/workspace"]["RW"] is False and mounts["/workspace"]["Type"] == "volume"
-    assert not client.containers.list(all=True, filters={"name": L.stager_name(box.instance_id)})
+    assert not client.containers.list(all=True, filters={"name": L.stager_name(box.instance_id)}, ignore_removed=True)
 
 
 async def test_mounts_sealed_inside(box: Box, kit: Kit) -> None:

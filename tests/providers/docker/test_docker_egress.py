@@ -153,7 +153,8 @@ async def probe(box: Box, how: str, host: str, port: int) -> str:
 
 def gone(client: Any, name: str, timeout: float = 5.0) -> bool:
     deadline = time.monotonic() + timeout
-    while client.containers.list(all=True, filters={"name": f"^{name}$"}):
+    # the low-level listing: the high-level one inspects each row and fails on a container removed meanwhile
+    while client.api.containers(all=True, filters={"name": f"^{name}$"}):
         if time.monotonic() > deadline:
             return False
         time.sleep(0.05)

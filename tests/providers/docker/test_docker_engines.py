@@ -158,7 +158,7 @@ def query(db: str, statement: Any) -> list[Any]:
 
 def shared_holds(client: Any, tag: str) -> list[str]:
     selector = {"label": [f"checkfu.runner_tag={tag}"]}
-    return [c.name for c in client.containers.list(all=True, filters=selector)] + [
+    return [c.name for c in client.containers.list(all=True, filters=selector, ignore_removed=True)] + [
         v.name for v in client.volumes.list(filters=selector)
     ]
 

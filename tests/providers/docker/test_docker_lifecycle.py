@@ -107,7 +107,7 @@ async def test_round_trip_echoes_every_identity(kit: Kit) -> None:
     again = await p.release(ReleaseRequest(**call))
     assert again == released
     assert (await p.inspect(InspectRequest(**call))).state == "released"
-    assert not kit.client.containers.list(all=True, filters={"label": f"{L.ALLOCATION_KEY}={key}"})
+    assert not kit.client.containers.list(all=True, filters={"label": f"{L.ALLOCATION_KEY}={key}"}, ignore_removed=True)
 
 
 async def test_requests_for_another_target_are_refused(kit: Kit) -> None:
@@ -139,7 +139,9 @@ async def test_unserved_profiles_are_refused_at_provision(kit: Kit) -> None:
         assert caught.value.field == field
     for key in keys:
         flt = {"label": f"{L.ALLOCATION_KEY}={key}"}
-        assert not kit.client.containers.list(all=True, filters=flt) and not kit.client.volumes.list(filters=flt)
+        assert not kit.client.containers.list(
+            all=True, filters=flt, ignore_removed=True
+        ) and not kit.client.volumes.list(filters=flt)
 
 
 async def test_mounts_may_not_cover_a_writable_area(kit: Kit) -> None:
@@ -254,7 +256,9 @@ async def test_compensate_reclaims_by_label_even_cold(kit: Kit, tmp_path: Any) -
     call = {"target": kit.target, "lease": LEASE, "allocation_key": key, "instance_id": inst.instance_id}
     await p.write_file(WriteFileRequest(**call, path="/workspace/f", size=len(data), digest=sha(data)), data)
     flt = {"label": [f"{L.ALLOCATION_KEY}={key}", f"{L.RUNNER_TAG}={kit.runner_tag}"]}
-    objects = len(kit.client.containers.list(all=True, filters=flt)) + len(kit.client.volumes.list(filters=flt))
+    objects = len(kit.client.containers.list(all=True, filters=flt, ignore_removed=True)) + len(
+        kit.client.volumes.list(filters=flt)
+    )
     assert objects == 2 + 3 + 1  # sandbox and stager; three areas and one mount volume
     cold = DockerProvider(state_dir=kit.docker.state_dir, cache_tag=kit.runner_tag, workers=4)
     try:
@@ -267,7 +271,9 @@ async def test_compensate_reclaims_by_label_even_cold(kit: Kit, tmp_path: Any) -
         assert (await cold.compensate(request)).reclaimed == 0
     finally:
         cold.close()
-    assert not kit.client.containers.list(all=True, filters=flt) and not kit.client.volumes.list(filters=flt)
+    assert not kit.client.containers.list(all=True, filters=flt, ignore_removed=True) and not kit.client.volumes.list(
+        filters=flt
+    )
 
 
 async def test_compensating_an_image_still_in_use_is_a_retryable_failure(kit: Kit) -> None:
@@ -309,4 +315,6 @@ async def test_a_missing_root_image_leaves_nothing(kit: Kit) -> None:
         with pytest.raises(SandboxNotFound):
             await kit.provider.provision(kit.provision_request(key, mounts=mounts, root_image=missing))
         flt = {"label": f"{L.ALLOCATION_KEY}={key}"}
-        assert not kit.client.containers.list(all=True, filters=flt) and not kit.client.volumes.list(filters=flt)
+        assert not kit.client.containers.list(
+            all=True, filters=flt, ignore_removed=True
+        ) and not kit.client.volumes.list(filters=flt)

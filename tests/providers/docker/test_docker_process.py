@@ -8,10 +8,10 @@ import struct
 import pytest
 from docker_kit import LEASE, Box, Kit
 
-from checkfu.contract.errors import SandboxStateConflict
+from checkfu.contract.errors import SandboxProviderFailed, SandboxStateConflict
 from checkfu.contract.members import ListAllocationsRequest, OpenProcessRequest
 from checkfu.contract.process import ProcessEvent, ProcessExit, ProcessOutput, ProcessStreamEnd
-from checkfu.providers.docker.process import Capture, FrameDecoder
+from checkfu.providers.docker.process import Capture, FrameDecoder, running_pid
 
 pytestmark = [pytest.mark.docker]
 
@@ -83,6 +83,44 @@ async def test_open_process_kill_ends_the_group(kit: Kit) -> None:
         assert rest[-1] == ProcessExit(exit_code=137)
         await proc.kill()
         assert (await box.sh("ps -o args | grep -c '[s]leep 6' || true")).stdout.strip() == b"0"
+    finally:
+        await box.release()
+
+
+class Inspections:
+    """exec_inspect answers in order, the last one repeated: the engine's view of one exec over time."""
+
+    def __init__(self, *answers: dict[str, object]) -> None:
+        self.answers = list(answers)
+        self.calls = 0
+
+    def exec_inspect(self, exec_id: str) -> dict[str, object]:
+        self.calls += 1
+        return self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
+
+
+def test_a_running_exec_whose_pid_is_not_yet_recorded_is_waited_for_never_taken_as_ended() -> None:
+    api = Inspections({"Running": True, "Pid": 0}, {"Running": True, "Pid": 0}, {"Running": True, "Pid": 4242})
+    assert running_pid(api, "e" * 64) == 4242 and api.calls == 3
+    assert running_pid(Inspections({"Running": False, "Pid": 0}), "e" * 64) is None
+    with pytest.raises(SandboxProviderFailed, match="running with no pid"):
+        running_pid(Inspections({"Running": True, "Pid": 0}), "e" * 64, limit=0.05)
+
+
+@pytest.mark.anyio
+async def test_a_kill_right_after_the_first_output_always_lands(kit: Kit) -> None:
+    """The engine records an exec's pid a moment after its output starts; a kill in that moment still ends it."""
+    box = await kit.up("kill-early")
+    try:
+        for _ in range(12):
+            proc = await kit.provider.open_process(
+                OpenProcessRequest(**box.call, argv=("sh", "-c", "echo started; sleep 30"))
+            )
+            events = proc.events()
+            assert await anext(events) == ProcessOutput(stream="out", data=b"started\n")  # type: ignore[call-overload]
+            await proc.kill()
+            rest = await asyncio.wait_for(collect(events), 10)  # type: ignore[arg-type]
+            assert rest[-1] == ProcessExit(exit_code=137)
     finally:
         await box.release()
 

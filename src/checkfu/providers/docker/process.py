@@ -39,6 +39,8 @@ STDOUT, STDERR = 1, 2
 READ_SIZE = 1 << 16
 EXIT_WAIT = 10.0
 """How long to wait for the engine to record an exec's exit after its streams ended."""
+PID_WAIT = 10.0
+"""How long to wait for the engine to record the pid of an exec it already reports running."""
 
 
 class FrameDecoder:
@@ -276,6 +278,30 @@ def resize_exec(api: Any, exec_id: str, rows: int, cols: int) -> None:
             raise
 
 
+def running_pid(api: Any, exec_id: str, *, limit: float = PID_WAIT) -> int | None:
+    """The host pid of a running exec, or None once it has ended.
+
+    The engine marks an exec running, and its process may already have written output, a moment before it
+    records the pid (``Pid`` reads 0 meanwhile): that moment is waited out, never taken for "nothing to end".
+
+    Raises:
+        SandboxProviderFailed: still no pid after ``limit`` seconds.
+    """
+    end = time.monotonic() + limit
+    pause = 0.002
+    while True:
+        info = api.exec_inspect(exec_id)
+        if not info.get("Running"):
+            return None
+        pid = info.get("Pid")
+        if isinstance(pid, int) and pid > 0:
+            return pid
+        if time.monotonic() >= end:
+            raise SandboxProviderFailed(f"exec {exec_id[:12]}: the engine reports it running with no pid")
+        time.sleep(pause)
+        pause = min(pause * 2, 0.05)
+
+
 def kill_group(engine: Engine, exec_id: str, container_id: str) -> None:
     """SIGKILL the process group of a running exec; nothing when it already ended.
 
@@ -288,9 +314,8 @@ def kill_group(engine: Engine, exec_id: str, container_id: str) -> None:
         SandboxProviderFailed: the process cannot be signalled.
     """
     api = engine.api
-    info = api.exec_inspect(exec_id)
-    pid = info.get("Pid")
-    if not info.get("Running") or not isinstance(pid, int) or pid <= 0:
+    pid = running_pid(api, exec_id)
+    if pid is None:
         return
     if not engine.local:
         _kill_group_remote(api, pid, container_id)
