@@ -353,7 +353,13 @@ class AsyncSandbox:
         try:
             target = _choose(ctx.registry, args["provider"])
             self._live_sb = await ctx.host.create(
-                target, prof, host_platform_value(), mounts=resolved, ttl=ttl, detached=bool(args["detach"])
+                target,
+                prof,
+                host_platform_value(),
+                mounts=resolved,
+                specs=specs,
+                ttl=ttl,
+                detached=bool(args["detach"]),
             )
         except BaseException:
             ctx.close()
@@ -449,17 +455,24 @@ class AsyncSandbox:
         return self._live_sb
 
     @property
+    def _made(self) -> LiveSandbox:
+        """The sandbox, closed or not (its identity outlives ``close``)."""
+        if self._live_sb is None:
+            return self._live
+        return self._live_sb
+
+    @property
     def sandbox_id(self) -> str:
-        return self._live.sandbox_id
+        return self._made.sandbox_id
 
     @property
     def run_id(self) -> str:
         """The Run that records every call made on this sandbox (``checkfu runs show``)."""
-        return self._live.record.run_id
+        return self._made.record.run_id
 
     @property
     def provider(self) -> str:
-        return self._live.record.provider
+        return self._made.record.provider
 
     @property
     def expires_at(self) -> float:

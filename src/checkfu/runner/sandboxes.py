@@ -22,10 +22,12 @@ for a service (``docs/sandboxes.md``).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 import sqlalchemy as sa
@@ -48,7 +50,7 @@ from checkfu.runner.door import ProviderFault
 from checkfu.runner.driver import CheckedProcess, Instance, Limits, RunSession, Snapshot
 from checkfu.runner.journal import Journal, JournalError, journaled, leases, sandbox_snapshots, sandboxes
 from checkfu.runner.leases import LeaseStore, current_owner, owner_alive
-from checkfu.runner.mounts import ResolvedMount
+from checkfu.runner.mounts import DirectorySource, GitSource, MountSpec, ResolvedMount, resolve_mount
 from checkfu.runner.registry import Adapter, Registry, target_key
 from checkfu.runner.runner import Needs, Runner
 from checkfu.runner.session import compensate_plan
@@ -113,6 +115,9 @@ class SandboxRecord:
     profile: SandboxProfile
     mounts: tuple[MountPlan, ...]
     mount_roots: tuple[str, ...]
+    specs: tuple[MountSpec, ...]
+    """Where each mount was read from: a clone or resume stages the same bytes again (the provider's snapshot
+    holds the sandbox's own writable areas, never its mounts)."""
     kind: RowKind
     origin: str | None
     state: SandboxState
@@ -149,6 +154,7 @@ class SnapshotRecord:
     profile: SandboxProfile
     mounts: tuple[MountPlan, ...]
     mount_roots: tuple[str, ...]
+    specs: tuple[MountSpec, ...]
     keep_seconds: float | None
     state: str
     created_at: float
@@ -156,14 +162,41 @@ class SnapshotRecord:
     """When the provider said it expires; ``None``: kept until deleted."""
 
 
-def _mounts_json(plans: Sequence[MountPlan], roots: Sequence[str], kind: RowKind) -> str:
-    return json.dumps({"plans": [p.model_dump(mode="json") for p in plans], "roots": list(roots), "kind": kind})
+def _spec_doc(spec: MountSpec) -> dict[str, Any]:
+    src = spec.source
+    doc: dict[str, Any] = {"target": spec.target, "writable": spec.writable, "stage_all": spec.stage_all}
+    if isinstance(src, GitSource):
+        doc.update(kind="git", path=str(Path(src.repo).absolute()), ref=src.ref)
+    else:
+        doc.update(kind="dir", path=str(Path(src.path).absolute()))
+    return doc
 
 
-def _mounts_of(raw: str) -> tuple[tuple[MountPlan, ...], tuple[str, ...], RowKind]:
+def _spec_of(doc: Mapping[str, Any]) -> MountSpec:
+    source: GitSource | DirectorySource = (
+        GitSource(Path(doc["path"]), doc["ref"]) if doc["kind"] == "git" else DirectorySource(Path(doc["path"]))
+    )
+    return MountSpec(source, doc["target"], bool(doc["writable"]), bool(doc["stage_all"]))
+
+
+def _mounts_json(
+    plans: Sequence[MountPlan], roots: Sequence[str], kind: RowKind, specs: Sequence[MountSpec] = ()
+) -> str:
+    return json.dumps(
+        {
+            "plans": [p.model_dump(mode="json") for p in plans],
+            "roots": list(roots),
+            "kind": kind,
+            "specs": [_spec_doc(s) for s in specs],
+        }
+    )
+
+
+def _mounts_of(raw: str) -> tuple[tuple[MountPlan, ...], tuple[str, ...], RowKind, tuple[MountSpec, ...]]:
     doc = json.loads(raw)
     plans = tuple(decode_value(MountPlan, p) for p in doc["plans"])
-    return plans, tuple(doc["roots"]), doc.get("kind", "instance")
+    specs = tuple(_spec_of(d) for d in doc.get("specs", ()))
+    return plans, tuple(doc["roots"]), doc.get("kind", "instance"), specs
 
 
 def _target(raw: str) -> ExecutionTarget:
@@ -171,7 +204,7 @@ def _target(raw: str) -> ExecutionTarget:
 
 
 def _sandbox(r: Any) -> SandboxRecord:
-    plans, roots, kind = _mounts_of(r["mounts"])
+    plans, roots, kind, specs = _mounts_of(r["mounts"])
     return SandboxRecord(
         sandbox_id=r["sandbox_id"],
         run_id=r["run_id"],
@@ -185,6 +218,7 @@ def _sandbox(r: Any) -> SandboxRecord:
         profile=SandboxProfile.model_validate_json(r["profile"]),
         mounts=plans,
         mount_roots=roots,
+        specs=specs,
         kind=kind,
         origin=r["origin"],
         state=r["state"],
@@ -196,7 +230,7 @@ def _sandbox(r: Any) -> SandboxRecord:
 
 
 def _snapshot(r: Any) -> SnapshotRecord:
-    plans, roots, _ = _mounts_of(r["mounts"])
+    plans, roots, _, specs = _mounts_of(r["mounts"])
     return SnapshotRecord(
         snapshot_ref=r["snapshot_ref"],
         sandbox_id=r["sandbox_id"],
@@ -209,6 +243,7 @@ def _snapshot(r: Any) -> SnapshotRecord:
         profile=SandboxProfile.model_validate_json(r["profile"]),
         mounts=plans,
         mount_roots=roots,
+        specs=specs,
         keep_seconds=r["keep_seconds"],
         state=r["state"],
         created_at=r["created_at"],
@@ -423,7 +458,7 @@ class LiveSandbox:
             allocation_key=snap.allocation_key,
             snapshot_id=snap.snapshot_id,
             profile=rec.profile.model_dump_json(),
-            mounts=_mounts_json(rec.mounts, rec.mount_roots, "resume"),
+            mounts=_mounts_json(rec.mounts, rec.mount_roots, "resume", rec.specs),
             keep_seconds=keep,
             state="present",
             created_at=now,
@@ -458,9 +493,24 @@ class LiveSandbox:
         return until
 
     async def release(self, *, status: str = "released") -> None:
-        """Release the sandbox (idempotent across processes: a sandbox already gone is left as it is)."""
+        """Release the sandbox (idempotent across processes: a sandbox already released or reclaimed is left as
+        it is; one whose time-to-live passed is reclaimed now, as the next command would)."""
+        rec = self.host.book.get(self.sandbox_id)
+        if rec is None or rec.state not in ("live", "provisioning"):
+            return
         try:
             await self.session.release(self.inst)
+        except SandboxLeaseFenced:
+            registry = self.host.registry
+
+            async def same(_: set[str]) -> Registry:
+                return registry
+
+            await sweep(self.host.journal, self.host.runner_tag, same, self.host.clock)
+            after = self.host.book.get(self.sandbox_id)
+            if after is None or after.state not in ("live", "provisioning"):
+                return
+            raise
         except SandboxError:
             left = await self.session.release_all()
             if left:
@@ -519,6 +569,7 @@ class SandboxHost:
         platform: Platform,
         *,
         mounts: Sequence[ResolvedMount] = (),
+        specs: Sequence[MountSpec] = (),
         ttl: float = DEFAULT_TTL,
         detached: bool = False,
         on_stage: Callable[[int, int], None] | None = None,
@@ -545,6 +596,7 @@ class SandboxHost:
             detached=detached,
             needs=needs,
             plans=[r.plan for r in resolved],
+            specs=specs,
             origin=None,
             make=lambda s, image: self._provision(s, profile, platform, image, resolved, on_stage),
         )
@@ -567,12 +619,15 @@ class SandboxHost:
         check_ttl(ttl)
         rec = source.record
         platform = _platform()
+        resolved = await _again(rec.specs, rec.mounts)
 
         async def make(session: RunSession, image: str) -> Instance:
-            plans = list(rec.mounts)
-            return await session._run(
+            plans = [r.plan for r in resolved]
+            inst = await session._run(
                 session._plan("clone", lambda: session.core.clone(source.inst, rec.profile, platform, image, plans))
             )
+            await session.stage(inst, resolved)
+            return inst
 
         return await self._allocate(
             rec.target,
@@ -582,6 +637,7 @@ class SandboxHost:
             detached=detached,
             needs=_needs(rec.mounts),
             plans=list(rec.mounts),
+            specs=rec.specs,
             origin=f"clone:{rec.sandbox_id}",
             make=make,
             kind="clone",
@@ -611,12 +667,15 @@ class SandboxHost:
             kind="instance",
         )
         record = Snapshot(allocation_key=snap.allocation_key, snapshot_id=snap.snapshot_id, source=source)
+        resolved = await _again(snap.specs, snap.mounts)
 
         async def make(session: RunSession, image: str) -> Instance:
-            plans = list(snap.mounts)
-            return await session._run(
+            plans = [r.plan for r in resolved]
+            inst = await session._run(
                 session._plan("resume", lambda: session.core.resume(record, snap.profile, platform, image, plans))
             )
+            await session.stage(inst, resolved)
+            return inst
 
         return await self._allocate(
             snap.target,
@@ -626,6 +685,7 @@ class SandboxHost:
             detached=detached,
             needs=_needs(snap.mounts),
             plans=list(snap.mounts),
+            specs=snap.specs,
             origin=f"resume:{ref}",
             make=make,
             kind="resume",
@@ -691,6 +751,7 @@ class SandboxHost:
         detached: bool,
         needs: Needs,
         plans: Sequence[MountPlan],
+        specs: Sequence[MountSpec],
         origin: str | None,
         make: Callable[[RunSession, str], Awaitable[Instance]],
         kind: RowKind = "instance",
@@ -715,7 +776,7 @@ class SandboxHost:
             lease_id=session.lease.lease_id,
             owner=current_owner(),  # the making process holds it until it is live
             profile=profile.model_dump_json(),
-            mounts=_mounts_json(plans, [p.target for p in plans], kind),
+            mounts=_mounts_json(plans, [p.target for p in plans], kind, specs),
             origin=origin,
             state="provisioning",
             created_at=now,
@@ -801,6 +862,17 @@ class SandboxHost:
         self.book.update(rec.sandbox_id, only_if=["live", "provisioning"], state=state, reason=reason, ended_at=now)
 
 
+async def _again(specs: Sequence[MountSpec], plans: Sequence[MountPlan]) -> list[ResolvedMount]:
+    """The mounts read again from where they were read, verified to be the very bytes staged the first time.
+
+    Raises:
+        SandboxDigestMismatch: a source changed since (naming the mount); nothing was allocated.
+    """
+    if len(specs) != len(plans):
+        raise SandboxNotFound("mounts: where the mounts were read from is not recorded", field="mounts")
+    return [await asyncio.to_thread(resolve_mount, s, expected=p) for s, p in zip(specs, plans, strict=True)]
+
+
 def _needs(plans: Sequence[MountPlan]) -> Needs:
     return Needs(writable_mounts=any(p.writable for p in plans), mount_symlinks=any(p.has_symlinks for p in plans))
 
@@ -821,8 +893,6 @@ def _only_site(registry: Registry, site: str) -> Registry:
 
 
 async def _wind_up(session: RunSession) -> None:
-    import asyncio  # noqa: PLC0415
-
     task = asyncio.ensure_future(session.release_all())
     while not task.done():
         try:
