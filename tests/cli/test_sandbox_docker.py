@@ -313,22 +313,22 @@ time.sleep(600)
 
 def test_kill_9_of_the_owner_then_ps_reclaims(dcli: Cli, tmp_path: Path, engine: Any) -> None:  # noqa: F811
     prof = durable_profile(tmp_path)
-    holder = subprocess.Popen(
+    with subprocess.Popen(
         [sys.executable, "-c", HOLDER, str(prof)], env=dcli.env({}), stdout=subprocess.PIPE, stderr=subprocess.PIPE
-    )
-    try:
-        assert holder.stdout is not None
-        sid = holder.stdout.readline().decode().strip()
-        assert sid.startswith("sb-"), holder.stderr.read() if holder.stderr else ""
-        [live] = dcli.json("ps")["sandboxes"]
-        assert live["state"] == "live" and live["owner"] != "detached"
-        assert leftovers(engine, dcli.tag)
-        os.kill(holder.pid, signal.SIGKILL)
-        holder.wait(timeout=30)
-    finally:
-        if holder.poll() is None:
-            holder.kill()
-            holder.wait()
+    ) as holder:
+        try:
+            assert holder.stdout is not None
+            sid = holder.stdout.readline().decode().strip()
+            assert sid.startswith("sb-"), holder.stderr.read() if holder.stderr else ""
+            [live] = dcli.json("ps")["sandboxes"]
+            assert live["state"] == "live" and live["owner"] != "detached"
+            assert leftovers(engine, dcli.tag)
+            os.kill(holder.pid, signal.SIGKILL)
+            holder.wait(timeout=30)
+        finally:
+            if holder.poll() is None:
+                holder.kill()
+                holder.wait()
     ps = dcli.json("ps")
     [row] = ps["sandboxes"]
     assert (row["id"], row["state"], row["reclaimed"]) == (sid, "orphaned", True)
