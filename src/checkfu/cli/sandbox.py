@@ -301,6 +301,9 @@ def exec_command(
             await sb.close()
 
     code = _run(body, as_json)
+    from checkfu.cli.run import FINISHED  # noqa: PLC0415
+
+    FINISHED.append(code)  # the command's own status, passed through (a 2 is not a usage error)
     raise typer.Exit(code)
 
 
