@@ -365,8 +365,10 @@ def test_ttl_passed_fences_calls(sdk_env: Cli, tmp_path: Path, engine: Any) -> N
     with pytest.raises(SandboxLeaseFenced) as fenced:
         sb.exec(["true"])
     assert fenced.value.field == "ttl"
-    sid = sb.sandbox_id
-    [row] = sdk_env.json("ps")["sandboxes"]
-    assert (row["id"], row["state"], row["reclaimed"]) == (sid, "expired", True)
-    sb.close()  # already reclaimed: nothing to do, no error
+    # Any command that opens the journal reclaims it, not only ps: here `checkfu runs list`.
+    listed = sdk_env("runs", "list", "--json")
+    assert listed.code == 0 and f"reclaimed sandbox {sb.sandbox_id}: expired" in listed.said, str(listed)
     assert not leftovers(engine, sdk_env.tag)
+    assert run_status(sdk_env, sb.run_id) == "expired"
+    assert sdk_env.json("ps")["sandboxes"] == []
+    sb.close()  # already reclaimed: nothing to do, no error
