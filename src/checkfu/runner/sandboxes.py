@@ -339,6 +339,12 @@ class SandboxBook:
             )
 
 
+_HOLD = sa.select(leases.c.epoch, leases.c.ended, leases.c.expires_at).where(
+    leases.c.lease_id == sa.bindparam("held_id")
+)
+"""Built once: it runs before every call on a sandbox."""
+
+
 class SandboxLeases(LeaseStore):
     """The lease of a live sandbox: its deadline is the time-to-live, which no call moves.
 
@@ -350,7 +356,7 @@ class SandboxLeases(LeaseStore):
     def renew(self, lease: Lease, *, ttl: float | None = None) -> None:
         now = self.clock.now()
         with self.journal.tx() as c:
-            row = c.execute(sa.select(leases).where(leases.c.lease_id == lease.lease_id)).mappings().first()
+            row = c.execute(_HOLD, {"held_id": lease.lease_id}).mappings().first()
         if row is None or row["epoch"] != lease.lease_epoch or row["ended"]:
             raise self._fenced(lease)
         if row["expires_at"] < now:
