@@ -49,7 +49,7 @@ def main() -> None:
     from checkfu.contract.errors import SandboxError  # noqa: PLC0415
     from checkfu.runner.journal import JournalError  # noqa: PLC0415
 
-    running = len(sys.argv) > 1 and sys.argv[1] == "run"
+    running = len(sys.argv) > 1 and sys.argv[1] in ("run", "exec")  # docker's 125 for its own failures
     err = Console(stderr=True, soft_wrap=True)
     try:
         app()

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import hashlib
 import os
 import secrets
+import sys
 from pathlib import Path
+from typing import Any
 
 import typer
 from sqlalchemy.engine import make_url
@@ -86,12 +90,63 @@ def open_journal(url: str | None) -> Journal:
         typer.BadParameter: the journal cannot be opened (a usage error naming ``--db``, exit 2).
     """
     try:
-        return Journal(url or default_journal_url(), deadline=journal_deadline())
+        journal = Journal(url or default_journal_url(), deadline=journal_deadline())
     except JournalTooNew as exc:
         raise typer.BadParameter(f"cannot open the journal: {exc}", param_hint="--db") from None
     except (SQLAlchemyError, OSError) as exc:
         reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
         raise typer.BadParameter(f"cannot open the journal: {reason}", param_hint="--db") from None
+    reclaim_sandboxes(journal, url)
+    return journal
+
+
+RECLAIMED: list[Any] = []
+"""The sandboxes the last ``open_journal`` of this process reclaimed (``checkfu ps`` shows them)."""
+
+
+def reclaim_sandboxes(journal: Journal, url: str | None) -> None:
+    """Reclaim this runner's sandboxes whose time-to-live passed or whose owner process is gone, as every
+    command that opens the journal does (no daemon): one query when nothing is due; the providers of what is
+    due are loaded only then. A failure is reported and left for the next command; it never stops this one."""
+    from checkfu.runner.sandboxes import due_for_sweep, sweep  # noqa: PLC0415
+
+    tag = runner_tag(url)
+    RECLAIMED.clear()
+    try:
+        if not due_for_sweep(journal, tag):
+            return
+    except Exception:  # a journal too old to hold sandboxes, or one that cannot be read: nothing to reclaim here
+        return
+
+    async def registry_for(names: set[str]) -> Any:
+        from checkfu.runner.registry import load_registry  # noqa: PLC0415
+
+        return await load_registry(entry_point_names=sorted(names), recorder=journal)
+
+    async def run() -> list[Any]:
+        return await sweep(journal, tag, registry_for)
+
+    try:
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            done = asyncio.run(run())
+        else:  # called from async code: its own loop, on a thread of its own
+            with concurrent.futures.ThreadPoolExecutor(1) as pool:
+                done = pool.submit(asyncio.run, run()).result()
+    except Exception as exc:
+        _say(f"warning: sandboxes due for reclaiming were left for the next command: {exc}")
+        return
+    RECLAIMED.extend(done)
+    for r in done:
+        if r.error:
+            _say(f"warning: sandbox {r.sandbox_id} ({r.reason}) could not be reclaimed: {r.error}")
+        else:
+            _say(f"reclaimed sandbox {r.sandbox_id}: {r.reason}")
+
+
+def _say(text: str) -> None:
+    print(text, file=sys.stderr)
 
 
 def journal_deadline() -> float:

@@ -178,6 +178,54 @@ run_output = sa.Table(
 )
 """A submitted Run's output as its runner streamed it (``out`` or ``err``), by attempt, for ``checkfu runs wait``."""
 
+sandboxes = sa.Table(
+    "sandboxes",
+    metadata,
+    sa.Column("sandbox_id", sa.String(64), primary_key=True),
+    sa.Column("run_id", sa.String(64), nullable=False),
+    sa.Column("runner_tag", sa.String(128), nullable=False),
+    sa.Column("target", sa.Text, nullable=False),
+    sa.Column("site", sa.String(256), nullable=True),
+    sa.Column("allocation_key", sa.String(128), nullable=False),
+    sa.Column("instance_id", sa.String(256), nullable=True),
+    sa.Column("lease_id", sa.String(128), nullable=False),
+    sa.Column("owner", sa.String(256), nullable=True),
+    sa.Column("profile", sa.Text, nullable=False),
+    sa.Column("mounts", sa.Text, nullable=False),
+    sa.Column("origin", sa.String(128), nullable=True),
+    sa.Column("state", sa.String(16), nullable=False),
+    sa.Column("reason", sa.Text, nullable=True),
+    sa.Column("created_at", sa.Float, nullable=False),
+    sa.Column("expires_at", sa.Float, nullable=False),
+    sa.Column("ended_at", sa.Float, nullable=True),
+    sa.Index("ix_sandboxes_state", "state", "runner_tag"),
+)
+"""Long-lived sandboxes (``checkfu.runner.sandboxes``): ``provisioning``, ``live``, then ``released`` (by
+its holder) or ``reclaimed`` (its time-to-live passed, or its owner process is gone). ``expires_at`` is its
+time-to-live deadline, the same as its lease's; ``owner`` is the process that holds it, NULL when detached."""
+
+sandbox_snapshots = sa.Table(
+    "sandbox_snapshots",
+    metadata,
+    sa.Column("snapshot_ref", sa.String(64), primary_key=True),
+    sa.Column("sandbox_id", sa.String(64), nullable=False),
+    sa.Column("run_id", sa.String(64), nullable=False),
+    sa.Column("runner_tag", sa.String(128), nullable=False),
+    sa.Column("target", sa.Text, nullable=False),
+    sa.Column("site", sa.String(256), nullable=True),
+    sa.Column("allocation_key", sa.String(128), nullable=False),
+    sa.Column("snapshot_id", sa.String(256), nullable=False),
+    sa.Column("profile", sa.Text, nullable=False),
+    sa.Column("mounts", sa.Text, nullable=False),
+    sa.Column("keep_seconds", sa.Float, nullable=True),
+    sa.Column("state", sa.String(16), nullable=False),
+    sa.Column("created_at", sa.Float, nullable=False),
+    sa.Column("expires_at", sa.Float, nullable=True),
+    sa.Column("deleted_at", sa.Float, nullable=True),
+)
+"""Snapshots taken of long-lived sandboxes: ``present`` or ``deleted``, with what a resume needs. ``expires_at``
+is the provider's word on when it expires (NULL: kept until deleted); ``keep_seconds`` the lifetime asked for."""
+
 
 # Statements built once: executing a prebuilt statement with parameters skips the per-call
 # construction and cache-key work of ``.values(...)``, the larger part of a small write's cost.

@@ -1,0 +1,751 @@
+"""Long-lived sandboxes from the command line: ``checkfu sandbox create|rm|extend``, ``checkfu exec``, ``checkfu cp``,
+``checkfu snapshot``, ``checkfu resume``, ``checkfu clone``, ``checkfu ps`` and ``checkfu kill``.
+
+Every command goes through the SDK (``checkfu.sandbox.AsyncSandbox``), hence through the runner's checked,
+journaled, fenced machinery. Every command takes ``--json``; a refusal prints the vocabulary code and the
+field at fault (with ``--json``: ``{"ok": false, "error": {...}}`` on stdout) and leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import signal
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path, PurePosixPath
+from typing import Annotated, Any, NoReturn, TypeVar
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from checkfu.cli.state import open_journal, runner_tag
+from checkfu.contract.errors import (
+    SandboxError,
+    SandboxNotFound,
+    SandboxPathRejected,
+    SandboxProfileInvalid,
+    SandboxStateConflict,
+)
+from checkfu.runner.journal import JournalError
+
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+out = Console(highlight=False, soft_wrap=True)
+
+sandbox_app = typer.Typer(help="Long-lived sandboxes: create, remove, extend.", no_args_is_help=True)
+
+T = TypeVar("T")
+EXIT_FAILED = 125
+"""This command's own failure (a refusal, a sandbox that is gone): docker's code for the same."""
+
+DbOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--db", help="journal URL (default: SQLite in the state directory)", show_default=False, metavar="URL"
+    ),
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="print JSON")]
+TtlOpt = Annotated[
+    str,
+    typer.Option("--ttl", help="time-to-live: 90s, 30m, 2h, 7d (or seconds)", metavar="DURATION"),
+]
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
+_UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+SANDBOX_ID = re.compile(r"^sb-[0-9a-f]{1,40}$")
+SNAPSHOT_ID = re.compile(r"^snap-[0-9a-f]{1,40}$")
+
+
+def parse_duration(text: str, name: str) -> float:
+    """``90s``, ``30m``, ``2h``, ``7d`` or a number of seconds.
+
+    Raises:
+        SandboxProfileInvalid: not a duration (its field is ``name``).
+    """
+    m = _DURATION.match(text)
+    if m is None or float(m.group(1)) <= 0:
+        raise SandboxProfileInvalid(
+            f"{name}: {text[:40]!r} is not a duration: write it as 90s, 30m, 2h or 7d", field=name.lstrip("-")
+        )
+    from checkfu.runner.sandboxes import check_ttl  # noqa: PLC0415
+
+    return check_ttl(float(m.group(1)) * _UNITS[m.group(2)], field=name.lstrip("-"))
+
+
+def _check_id(value: str, *, snapshot: bool = False) -> str:
+    pattern, what = (SNAPSHOT_ID, "snapshot") if snapshot else (SANDBOX_ID, "sandbox_id")
+    if not pattern.match(value):
+        shape = "snap-<hex>" if snapshot else "sb-<hex>"
+        raise SandboxNotFound(f"{what}: {value[:60]!r} is not a {what.replace('_', ' ')} ({shape})", field=what)
+    return value
+
+
+def _fail(exc: SandboxError | JournalError, as_json: bool, code: int = EXIT_FAILED) -> NoReturn:
+    if isinstance(exc, JournalError):
+        body: dict[str, str | None] = {"code": "JournalUnavailable", "message": str(exc), "field": "--db"}
+        err.print(f"[bold red]journal[/]: {escape(str(exc))}")
+    else:
+        body = {"code": exc.code, "message": exc.message, "field": exc.field}
+        where = f" (field: {exc.field})" if exc.field else ""
+        err.print(f"[bold red]{escape(exc.code)}[/]: {escape(exc.message)}{escape(where)}")
+        if exc.code in ("SandboxProfileInvalid", "SandboxPathRejected", "SandboxCapabilityUnavailable"):
+            err.print("[dim]  nothing was made; fix the input above and run again (docs/errors.md says more)[/]")
+    if as_json:
+        print(json.dumps({"ok": False, "exit_code": code, "error": body}))
+    raise typer.Exit(code)
+
+
+def _run(body: Callable[[], Awaitable[T]], as_json: bool) -> T:
+    async def main() -> T:
+        return await body()
+
+    try:
+        return asyncio.run(main())
+    except (SandboxError, JournalError) as exc:
+        _fail(exc, as_json)
+    except KeyboardInterrupt:
+        err.print("[bold red]interrupted[/]")
+        raise typer.Exit(130) from None
+
+
+def _emit(as_json: bool, doc: dict[str, Any], line: str) -> None:
+    if as_json:
+        print(json.dumps({"ok": True, **doc}))
+    else:
+        print(line)
+
+
+def _when(ts: float | None) -> str | None:
+    return None if ts is None else time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
+
+
+def _span(seconds: float) -> str:
+    s = int(max(0.0, seconds))
+    if s < 120:
+        return f"{s}s"
+    if s < 7200:
+        return f"{s // 60}m"
+    if s < 172800:
+        return f"{s // 3600}h"
+    return f"{s // 86400}d"
+
+
+def _sdk() -> Any:
+    from checkfu import sandbox  # noqa: PLC0415 - loads the runner only for these commands
+
+    return sandbox
+
+
+# sandbox create | rm | extend -----------------------------------------------------------------
+
+
+@sandbox_app.command("create")
+def sandbox_create(
+    profile: Annotated[
+        Path | None,
+        typer.Option("--profile", help="a SandboxProfile, TOML or JSON (default: the built-in one)", metavar="FILE"),
+    ] = None,
+    mount: Annotated[
+        list[str] | None,
+        typer.Option("--mount", help="SRC:TARGET[:rw], staged before anything runs", metavar="SRC:TARGET[:rw]"),
+    ] = None,
+    no_ignore: Annotated[bool, typer.Option("--no-ignore", help="stage what git ignores too")] = False,
+    ttl: TtlOpt = "30m",
+    provider: Annotated[str, typer.Option("--provider", help="provider name (or service URL)")] = "docker",
+    db: DbOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Make a sandbox that outlives this command; prints its id. Its time-to-live ends it (extend it with
+    `checkfu sandbox extend`), or `checkfu sandbox rm`."""
+    sdk = _sdk()
+
+    async def body() -> Any:
+        from checkfu.runner.mounts import parse_mount  # noqa: PLC0415
+
+        seconds = parse_duration(ttl, "--ttl")
+        specs = [parse_mount(m, stage_all=no_ignore) for m in mount or []]
+        return await sdk.AsyncSandbox.create(
+            profile=profile, mounts=specs, provider=provider, ttl=seconds, detach=True, db=db
+        )
+
+    sb = _run(body, as_json)
+    live = sb._live
+    _emit(
+        as_json,
+        {
+            "sandbox_id": sb.sandbox_id,
+            "run_id": sb.run_id,
+            "provider": sb.provider,
+            "expires_at": _when(live.record.expires_at),
+        },
+        sb.sandbox_id,
+    )
+    sb._ctx.close()
+
+
+@sandbox_app.command("rm")
+def sandbox_rm(
+    ids: Annotated[list[str], typer.Argument(help="sandbox ids (sb-...) or snapshot ids (snap-...)", metavar="ID...")],
+    db: DbOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Release sandboxes (or delete snapshots); nothing of them is left in the provider."""
+    done = _run(lambda: _remove(ids, db, status="released"), as_json)
+    _emit(as_json, {"removed": done}, "\n".join(done))
+
+
+async def _remove(ids: list[str], db: str | None, *, status: str) -> list[str]:
+    sdk = _sdk()
+    done: list[str] = []
+    for ident in ids:
+        if ident.startswith("snap-"):
+            _check_id(ident, snapshot=True)
+            ctx = await sdk._open(await sdk._provider_of_snapshot(ident, db), db)
+            try:
+                await ctx.host.delete_snapshot(ident)
+            finally:
+                ctx.close()
+        else:
+            _check_id(ident)
+            sb = await sdk.AsyncSandbox.connect(ident, db=db)
+            try:
+                await sb._live.release(status=status)
+            finally:
+                sb._closed = True
+                sb._ctx.close()
+        done.append(ident)
+    return done
+
+
+@sandbox_app.command("extend")
+def sandbox_extend(
+    sandbox_id: Annotated[str, typer.Argument(metavar="ID")],
+    ttl: TtlOpt = "30m",
+    db: DbOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Set a sandbox's time-to-live to --ttl from now."""
+    sdk = _sdk()
+
+    async def body() -> float:
+        seconds = parse_duration(ttl, "--ttl")
+        sb = await sdk.AsyncSandbox.connect(_check_id(sandbox_id), db=db)
+        try:
+            return float(await sb.extend(seconds))
+        finally:
+            await sb.close()
+
+    until = _run(body, as_json)
+    _emit(as_json, {"sandbox_id": sandbox_id, "expires_at": _when(until)}, f"{sandbox_id} expires {_when(until)}")
+
+
+# exec -------------------------------------------------------------------------------------------
+
+
+def exec_command(
+    sandbox_id: Annotated[str, typer.Argument(metavar="ID")],
+    command: Annotated[list[str], typer.Argument(help="the command, after --", metavar="COMMAND...")],
+    env: Annotated[
+        list[str] | None,
+        typer.Option("-e", "--env", help="NAME=VALUE, or NAME to pass the caller's", metavar="NAME[=VALUE]"),
+    ] = None,
+    workdir: Annotated[
+        str | None, typer.Option("-w", "--workdir", help="working directory (absolute)", metavar="PATH")
+    ] = None,
+    interactive: Annotated[bool, typer.Option("-i", "--interactive", help="stream stdin to the command")] = False,
+    use_tty: Annotated[bool, typer.Option("-t", "--tty", help="give the command a pseudo-terminal")] = False,
+    timeout: Annotated[
+        float, typer.Option("--timeout", help="seconds before the command is killed (exit 124)")
+    ] = 3600.0,
+    db: DbOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Run a command in a live sandbox; its exit status is this command's (125: checkfu's own failure, as docker
+    exec)."""
+    from checkfu.cli.run import _env  # noqa: PLC0415
+    from checkfu.runner.admission import argv_problems, raise_problems, workdir_problems  # noqa: PLC0415
+
+    if command[:1] == ["--"]:
+        command = command[1:]
+    warnings: list[str] = []
+    values, problems = _env(env or [], [], warnings)
+    for w in warnings:
+        err.print(f"[bold yellow]warning[/]: {escape(w)}")
+    sdk = _sdk()
+
+    async def body() -> int:
+        raise_problems(problems + argv_problems(command) + workdir_problems(workdir))
+        if not 0 < timeout < 10**7:
+            raise SandboxProfileInvalid(f"--timeout: {timeout!r} is not a number of seconds above 0", field="timeout")
+        sb = await sdk.AsyncSandbox.connect(_check_id(sandbox_id), db=db)
+        try:
+            if as_json:
+                res = await sb.exec(command, env=values, cwd=workdir, timeout=timeout)
+                doc: dict[str, Any] = {"sandbox_id": sandbox_id, "exit_code": res.exit_code, "timed_out": res.timed_out}
+                for name, data in (("stdout", res.stdout), ("stderr", res.stderr)):
+                    try:
+                        doc[name] = data.decode("utf-8")
+                    except UnicodeDecodeError:
+                        import base64  # noqa: PLC0415
+
+                        doc[name] = None
+                        doc[f"{name}_base64"] = base64.b64encode(data).decode()
+                print(json.dumps({"ok": True, **doc}))
+                return int(res.exit_code)
+            return await _stream(sb, command, values, workdir, timeout, interactive, use_tty)
+        finally:
+            await sb.close()
+
+    code = _run(body, as_json)
+    from checkfu.cli.run import FINISHED  # noqa: PLC0415
+
+    FINISHED.append(code)  # the command's own status, passed through (a 2 is not a usage error)
+    raise typer.Exit(code)
+
+
+async def _stream(
+    sb: Any, argv: list[str], env: dict[str, str], cwd: str | None, timeout: float, interactive: bool, tty: bool
+) -> int:
+    from checkfu.cli.terminal import feed, raw_mode, stdin_is_terminal, window_size  # noqa: PLC0415
+    from checkfu.contract.process import ProcessExit, ProcessOutput  # noqa: PLC0415
+
+    live = sb._live
+    if not live.streams():
+        data = sys.stdin.buffer.read() if interactive else b""
+        res = await sb.exec(argv, env=env, cwd=cwd, timeout=timeout, stdin=data)
+        sys.stdout.buffer.write(res.stdout)
+        sys.stdout.flush()
+        sys.stderr.buffer.write(res.stderr)
+        sys.stderr.flush()
+        return int(res.exit_code)
+    size = window_size() if tty else None
+    proc = await live.open_process(argv, env=env, cwd=cwd, tty=size)
+    feeding: asyncio.Future[None] | None = None
+    with raw_mode(tty and interactive and stdin_is_terminal()):
+        try:
+            if interactive or tty:
+                feeding = asyncio.ensure_future(feed(proc, stdin=interactive, resize=tty))
+            else:
+                await proc.close_stdin()
+            async with asyncio.timeout(timeout):
+                async for event in proc.events():
+                    if isinstance(event, ProcessOutput):
+                        stream = sys.stdout.buffer if event.stream == "out" else sys.stderr.buffer
+                        stream.write(event.data)
+                        stream.flush()
+                    elif isinstance(event, ProcessExit):
+                        return int(event.exit_code)
+        except TimeoutError:
+            err.print(f"[bold yellow]warning[/]: the command ran longer than {timeout:g} s and was killed")
+            return 124
+        finally:
+            if feeding is not None:
+                feeding.cancel()
+                await asyncio.gather(feeding, return_exceptions=True)
+            await proc.kill()
+    return EXIT_FAILED
+
+
+# cp ---------------------------------------------------------------------------------------------
+
+
+def _split(spec: str) -> tuple[str | None, str]:
+    head, sep, tail = spec.partition(":")
+    if sep and SANDBOX_ID.match(head):
+        return head, (tail.rstrip("/") or "/") if tail.startswith("/") else tail
+    return None, spec
+
+
+def cp_command(
+    src: Annotated[str, typer.Argument(metavar="SRC", help="ID:PATH or a local path")],
+    dst: Annotated[str, typer.Argument(metavar="DEST", help="ID:PATH or a local path")],
+    db: DbOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Copy files between a sandbox and this machine, in either direction (as docker cp): ID:PATH LOCAL or
+    LOCAL ID:PATH. A directory is copied whole; links are never followed."""
+    (sid, spath), (did, dpath) = _split(src), _split(dst)
+    sdk = _sdk()
+
+    async def body() -> list[str]:
+        if (sid is None) == (did is None):
+            raise SandboxPathRejected(
+                "cp: name exactly one side as ID:PATH (a sandbox path) and the other as a local path", field="path"
+            )
+        if sid is not None:
+            sb = await sdk.AsyncSandbox.connect(sid, db=db)
+            try:
+                return await _cp_out(sb, spath, Path(dpath))
+            finally:
+                await sb.close()
+        assert did is not None
+        sb = await sdk.AsyncSandbox.connect(did, db=db)
+        try:
+            return await _cp_in(sb, Path(spath), dpath)
+        finally:
+            await sb.close()
+
+    copied = _run(body, as_json)
+    _emit(as_json, {"copied": copied}, f"copied {len(copied)} file(s)")
+
+
+async def _cp_out(sb: Any, path: str, local: Path) -> list[str]:
+    from checkfu.contract.paths import admit_path  # noqa: PLC0415
+
+    admit_path(path, field="path")
+    live = sb._live
+    listing = await live.list_dir(path)
+    if listing.kind == "missing":
+        raise SandboxNotFound(f"path: nothing at {path} in sandbox {sb.sandbox_id}", field="path")
+    into = local / PurePosixPath(path).name if local.is_dir() else local
+    if listing.kind == "file":
+        data = await sb.files.read(path)
+        into.write_bytes(data)
+        return [str(into)]
+    if listing.kind != "dir":
+        raise SandboxPathRejected(f"path: {path} is a {listing.kind}; links are never followed", field="path")
+    entries = (await live.list_dir(path, recursive=True)).entries
+    files = [e.path for e in entries if e.kind == "file"]
+    into.mkdir(parents=True, exist_ok=True)
+    for e in entries:
+        if e.kind == "dir":
+            (into / PurePosixPath(e.path).relative_to(path)).mkdir(parents=True, exist_ok=True)
+    saved: list[str] = []
+    for i in range(0, len(files), 256):
+        res = await live.read_files(files[i : i + 256])
+        for f in res.files:
+            target = into / PurePosixPath(f.path).relative_to(path)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(f.data)
+            saved.append(str(target))
+    return saved
+
+
+async def _cp_in(sb: Any, local: Path, path: str) -> list[str]:
+    from checkfu.contract.paths import admit_path  # noqa: PLC0415
+
+    admit_path(path, field="path")
+    if not local.exists() or (local.is_symlink() and not local.is_file()):
+        raise SandboxPathRejected(f"path: {local} does not exist here", field="path")
+    live = sb._live
+    there = await live.list_dir(path)
+    dest = str(PurePosixPath(path) / local.name) if there.kind == "dir" else path
+    if local.is_file():
+        await sb.files.write(dest, local.read_bytes(), mode=local.stat().st_mode & 0o777)
+        return [dest]
+    written: list[str] = []
+    for item in sorted(local.rglob("*")):
+        if item.is_symlink() or not item.is_file():
+            continue
+        target = str(PurePosixPath(dest) / item.relative_to(local).as_posix())
+        await sb.files.write(target, item.read_bytes(), mode=item.stat().st_mode & 0o777)
+        written.append(target)
+    return written
+
+
+# snapshot | resume | clone ------------------------------------------------------------------------
+
+
+def snapshot_command(
+    sandbox_id: Annotated[str, typer.Argument(metavar="ID")],
+    keep: Annotated[
+        str | None,
+        typer.Option("--keep", help="lifetime to ask for: 7d, 12h (the provider decides)", metavar="DURATION"),
+    ] = None,
+    db: DbOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Snapshot a live sandbox's files; prints the snapshot id (`checkfu resume` makes a sandbox of it)."""
+    sdk = _sdk()
+
+    async def body() -> Any:
+        seconds = parse_duration(keep, "--keep") if keep is not None else None
+        sb = await sdk.AsyncSandbox.connect(_check_id(sandbox_id), db=db)
+        try:
+            return await sb.snapshot(keep=seconds)
+        finally:
+            await sb.close()
+
+    info = _run(body, as_json)
+    _emit(
+        as_json,
+        {
+            "snapshot_id": info.snapshot_id,
+            "sandbox_id": sandbox_id,
+            "keep_seconds": info.keep,
+            "expires_at": _when(info.expires_at),
+        },
+        info.snapshot_id,
+    )
+
+
+def resume_command(
+    snapshot: Annotated[str, typer.Argument(metavar="SNAPSHOT")],
+    ttl: TtlOpt = "30m",
+    db: DbOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Make a new sandbox from a snapshot; prints its id."""
+    sdk = _sdk()
+
+    async def body() -> Any:
+        seconds = parse_duration(ttl, "--ttl")
+        return await sdk.AsyncSandbox.resume(_check_id(snapshot, snapshot=True), ttl=seconds, detach=True, db=db)
+
+    sb = _run(body, as_json)
+    _emit(as_json, {"sandbox_id": sb.sandbox_id, "run_id": sb.run_id, "snapshot_id": snapshot}, sb.sandbox_id)
+    sb._ctx.close()
+
+
+def clone_command(
+    sandbox_id: Annotated[str, typer.Argument(metavar="ID")],
+    ttl: TtlOpt = "30m",
+    db: DbOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Make a new sandbox holding a live sandbox's files as they are now; prints its id."""
+    sdk = _sdk()
+
+    async def body() -> Any:
+        seconds = parse_duration(ttl, "--ttl")
+        sb = await sdk.AsyncSandbox.connect(_check_id(sandbox_id), db=db)
+        try:
+            return await sb.clone(ttl=seconds, detach=True)
+        finally:
+            await sb.close()
+
+    copy = _run(body, as_json)
+    _emit(as_json, {"sandbox_id": copy.sandbox_id, "run_id": copy.run_id, "source": sandbox_id}, copy.sandbox_id)
+    copy._ctx.close()
+
+
+# ps | kill --------------------------------------------------------------------------------------
+
+
+def _owner_text(owner: str | None) -> str:
+    if not owner or owner.startswith("detached:"):
+        return "detached"
+    host, _, rest = owner.partition("/")
+    return f"{host}/{rest.split('/')[0]}"
+
+
+def ps_command(db: DbOpt = None, as_json: JsonOpt = False) -> None:
+    """Live sandboxes and Runs (owner, age, time left, provider) and the snapshots kept. Whatever is due is
+    reclaimed first: a sandbox whose time-to-live passed, or whose owner process is gone, is shown as
+    expired or orphaned, and reclaimed."""
+    from checkfu.cli import state  # noqa: PLC0415
+    from checkfu.runner.clock import SystemClock  # noqa: PLC0415
+    from checkfu.runner.leases import LeaseStore, owner_alive  # noqa: PLC0415
+    from checkfu.runner.sandboxes import SandboxBook  # noqa: PLC0415
+
+    try:
+        journal = open_journal(db)
+    except JournalError as exc:
+        _fail(exc, as_json)
+    try:
+        reclaimed = list(state.RECLAIMED)
+        now = time.time()
+        book = SandboxBook(journal)
+        tag = runner_tag(db)
+        store = LeaseStore(journal, SystemClock())
+        boxes: list[dict[str, Any]] = []
+        sandbox_runs = set()
+        for rec in book.live(tag):
+            sandbox_runs.add(rec.run_id)
+            why = rec.orphaned(now)
+            boxes.append(
+                {
+                    "id": rec.sandbox_id,
+                    "kind": "sandbox",
+                    "state": ("expired" if why == "its time-to-live passed" else "orphaned") if why else rec.state,
+                    "owner": _owner_text(rec.owner),
+                    "age_seconds": round(now - rec.created_at, 1),
+                    "time_left_seconds": round(max(0.0, rec.expires_at - now), 1),
+                    "expires_at": _when(rec.expires_at),
+                    "provider": rec.provider,
+                    "run_id": rec.run_id,
+                    "reclaimed": False,
+                }
+            )
+        for r in reclaimed:
+            gone = book.get(r.sandbox_id)
+            if gone is None:
+                continue
+            rec = gone
+            sandbox_runs.add(rec.run_id)
+            boxes.append(
+                {
+                    "id": rec.sandbox_id,
+                    "kind": "sandbox",
+                    "state": r.reason,
+                    "owner": _owner_text(rec.owner),
+                    "age_seconds": round(now - rec.created_at, 1),
+                    "time_left_seconds": 0.0,
+                    "expires_at": _when(rec.expires_at),
+                    "provider": rec.provider,
+                    "run_id": rec.run_id,
+                    "reclaimed": r.error is None,
+                    **({"error": r.error} if r.error else {}),
+                }
+            )
+        runs: list[dict[str, Any]] = []
+        for run in journal.unsettled_runs(runner_tag=tag):
+            if run.run_id in sandbox_runs:
+                continue
+            owner, left = None, None
+            for lease_id in journal.lease_ids_for_run(run.run_id):
+                try:
+                    held = store.record(lease_id)
+                except SandboxError:
+                    continue
+                if not held.ended:
+                    owner, left = held.owner, held.expires_at - now
+            alive = owner_alive(owner) if owner else None
+            runs.append(
+                {
+                    "id": run.run_id,
+                    "kind": "run",
+                    "state": "orphaned" if alive is False else "running",
+                    "owner": _owner_text(owner),
+                    "age_seconds": round(now - run.created_at, 1),
+                    "time_left_seconds": round(max(0.0, left), 1) if left is not None else None,
+                    "provider": run.target.provider if run.target is not None else None,
+                    "command": run.command,
+                }
+            )
+        snaps: list[dict[str, Any]] = [
+            {
+                "id": s.snapshot_ref,
+                "kind": "snapshot",
+                "sandbox_id": s.sandbox_id,
+                "age_seconds": round(now - s.created_at, 1),
+                "keep_seconds": s.keep_seconds,
+                "expires_at": _when(s.expires_at),
+                "provider": s.target.provider,
+            }
+            for s in book.snapshots(tag)
+        ]
+    finally:
+        journal.close()
+    if as_json:
+        print(json.dumps({"ok": True, "sandboxes": boxes, "runs": runs, "snapshots": snaps}))
+        return
+    rows = [("ID", "KIND", "STATE", "OWNER", "AGE", "TIME LEFT", "PROVIDER")]
+    for row in [*boxes, *runs]:
+        left = row["time_left_seconds"]
+        rows.append(
+            (
+                row["id"],
+                row["kind"],
+                row["state"] + (" (reclaimed)" if row.get("reclaimed") else ""),
+                row["owner"],
+                _span(row["age_seconds"]),
+                "-" if left is None else _span(left),
+                str(row["provider"]),
+            )
+        )
+    for snap in snaps:
+        rows.append(
+            (
+                snap["id"],
+                "snapshot",
+                "kept",
+                f"of {snap['sandbox_id']}",
+                _span(snap["age_seconds"]),
+                f"expires {snap['expires_at']}" if snap["expires_at"] else "until deleted",
+                snap["provider"],
+            )
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        print("  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip())
+
+
+KILL_WAIT = 15.0
+"""How long ``checkfu kill RUN`` waits for a Run's own process to release after SIGTERM, before SIGKILL."""
+
+
+def kill_command(
+    ident: Annotated[str, typer.Argument(metavar="RUN|ID", help="a Run id (run-...) or a sandbox id (sb-...)")],
+    db: DbOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Stop a sandbox (released at once) or a Run: its process is sent SIGTERM (it releases everything and
+    records the Run as interrupted), then SIGKILL after 15 s, and what it held is reclaimed."""
+    if ident.startswith("sb-"):
+        done = _run(lambda: _remove([ident], db, status="killed"), as_json)
+        _emit(as_json, {"killed": done, "kind": "sandbox"}, ident)
+        return
+    how = _run(lambda: _kill_run(ident, db), as_json)
+    _emit(as_json, {"killed": [ident], "kind": "run", "how": how}, f"{ident} ({how})")
+
+
+async def _kill_run(run_id: str, db: str | None) -> str:
+    from checkfu.runner.clock import SystemClock  # noqa: PLC0415
+    from checkfu.runner.leases import LeaseStore, owner_alive  # noqa: PLC0415
+    from checkfu.runner.reconcile import reconcile  # noqa: PLC0415
+    from checkfu.runner.registry import load_registry  # noqa: PLC0415
+    from checkfu.runner.sandboxes import SandboxBook  # noqa: PLC0415
+
+    if not re.match(r"^run-[0-9a-f]{1,40}$", run_id):
+        raise SandboxNotFound(
+            f"run: {run_id[:60]!r} is neither a Run id (run-...) nor a sandbox id (sb-...)", field="run"
+        )
+    journal = open_journal(db)
+    try:
+        run = journal.run(run_id)
+        if run is None:
+            raise SandboxNotFound(f"run: no Run {run_id} in this journal", field="run")
+        if run.status != "running":
+            raise SandboxStateConflict(f"run: {run_id} already ended ({run.status})", field="run")
+        for box in SandboxBook(journal).live():
+            if box.run_id == run_id:
+                await _remove([box.sandbox_id], db, status="killed")
+                return f"sandbox {box.sandbox_id} released"
+        store = LeaseStore(journal, SystemClock())
+        owners = []
+        for lease_id in journal.lease_ids_for_run(run_id):
+            rec = store.record(lease_id)
+            if not rec.ended:
+                owners.append(rec.owner)
+        how = "reclaimed"
+        for owner in owners:
+            if owner_alive(owner) is True:
+                pid = int(owner.rsplit("/", 2)[1])
+                os.kill(pid, signal.SIGTERM)
+                deadline = time.monotonic() + KILL_WAIT
+                while time.monotonic() < deadline and owner_alive(owner):
+                    await asyncio.sleep(0.1)
+                if owner_alive(owner):
+                    os.kill(pid, signal.SIGKILL)
+                    how = "SIGKILL, then reclaimed"
+                else:
+                    how = "SIGTERM: it released what it held"
+            elif owner_alive(owner) is None:
+                raise SandboxStateConflict(
+                    f"run: {run_id} is held by {owner}, on another host: stop it there", field="run"
+                )
+        after = journal.run(run_id)
+        if after is not None and after.status == "running" and run.target is not None:
+            registry = await load_registry(entry_point_names=[run.target.provider], recorder=journal)
+            await reconcile(journal, registry, SystemClock(), runner_tag=runner_tag(db))
+        return how
+    finally:
+        journal.close()
+
+
+def register(app: typer.Typer) -> None:
+    """Add these commands to the ``checkfu`` command."""
+    app.add_typer(sandbox_app, name="sandbox")
+    plain = {"allow_interspersed_args": False}
+    app.command("exec", context_settings=plain)(exec_command)
+    app.command("cp")(cp_command)
+    app.command("snapshot")(snapshot_command)
+    app.command("resume")(resume_command)
+    app.command("clone")(clone_command)
+    app.command("ps")(ps_command)
+    app.command("kill")(kill_command)

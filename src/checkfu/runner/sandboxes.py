@@ -1,0 +1,999 @@
+"""Long-lived sandboxes: made once, used by many calls and processes, reclaimed when their time is up.
+
+A sandbox is a Run that does not end with its first command. It is created through the same
+checked, journaled, fenced machinery as ``checkfu run`` (``Runner.start``: selection and the
+capability check before any provider work; every allocation journaled before it is asked for;
+every call fenced by the Run's lease; mounts staged before the sandbox is activated, so nothing
+the user runs can see a half-staged tree). Once it is active it is recorded in the journal's
+``sandboxes`` table and outlives the process that made it:
+
+- Its lease's deadline *is* its time-to-live (``expires_at``). Calls do not push it back (only
+  ``extend`` does), and a call made after it passed is refused with ``SandboxLeaseFenced``.
+- Its owner is the process that holds it (``checkfu.Sandbox``), or nobody (``detached``: ``checkfu
+  sandbox create``). A sandbox whose owner process is gone, or whose time-to-live passed, is
+  reclaimable: ``sweep`` takes its lease over (fencing any straggler), compensates the instance by
+  its allocation key, settles the journal row and the Run, and records why.
+- Any process attaches by sandbox id (``SandboxHost.attach``) and drives it under the same lease.
+
+``sweep`` needs no daemon: every ``checkfu`` command that opens the journal runs it
+(``checkfu.cli.state.open_journal``), and ``checkfu runner reconcile`` from a timer does the same
+for a service (``docs/sandboxes.md``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import sqlalchemy as sa
+
+from checkfu.contract.codec import decode_value
+from checkfu.contract.errors import (
+    SandboxError,
+    SandboxLeaseFenced,
+    SandboxNotFound,
+    SandboxProfileInvalid,
+)
+from checkfu.contract.lifecycle import RowKind, row_transition
+from checkfu.contract.members import ExecResult, ListDirResult, ReadFilesResult
+from checkfu.contract.mounts import MountPlan
+from checkfu.contract.profile import SandboxProfile
+from checkfu.contract.target import ExecutionTarget, Lease
+from checkfu.contract.vocabulary import Platform
+from checkfu.runner.clock import Clock, SystemClock
+from checkfu.runner.door import ProviderFault
+from checkfu.runner.driver import CheckedProcess, Instance, Limits, RunSession, Snapshot
+from checkfu.runner.journal import Journal, JournalError, journaled, leases, sandbox_snapshots, sandboxes
+from checkfu.runner.leases import LeaseStore, current_owner, owner_alive
+from checkfu.runner.mounts import DirectorySource, GitSource, MountSpec, ResolvedMount, resolve_mount
+from checkfu.runner.registry import Adapter, Registry, target_key
+from checkfu.runner.runner import Needs, Runner
+from checkfu.runner.session import compensate_plan
+
+__all__ = [
+    "DEFAULT_TTL",
+    "MAX_TTL",
+    "LiveSandbox",
+    "Reclaimed",
+    "SandboxHost",
+    "SandboxRecord",
+    "SnapshotRecord",
+    "due_for_sweep",
+    "new_sandbox_id",
+    "sweep",
+]
+
+DEFAULT_TTL = 1800.0
+"""A sandbox's time-to-live when none is asked for: 30 minutes."""
+MAX_TTL = 7 * 86400.0
+"""The longest time-to-live one call may ask for (a week); ``extend`` may ask again."""
+CREATE_HOLD = 900.0
+"""While a sandbox is being made its lease is held by the making process, renewed per call (a build may be slow)."""
+SandboxState = Literal["provisioning", "live", "released", "reclaimed", "failed"]
+
+
+def new_sandbox_id() -> str:
+    return f"sb-{uuid.uuid4().hex[:20]}"
+
+
+def new_snapshot_ref() -> str:
+    return f"snap-{uuid.uuid4().hex[:20]}"
+
+
+def detached_owner(sandbox_id: str) -> str:
+    """The owner of a sandbox no process holds: no host/pid, so only its deadline ends it."""
+    return f"detached:{sandbox_id}"
+
+
+def check_ttl(ttl: float, *, field: str = "ttl") -> float:
+    """Raises SandboxProfileInvalid: ``ttl`` is not a number of seconds in (0, MAX_TTL]."""
+    if not (isinstance(ttl, int | float) and 0 < ttl <= MAX_TTL):
+        raise SandboxProfileInvalid(
+            f"{field}: {ttl!r} is not a time-to-live: give a number of seconds above 0 and at most {MAX_TTL:g} "
+            "(a week)",
+            field=field,
+        )
+    return float(ttl)
+
+
+@dataclass(frozen=True)
+class SandboxRecord:
+    sandbox_id: str
+    run_id: str
+    runner_tag: str
+    target: ExecutionTarget
+    site: str | None
+    allocation_key: str
+    instance_id: str | None
+    lease_id: str
+    owner: str | None
+    profile: SandboxProfile
+    mounts: tuple[MountPlan, ...]
+    mount_roots: tuple[str, ...]
+    specs: tuple[MountSpec, ...]
+    """Where each mount was read from: a clone or resume stages the same bytes again (the provider's snapshot
+    holds the sandbox's own writable areas, never its mounts)."""
+    kind: RowKind
+    origin: str | None
+    state: SandboxState
+    reason: str | None
+    created_at: float
+    expires_at: float
+    ended_at: float | None
+
+    @property
+    def provider(self) -> str:
+        return self.target.provider
+
+    def orphaned(self, now: float) -> str | None:
+        """Why nobody is coming back for this live sandbox (``None``: it is held)."""
+        if self.state not in ("live", "provisioning"):
+            return None
+        if self.expires_at < now:
+            return "its time-to-live passed"
+        if self.owner and owner_alive(self.owner) is False:
+            return "its owner process is gone"
+        return None
+
+
+@dataclass(frozen=True)
+class SnapshotRecord:
+    snapshot_ref: str
+    sandbox_id: str
+    run_id: str
+    runner_tag: str
+    target: ExecutionTarget
+    site: str | None
+    allocation_key: str
+    snapshot_id: str
+    profile: SandboxProfile
+    mounts: tuple[MountPlan, ...]
+    mount_roots: tuple[str, ...]
+    specs: tuple[MountSpec, ...]
+    keep_seconds: float | None
+    state: str
+    created_at: float
+    expires_at: float | None
+    """When the provider said it expires; ``None``: kept until deleted."""
+
+
+def _spec_doc(spec: MountSpec) -> dict[str, Any]:
+    src = spec.source
+    doc: dict[str, Any] = {"target": spec.target, "writable": spec.writable, "stage_all": spec.stage_all}
+    if isinstance(src, GitSource):
+        doc.update(kind="git", path=str(Path(src.repo).absolute()), ref=src.ref)
+    else:
+        doc.update(kind="dir", path=str(Path(src.path).absolute()))
+    return doc
+
+
+def _spec_of(doc: Mapping[str, Any]) -> MountSpec:
+    source: GitSource | DirectorySource = (
+        GitSource(Path(doc["path"]), doc["ref"]) if doc["kind"] == "git" else DirectorySource(Path(doc["path"]))
+    )
+    return MountSpec(source, doc["target"], bool(doc["writable"]), bool(doc["stage_all"]))
+
+
+def _mounts_json(
+    plans: Sequence[MountPlan], roots: Sequence[str], kind: RowKind, specs: Sequence[MountSpec] = ()
+) -> str:
+    return json.dumps(
+        {
+            "plans": [p.model_dump(mode="json") for p in plans],
+            "roots": list(roots),
+            "kind": kind,
+            "specs": [_spec_doc(s) for s in specs],
+        }
+    )
+
+
+def _mounts_of(raw: str) -> tuple[tuple[MountPlan, ...], tuple[str, ...], RowKind, tuple[MountSpec, ...]]:
+    doc = json.loads(raw)
+    plans = tuple(decode_value(MountPlan, p) for p in doc["plans"])
+    specs = tuple(_spec_of(d) for d in doc.get("specs", ()))
+    return plans, tuple(doc["roots"]), doc.get("kind", "instance"), specs
+
+
+def _target(raw: str) -> ExecutionTarget:
+    return ExecutionTarget.model_validate_json(raw)
+
+
+def _sandbox(r: Any) -> SandboxRecord:
+    plans, roots, kind, specs = _mounts_of(r["mounts"])
+    return SandboxRecord(
+        sandbox_id=r["sandbox_id"],
+        run_id=r["run_id"],
+        runner_tag=r["runner_tag"],
+        target=_target(r["target"]),
+        site=r["site"],
+        allocation_key=r["allocation_key"],
+        instance_id=r["instance_id"],
+        lease_id=r["lease_id"],
+        owner=r["owner"],
+        profile=SandboxProfile.model_validate_json(r["profile"]),
+        mounts=plans,
+        mount_roots=roots,
+        specs=specs,
+        kind=kind,
+        origin=r["origin"],
+        state=r["state"],
+        reason=r["reason"],
+        created_at=r["created_at"],
+        expires_at=r["expires_at"],
+        ended_at=r["ended_at"],
+    )
+
+
+def _snapshot(r: Any) -> SnapshotRecord:
+    plans, roots, _, specs = _mounts_of(r["mounts"])
+    return SnapshotRecord(
+        snapshot_ref=r["snapshot_ref"],
+        sandbox_id=r["sandbox_id"],
+        run_id=r["run_id"],
+        runner_tag=r["runner_tag"],
+        target=_target(r["target"]),
+        site=r["site"],
+        allocation_key=r["allocation_key"],
+        snapshot_id=r["snapshot_id"],
+        profile=SandboxProfile.model_validate_json(r["profile"]),
+        mounts=plans,
+        mount_roots=roots,
+        specs=specs,
+        keep_seconds=r["keep_seconds"],
+        state=r["state"],
+        created_at=r["created_at"],
+        expires_at=r["expires_at"],
+    )
+
+
+class SandboxBook:
+    """The journal's ``sandboxes`` and ``sandbox_snapshots`` tables. Every method is one transaction."""
+
+    def __init__(self, journal: Journal) -> None:
+        self.journal = journal
+
+    @journaled("sandbox insert")
+    def insert(self, **values: Any) -> None:
+        with self.journal.tx() as c:
+            c.execute(sandboxes.insert().values(**values))
+
+    @journaled("sandbox update")
+    def update(self, sandbox_id: str, *, only_if: Sequence[str] | None = None, **values: Any) -> bool:
+        q = sandboxes.update().where(sandboxes.c.sandbox_id == sandbox_id)
+        if only_if is not None:
+            q = q.where(sandboxes.c.state.in_(list(only_if)))
+        with self.journal.tx() as c:
+            return bool(c.execute(q.values(**values)).rowcount == 1)
+
+    @journaled("sandbox read")
+    def get(self, sandbox_id: str) -> SandboxRecord | None:
+        with self.journal.tx() as c:
+            row = c.execute(sandboxes.select().where(sandboxes.c.sandbox_id == sandbox_id)).mappings().first()
+        return _sandbox(row) if row else None
+
+    @journaled("sandbox list")
+    def live(self, runner_tag: str | None = None) -> list[SandboxRecord]:
+        q = sandboxes.select().where(sandboxes.c.state.in_(["provisioning", "live"]))
+        if runner_tag is not None:
+            q = q.where(sandboxes.c.runner_tag == runner_tag)
+        with self.journal.tx() as c:
+            rows = c.execute(q.order_by(sandboxes.c.created_at)).mappings().all()
+        return [_sandbox(r) for r in rows]
+
+    @journaled("sandbox due")
+    def due(self, runner_tag: str, now: float) -> list[SandboxRecord]:
+        """Live sandboxes of ``runner_tag`` that may be reclaimable: deadline passed, owned by a process
+        (whose liveness the caller checks), or whose lease was ended or taken over by someone else."""
+        q = (
+            sa.select(sandboxes)
+            .join(leases, leases.c.lease_id == sandboxes.c.lease_id)
+            .where(
+                sandboxes.c.state.in_(["provisioning", "live"]),
+                sandboxes.c.runner_tag == runner_tag,
+                sa.or_(
+                    sandboxes.c.expires_at < now,
+                    leases.c.expires_at < now,
+                    leases.c.ended.is_(True),
+                    sandboxes.c.owner.is_not(None),
+                ),
+            )
+        )
+        with self.journal.tx() as c:
+            rows = c.execute(q).mappings().all()
+        return [_sandbox(r) for r in rows]
+
+    @journaled("snapshot insert")
+    def insert_snapshot(self, **values: Any) -> None:
+        with self.journal.tx() as c:
+            c.execute(sandbox_snapshots.insert().values(**values))
+
+    @journaled("snapshot read")
+    def snapshot(self, ref: str) -> SnapshotRecord | None:
+        with self.journal.tx() as c:
+            row = (
+                c.execute(sandbox_snapshots.select().where(sandbox_snapshots.c.snapshot_ref == ref)).mappings().first()
+            )
+        return _snapshot(row) if row else None
+
+    @journaled("snapshot list")
+    def snapshots(self, runner_tag: str | None = None) -> list[SnapshotRecord]:
+        q = sandbox_snapshots.select().where(sandbox_snapshots.c.state == "present")
+        if runner_tag is not None:
+            q = q.where(sandbox_snapshots.c.runner_tag == runner_tag)
+        with self.journal.tx() as c:
+            rows = c.execute(q.order_by(sandbox_snapshots.c.created_at)).mappings().all()
+        return [_snapshot(r) for r in rows]
+
+    @journaled("snapshot delete")
+    def snapshot_deleted(self, ref: str, now: float) -> None:
+        with self.journal.tx() as c:
+            c.execute(
+                sandbox_snapshots.update()
+                .where(sandbox_snapshots.c.snapshot_ref == ref)
+                .values(state="deleted", deleted_at=now)
+            )
+
+
+_HOLD = sa.select(leases.c.epoch, leases.c.ended, leases.c.expires_at).where(
+    leases.c.lease_id == sa.bindparam("held_id")
+)
+"""Built once: it runs before every call on a sandbox."""
+
+
+class SandboxLeases(LeaseStore):
+    """The lease of a live sandbox: its deadline is the time-to-live, which no call moves.
+
+    ``renew`` (run before every provider call) only checks that the lease is still current and that
+    the time-to-live has not passed; ``extend`` is what moves the deadline.
+    """
+
+    @journaled("sandbox lease hold")
+    def renew(self, lease: Lease, *, ttl: float | None = None) -> None:
+        now = self.clock.now()
+        with self.journal.tx() as c:
+            row = c.execute(_HOLD, {"held_id": lease.lease_id}).mappings().first()
+        if row is None or row["epoch"] != lease.lease_epoch or row["ended"]:
+            raise self._fenced(lease)
+        if row["expires_at"] < now:
+            raise SandboxLeaseFenced(
+                f"the sandbox's time-to-live passed {now - row['expires_at']:.0f} s ago: it is reclaimed by the next "
+                "checkfu command (extend a sandbox before its time is up)",
+                field="ttl",
+            )
+
+
+@dataclass(frozen=True)
+class Reclaimed:
+    sandbox_id: str
+    run_id: str
+    reason: str
+    """Why it was reclaimed: ``expired`` (time-to-live passed), ``orphaned`` (owner gone) or ``ended``."""
+    error: str | None = None
+    """Set when the compensation failed: the sandbox is still held and stays open for the next pass."""
+
+
+class LiveSandbox:
+    """One attached sandbox: its record, its session, its instance. Every call is checked, journaled and fenced."""
+
+    def __init__(self, host: SandboxHost, record: SandboxRecord, session: RunSession, inst: Instance) -> None:
+        self.host = host
+        self.record = record
+        self.session = session
+        self.inst = inst
+
+    @property
+    def sandbox_id(self) -> str:
+        return self.record.sandbox_id
+
+    async def exec(
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        stdin: bytes = b"",
+        timeout: float = 60.0,
+    ) -> ExecResult:
+        return await self.session.exec(self.inst, argv, env=env, cwd=cwd, stdin=stdin, timeout=timeout)
+
+    def streams(self) -> bool:
+        """Whether the provider declares ``openProcess`` (a process with stdin and streamed output)."""
+        return self.session.envelope.declares("openProcess")
+
+    async def open_process(
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        tty: tuple[int, int] | None = None,
+    ) -> CheckedProcess:
+        return await self.session.open_process(self.inst, argv, env=env, cwd=cwd, tty=tty)
+
+    async def read_files(self, paths: Sequence[str]) -> ReadFilesResult:
+        return await self.session.read_files(self.inst, paths)
+
+    async def list_dir(self, path: str, *, recursive: bool = False) -> ListDirResult:
+        return await self.session.list_dir(self.inst, path, recursive=recursive)
+
+    async def write_file(self, path: str, data: bytes, *, mode: int = 0o644, timeout: float = 60.0) -> None:
+        """Write ``data`` to ``path`` in the active sandbox (parents made), through ``exec`` with ``data`` as stdin.
+
+        ``writeFile`` is a provisioning member (mounts are staged with it before activation); an active
+        sandbox takes files the way its own programs do, so the image needs a POSIX ``sh``.
+
+        Raises:
+            SandboxPathRejected: ``path`` is not absolute and normal.
+            SandboxProviderFailed: the file could not be written (the shell's words say why).
+        """
+        from checkfu.contract.errors import SandboxProviderFailed  # noqa: PLC0415
+        from checkfu.contract.paths import admit_path  # noqa: PLC0415
+
+        admit_path(path, field="path")
+        script = 'umask 022; d=$(dirname -- "$1") && mkdir -p -- "$d" && cat > "$1" && chmod "$2" -- "$1"'
+        res = await self.exec(["sh", "-c", script, "sh", path, f"{mode:o}"], stdin=data, timeout=timeout)
+        if res.exit_code != 0:
+            why = res.stderr.decode("utf-8", "replace").strip()[:300] or f"exit {res.exit_code}"
+            raise SandboxProviderFailed(f"path: {path} could not be written: {why}", field="path")
+
+    async def snapshot(self, *, keep: float | None = None) -> SnapshotRecord:
+        """Snapshot the sandbox; the snapshot outlives it (until it is deleted, or expires).
+
+        ``keep`` is the lifetime asked for, recorded with it; the expiry shown is the provider's answer
+        (``expires_at`` on the snapshot), none when the provider keeps it until deleted.
+        """
+        if keep is not None:
+            check_ttl(keep, field="keep")
+        snap = await self.session.snapshot(self.inst)
+        now = self.host.clock.now()
+        expires = getattr(snap, "expires_at", None)
+        ref = new_snapshot_ref()
+        rec = self.record
+        self.host.book.insert_snapshot(
+            snapshot_ref=ref,
+            sandbox_id=rec.sandbox_id,
+            run_id=rec.run_id,
+            runner_tag=rec.runner_tag,
+            target=rec.target.model_dump_json(),
+            site=rec.site,
+            allocation_key=snap.allocation_key,
+            snapshot_id=snap.snapshot_id,
+            profile=rec.profile.model_dump_json(),
+            mounts=_mounts_json(rec.mounts, rec.mount_roots, "resume", rec.specs),
+            keep_seconds=keep,
+            state="present",
+            created_at=now,
+            expires_at=float(expires) if isinstance(expires, int | float) else None,
+        )
+        got = self.host.book.snapshot(ref)
+        assert got is not None
+        return got
+
+    async def extend(self, ttl: float) -> float:
+        """Set the time-to-live to ``ttl`` seconds from now; returns the new deadline.
+
+        Raises:
+            SandboxLeaseFenced: the sandbox was reclaimed or released, or its time-to-live passed already.
+        """
+        check_ttl(ttl)
+        self.session.leases.renew(self.session.lease)  # refuses a lease gone or past its deadline
+        until = self.host.clock.now() + ttl
+        with self.host.journal.tx() as c:
+            done = c.execute(
+                leases.update()
+                .where(
+                    leases.c.lease_id == self.session.lease.lease_id,
+                    leases.c.epoch == self.session.lease.lease_epoch,
+                    leases.c.ended.is_(False),
+                )
+                .values(expires_at=until)
+            ).rowcount
+        if done != 1:
+            raise SandboxLeaseFenced(f"sandbox {self.sandbox_id} was reclaimed meanwhile", field="sandbox_id")
+        self.host.book.update(self.sandbox_id, expires_at=until)
+        return until
+
+    async def release(self, *, status: str = "released") -> None:
+        """Release the sandbox (idempotent across processes: a sandbox already released or reclaimed is left as
+        it is; one whose time-to-live passed is reclaimed now, as the next command would)."""
+        rec = self.host.book.get(self.sandbox_id)
+        if rec is None or rec.state not in ("live", "provisioning"):
+            return
+        try:
+            await self.session.release(self.inst)
+        except SandboxLeaseFenced:
+            registry = self.host.registry
+
+            async def same(_: set[str]) -> Registry:
+                return registry
+
+            await sweep(self.host.journal, self.host.runner_tag, same, self.host.clock)
+            after = self.host.book.get(self.sandbox_id)
+            if after is None or after.state not in ("live", "provisioning"):
+                return
+            raise
+        except SandboxError:
+            left = await self.session.release_all()
+            if left:
+                raise
+        self.host.finish(self.record, self.session.lease, status=status, state="released", reason=status)
+
+
+class SandboxHost:
+    """Makes, attaches to and reclaims long-lived sandboxes on one registry and journal."""
+
+    def __init__(
+        self,
+        registry: Registry,
+        journal: Journal,
+        *,
+        runner_tag: str,
+        clock: Clock | None = None,
+        limits: Limits | None = None,
+    ) -> None:
+        self.registry = registry
+        self.journal = journal
+        self.runner_tag = runner_tag
+        self.clock = clock or SystemClock()
+        self.limits = limits or Limits()
+        self.book = SandboxBook(journal)
+
+    def _runner(self) -> Runner:
+        return Runner(self.registry, self.journal, runner_tag=self.runner_tag, clock=self.clock, limits=self.limits)
+
+    def _adapter(self, target: ExecutionTarget, site: str | None) -> Adapter:
+        for a in self.registry.adapters:
+            if target_key(a.target) == target_key(target) and a.site == (site or ""):
+                return a
+        from checkfu.contract.errors import SandboxAdapterUnavailable  # noqa: PLC0415
+
+        why = "; ".join(f"{k}: {v}" for k, v in self.registry.unavailable.items())
+        raise SandboxAdapterUnavailable(
+            f"the sandbox lives on {target}, which is not available here" + (f" ({why})" if why else ""),
+            field="provider",
+        )
+
+    def record(self, sandbox_id: str) -> SandboxRecord:
+        """Raises SandboxNotFound: no sandbox of that id in this journal."""
+        rec = self.book.get(sandbox_id)
+        if rec is None:
+            raise SandboxNotFound(
+                f"sandbox_id: no sandbox {sandbox_id!r} in this journal (`checkfu ps` lists the live ones)",
+                field="sandbox_id",
+            )
+        return rec
+
+    async def create(
+        self,
+        target: ExecutionTarget,
+        profile: SandboxProfile,
+        platform: Platform,
+        *,
+        mounts: Sequence[ResolvedMount] = (),
+        specs: Sequence[MountSpec] = (),
+        ttl: float = DEFAULT_TTL,
+        detached: bool = False,
+        on_stage: Callable[[int, int], None] | None = None,
+    ) -> LiveSandbox:
+        """Select, check, journal, provision, stage and activate a sandbox that outlives this call.
+
+        ``detached``: no process owns it, only its time-to-live ends it; else this process owns it,
+        and it is reclaimed once this process is gone.
+
+        Raises:
+            SandboxError: a refusal or a provider fault; whatever was allocated was released or compensated.
+        """
+        check_ttl(ttl)
+        resolved = list(mounts)
+        needs = Needs(
+            writable_mounts=any(r.plan.writable for r in resolved),
+            mount_symlinks=any(r.plan.has_symlinks for r in resolved),
+        )
+        return await self._allocate(
+            target,
+            profile,
+            platform,
+            ttl=ttl,
+            detached=detached,
+            needs=needs,
+            plans=[r.plan for r in resolved],
+            specs=specs,
+            origin=None,
+            make=lambda s, image: self._provision(s, profile, platform, image, resolved, on_stage),
+        )
+
+    async def _provision(
+        self,
+        session: RunSession,
+        profile: SandboxProfile,
+        platform: Platform,
+        image: str,
+        resolved: Sequence[ResolvedMount],
+        on_stage: Callable[[int, int], None] | None,
+    ) -> Instance:
+        inst = await session.provision(profile, platform, image, resolved)
+        await session.stage(inst, resolved, progress=on_stage)
+        return inst
+
+    async def clone(self, source: LiveSandbox, *, ttl: float = DEFAULT_TTL, detached: bool = False) -> LiveSandbox:
+        """A new sandbox holding the source's files as they are now (the source stays as it is)."""
+        check_ttl(ttl)
+        rec = source.record
+        platform = _platform()
+        resolved = await _again(rec.specs, rec.mounts)
+
+        async def make(session: RunSession, image: str) -> Instance:
+            plans = [r.plan for r in resolved]
+            inst = await session._run(
+                session._plan("clone", lambda: session.core.clone(source.inst, rec.profile, platform, image, plans))
+            )
+            await session.stage(inst, resolved)
+            return inst
+
+        return await self._allocate(
+            rec.target,
+            rec.profile,
+            platform,
+            ttl=ttl,
+            detached=detached,
+            needs=_needs(rec.mounts),
+            plans=list(rec.mounts),
+            specs=rec.specs,
+            origin=f"clone:{rec.sandbox_id}",
+            make=make,
+            kind="clone",
+            site=rec.site,
+        )
+
+    async def resume(self, ref: str, *, ttl: float = DEFAULT_TTL, detached: bool = False) -> LiveSandbox:
+        """A new sandbox holding the snapshot's files.
+
+        Raises:
+            SandboxNotFound: no such snapshot in this journal, or it was deleted.
+        """
+        check_ttl(ttl)
+        snap = self.book.snapshot(ref)
+        if snap is None or snap.state != "present":
+            raise SandboxNotFound(
+                f"snapshot: no snapshot {ref!r} in this journal"
+                + (" (it was deleted)" if snap is not None else " (`checkfu ps` lists them)"),
+                field="snapshot",
+            )
+        platform = _platform()
+        source = Instance(
+            allocation_key=snap.allocation_key,
+            instance_id=snap.snapshot_id,
+            state="released",
+            mount_roots=snap.mount_roots,
+            kind="instance",
+        )
+        record = Snapshot(allocation_key=snap.allocation_key, snapshot_id=snap.snapshot_id, source=source)
+        resolved = await _again(snap.specs, snap.mounts)
+
+        async def make(session: RunSession, image: str) -> Instance:
+            plans = [r.plan for r in resolved]
+            inst = await session._run(
+                session._plan("resume", lambda: session.core.resume(record, snap.profile, platform, image, plans))
+            )
+            await session.stage(inst, resolved)
+            return inst
+
+        return await self._allocate(
+            snap.target,
+            snap.profile,
+            platform,
+            ttl=ttl,
+            detached=detached,
+            needs=_needs(snap.mounts),
+            plans=list(snap.mounts),
+            specs=snap.specs,
+            origin=f"resume:{ref}",
+            make=make,
+            kind="resume",
+            site=snap.site,
+        )
+
+    async def delete_snapshot(self, ref: str) -> None:
+        """Delete a snapshot through its provider; a snapshot already deleted is left as it is.
+
+        Raises:
+            SandboxNotFound: no such snapshot in this journal.
+        """
+        snap = self.book.snapshot(ref)
+        if snap is None:
+            raise SandboxNotFound(f"snapshot: no snapshot {ref!r} in this journal", field="snapshot")
+        if snap.state != "present":
+            return
+        adapter = self._adapter(snap.target, snap.site)
+        store = LeaseStore(self.journal, self.clock, ttl=300)
+        lease = store.acquire(snap.run_id)
+        session = self._session(adapter, snap.run_id, store, lease)
+        source = Instance(
+            allocation_key=snap.allocation_key,
+            instance_id=snap.snapshot_id,
+            state="released",
+            mount_roots=(),
+            kind="instance",
+        )
+        record = Snapshot(allocation_key=snap.allocation_key, snapshot_id=snap.snapshot_id, source=source)
+        session.core.snapshots[snap.allocation_key] = record
+        session.core.rows[snap.allocation_key] = "live"
+        try:
+            if session.envelope.declares("deleteSnapshot"):
+                await session.delete_snapshot(record)
+            else:
+                await session.compensate(snap.allocation_key)
+        finally:
+            store.end(lease)
+        self.book.snapshot_deleted(ref, self.clock.now())
+
+    def _session(self, adapter: Adapter, run_id: str, store: LeaseStore, lease: Lease) -> RunSession:
+        return RunSession(
+            provider=adapter.provider,
+            envelope=adapter.envelope,
+            journal=self.journal,
+            leases=store,
+            lease=lease,
+            run_id=run_id,
+            runner_tag=self.runner_tag,
+            clock=self.clock,
+            limits=self.limits,
+            door=adapter.door,
+            site=adapter.site or None,
+        )
+
+    async def _allocate(
+        self,
+        target: ExecutionTarget,
+        profile: SandboxProfile,
+        platform: Platform,
+        *,
+        ttl: float,
+        detached: bool,
+        needs: Needs,
+        plans: Sequence[MountPlan],
+        specs: Sequence[MountSpec],
+        origin: str | None,
+        make: Callable[[RunSession, str], Awaitable[Instance]],
+        kind: RowKind = "instance",
+        site: str | None = None,
+    ) -> LiveSandbox:
+        runner = self._runner()
+        runner.leases.ttl = CREATE_HOLD
+        if site:
+            runner.registry = _only_site(self.registry, site)
+        attempt = runner.start(target, profile, platform=platform, mount_count=len(plans), needs=needs)
+        session = attempt.session
+        sandbox_id = new_sandbox_id()
+        now = self.clock.now()
+        self.book.insert(
+            sandbox_id=sandbox_id,
+            run_id=session.run_id,
+            runner_tag=self.runner_tag,
+            target=attempt.adapter.target.model_dump_json(),
+            site=attempt.adapter.site or None,
+            allocation_key="",
+            instance_id=None,
+            lease_id=session.lease.lease_id,
+            owner=current_owner(),  # the making process holds it until it is live
+            profile=profile.model_dump_json(),
+            mounts=_mounts_json(plans, [p.target for p in plans], kind, specs),
+            origin=origin,
+            state="provisioning",
+            created_at=now,
+            expires_at=now + CREATE_HOLD,
+        )
+        status = "failed"
+        try:
+            image = (await session.materialize(profile, platform)).image
+            inst = await make(session, image)
+            self.book.update(sandbox_id, allocation_key=inst.allocation_key)
+            await session.activate(inst)
+            until = self.clock.now() + ttl
+            owner = detached_owner(sandbox_id) if detached else current_owner()
+            with self.journal.tx() as c:
+                done = c.execute(
+                    leases.update()
+                    .where(
+                        leases.c.lease_id == session.lease.lease_id,
+                        leases.c.epoch == session.lease.lease_epoch,
+                        leases.c.ended.is_(False),
+                    )
+                    .values(expires_at=until, owner=owner)
+                ).rowcount
+            if done != 1:
+                raise SandboxLeaseFenced(f"sandbox {sandbox_id} was taken over while it was made", field="lease")
+            self.book.update(
+                sandbox_id,
+                allocation_key=inst.allocation_key,
+                instance_id=inst.instance_id,
+                state="live",
+                owner=None if detached else owner,
+                expires_at=until,
+            )
+            status = "live"
+        except SandboxError as exc:
+            status = f"refused:{exc.code}"
+            raise
+        finally:
+            if status != "live":
+                await _wind_up(session)
+                try:
+                    self.journal.finish_run(session.run_id, status=status, now=self.clock.now())
+                    runner.leases.end(session.lease)
+                    self.book.update(sandbox_id, state="failed", reason=status, ended_at=self.clock.now())
+                except JournalError:
+                    pass  # reconciliation settles the Run; its allocations were released above
+        session.leases = SandboxLeases(self.journal, self.clock)
+        rec = self.record(sandbox_id)
+        return LiveSandbox(self, rec, session, inst)
+
+    def attach(self, sandbox_id: str) -> LiveSandbox:
+        """Drive an existing live sandbox from this process, under its lease.
+
+        Raises:
+            SandboxNotFound: no such sandbox, or it is no longer live (released or reclaimed).
+            SandboxAdapterUnavailable: its provider is not loaded here.
+        """
+        rec = self.record(sandbox_id)
+        if rec.state != "live" or rec.instance_id is None:
+            why = rec.reason or rec.state
+            raise SandboxNotFound(f"sandbox_id: sandbox {sandbox_id} is {rec.state} ({why})", field="sandbox_id")
+        adapter = self._adapter(rec.target, rec.site)
+        store = SandboxLeases(self.journal, self.clock)
+        held = store.record(rec.lease_id)
+        lease = Lease(lease_id=rec.lease_id, lease_epoch=held.epoch)
+        session = self._session(adapter, rec.run_id, store, lease)
+        inst = Instance(
+            allocation_key=rec.allocation_key,
+            instance_id=rec.instance_id,
+            state="active",
+            mount_roots=rec.mount_roots,
+            kind=rec.kind,
+            retention=rec.profile.retention_mode,
+        )
+        session.core.instances[rec.allocation_key] = inst
+        session.core.rows[rec.allocation_key] = "live"
+        return LiveSandbox(self, rec, session, inst)
+
+    def finish(self, rec: SandboxRecord, lease: Lease, *, status: str, state: SandboxState, reason: str) -> None:
+        now = self.clock.now()
+        self.journal.finish_run(rec.run_id, status=status, now=now, summary={"sandbox": rec.sandbox_id})
+        LeaseStore(self.journal, self.clock).end(lease)
+        self.book.update(rec.sandbox_id, only_if=["live", "provisioning"], state=state, reason=reason, ended_at=now)
+
+
+async def _again(specs: Sequence[MountSpec], plans: Sequence[MountPlan]) -> list[ResolvedMount]:
+    """The mounts read again from where they were read, verified to be the very bytes staged the first time.
+
+    Raises:
+        SandboxDigestMismatch: a source changed since (naming the mount); nothing was allocated.
+    """
+    if len(specs) != len(plans):
+        raise SandboxNotFound("mounts: where the mounts were read from is not recorded", field="mounts")
+    return [await asyncio.to_thread(resolve_mount, s, expected=p) for s, p in zip(specs, plans, strict=True)]
+
+
+def _needs(plans: Sequence[MountPlan]) -> Needs:
+    return Needs(writable_mounts=any(p.writable for p in plans), mount_symlinks=any(p.has_symlinks for p in plans))
+
+
+def _platform() -> Platform:
+    from checkfu.runner.job import host_platform_value  # noqa: PLC0415 - job imports this module's peers
+
+    return host_platform_value()
+
+
+def _only_site(registry: Registry, site: str) -> Registry:
+    """``registry`` narrowed to the adapters at ``site`` (a clone or resume lands where its source is)."""
+    narrowed = Registry()
+    for a in registry.adapters:
+        if a.site == site:
+            narrowed.add(a)
+    return narrowed
+
+
+async def _wind_up(session: RunSession) -> None:
+    task = asyncio.ensure_future(session.release_all())
+    while not task.done():
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            continue
+    task.result()
+
+
+def due_for_sweep(journal: Journal, runner_tag: str, clock: Clock | None = None) -> list[SandboxRecord]:
+    """The live sandboxes of ``runner_tag`` that a sweep would reclaim now: one query, no provider call."""
+    clock = clock or SystemClock()
+    now = clock.now()
+    store = LeaseStore(journal, clock)
+    out = []
+    for rec in SandboxBook(journal).due(runner_tag, now):
+        if rec.state == "provisioning":
+            if store.reclaimable(rec.lease_id):
+                out.append(rec)
+        elif rec.orphaned(now) is not None or store.reclaimable(rec.lease_id):
+            out.append(rec)
+    return out
+
+
+async def sweep(
+    journal: Journal,
+    runner_tag: str,
+    registry_for: Callable[[set[str]], Awaitable[Registry]],
+    clock: Clock | None = None,
+) -> list[Reclaimed]:
+    """Reclaim every sandbox of ``runner_tag`` whose time-to-live passed or whose owner is gone.
+
+    ``registry_for`` loads the adapters of the named providers; it is called only when something is due.
+    Each due sandbox's lease is taken over (a compare-and-set: a holder that extended it meanwhile keeps
+    it), its instance compensated by allocation key, its row and Run settled. A compensation that fails
+    leaves it open, reported with the error, for the next pass.
+    """
+    clock = clock or SystemClock()
+    due = due_for_sweep(journal, runner_tag, clock)
+    if not due:
+        return []
+    registry = await registry_for({r.provider for r in due})
+    book = SandboxBook(journal)
+    store = LeaseStore(journal, clock)
+    out: list[Reclaimed] = []
+    for rec in due:
+        now = clock.now()
+        why = rec.orphaned(now)
+        reason = "expired" if why == "its time-to-live passed" else "orphaned" if why else "ended"
+        try:
+            lease = store.takeover(rec.lease_id, only_if_reclaimable=True, ttl=300)
+        except (SandboxLeaseFenced, SandboxNotFound):
+            continue  # its holder extended it meanwhile: not ours to take
+        try:
+            for row in journal.open_allocations(run_id=rec.run_id):
+                if row.kind == "snapshot" and row.state == "live":
+                    continue  # a snapshot outlives its sandbox
+                adapter = _find(registry, row.target, row.site)
+                if adapter is None:
+                    raise SandboxNotFound(f"provider {row.target.provider} is not available here", field="provider")
+                try:
+                    await adapter.door.call(
+                        compensate_plan(adapter.target, lease, row.allocation_key, runner_tag),
+                        run_id=rec.run_id,
+                        recorder=journal,
+                    )
+                except ProviderFault as fault:
+                    raise fault.error from None
+                journal.set_allocation(row.allocation_key, row_transition(row.state, "compensate"), now=clock.now())
+        except SandboxError as exc:
+            store.end(lease)
+            out.append(Reclaimed(rec.sandbox_id, rec.run_id, reason, f"{exc.code}: {exc.message}"))
+            continue
+        status = "expired" if reason == "expired" else "abandoned"
+        said = {
+            "expired": "its time-to-live passed",
+            "orphaned": "its owner process is gone",
+            "ended": "its lease ended",
+        }[reason]
+        journal.finish_run(
+            rec.run_id,
+            status=status,
+            now=clock.now(),
+            summary={"sandbox": rec.sandbox_id, "settled_by": "sandbox sweep", "reason": said},
+        )
+        store.end(lease)
+        book.update(
+            rec.sandbox_id, only_if=["live", "provisioning"], state="reclaimed", reason=reason, ended_at=clock.now()
+        )
+        out.append(Reclaimed(rec.sandbox_id, rec.run_id, reason))
+    return out
+
+
+def _find(registry: Registry, target: ExecutionTarget, site: str | None) -> Adapter | None:
+    for a in registry.adapters:
+        if target_key(a.target) == target_key(target) and a.site == (site or ""):
+            return a
+    return None

@@ -1,0 +1,89 @@
+"""The sandbox SDK's public face and the sandbox commands' refusals, without an engine (issue 11)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from checkfu.cli.sandbox import parse_duration
+from checkfu.contract.errors import SandboxProfileInvalid
+
+from .test_run_cli import Cli, cli  # noqa: F401 - fixture
+
+
+def test_public_names_are_pinned_and_loaded_lazily() -> None:
+    code = (
+        "import sys, checkfu\n"
+        "assert 'checkfu.sandbox' not in sys.modules and 'checkfu.runner' not in sys.modules\n"
+        "assert {'Sandbox', 'AsyncSandbox'} <= set(checkfu.__all__)\n"
+        "from checkfu import Sandbox, AsyncSandbox\n"
+        "import checkfu.sandbox as s\n"
+        "assert Sandbox is s.Sandbox and AsyncSandbox is s.AsyncSandbox\n"
+        "print(sorted(s.__all__))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, check=True)
+    assert json.loads(done.stdout.decode().replace("'", '"')) == [
+        "AsyncProcess",
+        "AsyncSandbox",
+        "AsyncSandboxFiles",
+        "CommandResult",
+        "FileEntry",
+        "Process",
+        "Sandbox",
+        "SandboxFiles",
+        "SnapshotInfo",
+    ]
+
+
+def test_version_does_not_load_the_sdk() -> None:
+    checkfu = Path(sys.executable).with_name("checkfu")
+    done = subprocess.run(
+        [sys.executable, "-X", "importtime", str(checkfu), "--version"], capture_output=True, check=True
+    )
+    assert b"checkfu.sandbox" not in done.stderr and b"checkfu.cli.sandbox" not in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"), [("90s", 90.0), ("30m", 1800.0), ("2h", 7200.0), ("7d", 604800.0), ("45", 45.0)]
+)
+def test_durations(text: str, seconds: float) -> None:
+    assert parse_duration(text, "--ttl") == seconds
+
+
+@pytest.mark.parametrize("text", ["", "soon", "-5m", "0", "8d", "1w", "1e9"])
+def test_bad_durations_name_the_field(text: str) -> None:
+    with pytest.raises(SandboxProfileInvalid) as bad:
+        parse_duration(text, "--keep")
+    assert bad.value.field == "keep"
+
+
+def test_refusals_without_an_engine(cli: Cli, tmp_path: Path) -> None:  # noqa: F811
+    bad_id = cli("exec", "--json", "nope", "--", "true")
+    assert bad_id.code == 125
+    assert json.loads(bad_id.out)["error"] == {
+        "code": "SandboxNotFound",
+        "message": "sandbox_id: 'nope' is not a sandbox id (sb-<hex>)",
+        "field": "sandbox_id",
+    }
+    unknown = cli("exec", "sb-0123456789abcdef0123", "--", "true")
+    assert unknown.code == 125 and "no sandbox 'sb-0123456789abcdef0123' in this journal" in unknown.said
+    usage = cli("exec", "--no-such-flag", "sb-01", "--", "true")
+    assert usage.code == 125, str(usage)
+    for args in (
+        ["snapshot", "sb-01", "--keep", "forever"],
+        ["sandbox", "extend", "sb-01", "--ttl", "0"],
+        ["resume", "snap-01", "--ttl", "9d"],
+        ["clone", "sb-01", "--ttl", "x"],
+    ):
+        done = cli(*args, "--json")
+        assert done.code == 125, str(done)
+        assert json.loads(done.out)["error"]["code"] == "SandboxProfileInvalid", str(done)
+    assert cli("resume", "sb-01").code == 125
+    assert cli("kill", "nothing").code == 125
+    cp = cli("cp", "--json", str(tmp_path), str(tmp_path / "b"))
+    assert cp.code == 125 and json.loads(cp.out)["error"]["field"] == "path"
+    assert cli.json("ps") == {"ok": True, "sandboxes": [], "runs": [], "snapshots": []}
