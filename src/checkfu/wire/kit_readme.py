@@ -76,6 +76,12 @@ BEYOND_SCHEMA_TEXT: dict[str, str] = {
         "counts `8.0` as an integer, and a validator working on parsed values cannot tell `8.0` from `8` (in "
         "JavaScript they are the same value), so check the number as written, in your JSON parser."
     ),
+    "timestamp-real-date": (
+        "A timestamp (`expires_at` of a `SnapshotResult`) that matches the schema's pattern must also name a "
+        "real date: the pattern lets every month have 31 days and every February a 29th. Parse it as an RFC 3339 "
+        "date and time in UTC and refuse one that is not a real date with the code of the message that owns "
+        "the field (`SandboxResultInvalid`), field `expires_at`."
+    ),
 }
 
 JSON_RULES_TEXT: dict[str, str] = {
