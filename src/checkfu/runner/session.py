@@ -46,6 +46,7 @@ from checkfu.contract.errors import (
     SandboxBoundExceeded,
     SandboxEnvelopeInvalid,
     SandboxError,
+    SandboxNotFound,
     SandboxOperationUnsupported,
     SandboxResultInvalid,
 )
@@ -92,7 +93,7 @@ from checkfu.contract.members import (
     WriteFileRequest,
     WriteFileResult,
 )
-from checkfu.contract.model import Model, parse_timestamp
+from checkfu.contract.model import Model, format_timestamp, parse_timestamp
 from checkfu.contract.mounts import MountPlan
 from checkfu.contract.paths import admit_path
 from checkfu.contract.profile import SandboxProfile
@@ -545,6 +546,11 @@ class SessionCore:
     ) -> Plan[Instance]:
         self.require_declared("resume")
         snapshot_transition(snapshot.state, "resume")
+        if snapshot.expires_at is not None and self.now is not None and self.now() >= snapshot.expires_at:
+            raise SandboxNotFound(
+                f"snapshot_id: snapshot {snapshot.snapshot_id!r} expired at {format_timestamp(snapshot.expires_at)}",
+                field="snapshot_id",
+            )
         key = new_key()
         req = build(
             ResumeRequest,
