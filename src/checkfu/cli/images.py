@@ -7,7 +7,8 @@ images included, is never touched. An image is kept while anything refers to it:
 - a container (of any runner) runs it, or restores from it when it is activated;
 - it is a snapshot this journal still holds and that has not expired;
 - it is the carrier of a clone this journal still holds open;
-- a kept snapshot was taken from a sandbox running it (resuming the snapshot needs it).
+- a kept snapshot was taken from a sandbox running it (resuming the snapshot needs it);
+- (a materialized image) a sandbox of this runner is being made at this moment.
 
 A snapshot image this journal never recorded is kept too: it is another journal's. Removal is never
 forced: an image the engine finds in use at that moment is kept and reported.
@@ -90,6 +91,13 @@ def judge(built: list[BuiltImage], refs: dict[str, str], journal: Journal, now: 
             kept_snapshots.append(b)
     roots = {s.root_image for s in kept_snapshots if s.root_image}
     unknown_root = [s for s in kept_snapshots if not s.root_image]
+    tags = {b.runner_tag for b in built}
+    in_flight = [
+        r
+        for tag in sorted(tags)
+        for r in journal.open_allocations(runner_tag=tag)
+        if r.state == "pending" and r.kind in ("instance", "clone", "resume")
+    ]
     for b in built:
         if b.kind == "snapshot":
             continue
@@ -99,6 +107,8 @@ def judge(built: list[BuiltImage], refs: dict[str, str], journal: Journal, now: 
         elif b.kind == "image" and b.image_id in roots:
             needs = next(s for s in kept_snapshots if s.root_image == b.image_id)
             verdicts[b.image_id] = f"kept snapshot {needs.allocation_key} was taken from it (resuming needs it)"
+        elif b.kind == "image" and in_flight:
+            verdicts[b.image_id] = f"sandbox {in_flight[0].allocation_key} is being made now (it may run this image)"
         elif b.kind == "image" and unknown_root:
             verdicts[b.image_id] = (
                 f"kept snapshot {unknown_root[0].allocation_key} does not say which image it needs (taken before "
