@@ -190,17 +190,21 @@ def images_prune(
         )
     else:
         for v in kept_list:
-            err.print(f"kept {_short(v.image)}: {escape(v.reason)}")
+            err.print(f"kept {escape(_short(v.image))}: {escape(v.reason)}")
         if dry_run:
+            reclaimable = human_bytes(sum(v.image.unique_size for v in would))
             err.print(
-                f"would remove {len(would)} image(s), reclaiming {human_bytes(sum(v.image.unique_size for v in would))}"
-                f"; {len(kept_list)} kept (run without --dry-run to remove them)"
+                f"would remove {len(would):d} image(s), reclaiming {escape(reclaimable)}"
+                f"; {len(kept_list):d} kept (run without --dry-run to remove them)"
             )
         else:
-            err.print(f"removed {len(removed)} image(s), reclaimed {human_bytes(reclaimed)}; {len(kept_list)} kept")
+            err.print(
+                f"removed {len(removed):d} image(s), reclaimed {escape(human_bytes(reclaimed))}; "
+                f"{len(kept_list):d} kept"
+            )
         if failed:
             err.print(
-                f"[bold red]not removed[/]: {len(failed)} image(s) the engine kept (listed above); "
+                f"[bold red]not removed[/]: {len(failed):d} image(s) the engine kept (listed above); "
                 "run `checkfu images prune` again once nothing uses them"
             )
     if failed:
@@ -209,13 +213,13 @@ def images_prune(
 
 def _short(image: BuiltImage) -> str:
     key = f" {image.allocation_key}" if image.allocation_key else ""
-    return escape(f"{image.image_id.removeprefix('sha256:')[:12]} {image.kind}{key} ({human_bytes(image.unique_size)})")
+    return f"{image.image_id.removeprefix('sha256:')[:12]} {image.kind}{key} ({human_bytes(image.unique_size)})"
 
 
 def _progress(v: Verdict) -> None:
     if v.action == "removed":
-        err.print(f"removed {_short(v.image)}")
+        err.print(f"removed {escape(_short(v.image))}")
     elif v.action == "would_remove":
-        err.print(f"would remove {_short(v.image)}")
+        err.print(f"would remove {escape(_short(v.image))}")
     elif v.action == "failed":
-        err.print(f"[bold red]failed[/] {_short(v.image)}: {escape(v.reason)}")
+        err.print(f"[bold red]failed[/] {escape(_short(v.image))}: {escape(v.reason)}")
