@@ -4,8 +4,8 @@
 //      surrogate escape), by a small parser of our own because JSON.parse accepts all three;
 //   2. the message's JSON Schema (draft 2020-12), by a small validator of the keywords the
 //      kit's schemas use, reporting the kit's error code and dotted field path;
-//   3. the rules beyond the schema (integers written as integers, path byte length, a mount
-//      staging each path once, mount targets apart, the profile digest);
+//   3. the rules beyond the schema (integers written as integers, path byte length, a real
+//      date, a mount staging each path once, mount targets apart, the profile digest);
 //   4. defaults filled in.
 // Node's standard library only. The schemas are the kit's own files (schemas/ beside this
 // file, copied from `checkfu kit export`).
@@ -526,6 +526,15 @@ function checkPathBytes(name, msg) {
   }
 }
 
+/** timestamp-real-date: the schema's pattern let the timestamp through; its date must exist (no 30 February). */
+function checkRealDate(stamp, field) {
+  const [y, m, d] = stamp.slice(0, 10).split('-').map(Number);
+  const date = new Date(Date.UTC(y, m - 1, d));
+  if (y < 1 || date.getUTCFullYear() !== y || date.getUTCMonth() !== m - 1 || date.getUTCDate() !== d) {
+    throw new WireError('SandboxResultInvalid', `${field}: ${stamp.slice(0, 10)} is not a real date`, field);
+  }
+}
+
 // ---------------------------------------------------------------------------------------
 // The profile digest: "sha256:" + hex SHA-256 of the RFC 8785 (JCS) canonical JSON of the
 // decoded profile. Our values hold only strings, safe integers, booleans, null, arrays and
@@ -601,6 +610,7 @@ class Decoder {
     if (name === 'DescribeResult') return checkEnvelope(msg.envelope, 'envelope.');
     if (jsonType(msg) !== 'object') return;
     checkPathBytes(name, msg);
+    if (name === 'SnapshotResult' && typeof msg.expires_at === 'string') checkRealDate(msg.expires_at, 'expires_at');
     if (name === 'MountPlan') checkStagedOnce(msg, '');
     if (Array.isArray(msg.mounts)) {
       msg.mounts.forEach((m, k) => checkStagedOnce(m, `mounts.${k}.`));

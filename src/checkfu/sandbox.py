@@ -539,7 +539,8 @@ class AsyncSandbox:
     # state -------------------------------------------------------------------------------------
 
     async def snapshot(self, *, keep: float | None = None) -> SnapshotInfo:
-        """Snapshot the sandbox's files; ``keep`` asks for a lifetime in seconds (the provider decides)."""
+        """Snapshot the sandbox's files; ``keep`` asks for a lifetime in seconds: the snapshot is deleted once it
+        passes (``expires_at`` says when)."""
         return _info(await self._live.snapshot(keep=keep))
 
     async def clone(self, *, ttl: float | None = None, detach: bool = False) -> AsyncSandbox:

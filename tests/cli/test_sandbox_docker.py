@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -123,6 +124,8 @@ def test_sdk_every_call(sdk_env: Cli, tmp_path: Path, engine: Any) -> None:  # n
         # snapshot, then change the sandbox: a resume has the snapshot's files, a clone the files now
         snap = sb.snapshot(keep=7 * 86400)
         assert snap.keep == 7 * 86400 and snap.sandbox_id == sb.sandbox_id
+        # the lifetime reaches the provider, which states the expiry (checked by the runner: never past the ask)
+        assert snap.expires_at is not None and 0 < time.time() + 7 * 86400 - snap.expires_at < 120
         sb.files.write("/tmp/notes/n.txt", b"note 2\n")
         resumed = checkfu.Sandbox.resume(snap, ttl=60)
         clone = sb.clone(ttl=60)
@@ -242,6 +245,15 @@ def test_cli_every_command(dcli: Cli, tmp_path: Path, engine: Any) -> None:  # n
     assert all(r["owner"] == "detached" and r["provider"] == "docker" and r["state"] == "live" for r in rows.values())
     assert 200 < rows[sid]["time_left_seconds"] <= 300 and rows[sid]["age_seconds"] >= 0
     assert [s["id"] for s in ps["snapshots"]] == [snap["snapshot_id"]]
+    kept_until = datetime.fromisoformat(ps["snapshots"][0]["expires_at"].replace("Z", "+00:00")).timestamp()
+    assert 0 < time.time() + 7 * 86400 - kept_until < 120
+    # a snapshot asked a short lifetime: once it passes, the next command deletes it and nothing resumes it
+    brief = dcli.json("snapshot", sid, "--keep", "2s")
+    assert brief["expires_at"] is not None
+    time.sleep(3)
+    assert [s["id"] for s in dcli.json("ps")["snapshots"]] == [snap["snapshot_id"]]
+    expired = dcli("resume", "--json", brief["snapshot_id"])
+    assert expired.code == 125 and json.loads(expired.out)["error"]["code"] == "SandboxNotFound", str(expired)
     table = dcli("ps")
     assert table.code == 0 and sid.encode() in table.out and b"TIME LEFT" in table.out
     # extend, kill, rm

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import io
 import tarfile
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 from test_host_process import LEASE, OTHER_TAG, TAG, Kit, kit, make_kit
 
+from checkfu.contract.checks import check_expiry
 from checkfu.contract.errors import (
     SandboxCapabilityUnavailable,
     SandboxNotFound,
@@ -233,3 +235,16 @@ def test_extraction_refuses_a_member_outside_the_working_directory(tmp_path: Pat
     with pytest.raises(tarfile.TarError):
         tarballs.extract(evil, dest)
     assert not (tmp_path / "escaped").exists()
+
+
+@pytest.mark.anyio
+async def test_a_snapshot_asked_a_lifetime_states_its_expiry(kit: Kit) -> None:
+    # Runner custody: the provider states the expiry, the runner deletes the snapshot once it passes.
+    call = await kit.active("ak-src")
+    asked = time.time()
+    taken = await kit.provider.snapshot(SnapshotRequest(**call, snapshot_allocation_key="ak-snap", keep_seconds=90))
+    assert check_expiry(taken.expires_at, now=time.time(), keep_seconds=90) == int(asked + 90)
+    forever = await snap(kit, call, "ak-snap-2")
+    assert forever.expires_at is None
+    assert await delete(kit, taken) and await delete(kit, forever)
+    await kit.release(call)

@@ -123,11 +123,11 @@ def make_rig(tmp_path: Path, transport: str) -> Iterator[RigFactory]:
             runner_tag: str = RUNNER_TAG,
             lease_ttl: float = 600.0,
         ) -> Rig:
-            memory = MemoryProvider(envelope)
+            clock = ManualClock()
+            memory = MemoryProvider(envelope, wall=clock.now)  # expiries are stated and judged on one clock
             provider: Provider = wrap(memory) if wrap is not None else memory
             journal = Journal(url or sqlite_url(tmp_path / f"journal-{len(journals)}.sqlite"))
             journals.append(journal)
-            clock = ManualClock()
             registry = Registry()
             # Behind the wire the runner drives a RemoteProvider; the test still holds the real one.
             driven = provider if transport == "in-process" else services.enter_context(serve_in_thread(provider))

@@ -67,6 +67,9 @@ EXPECTED: dict[str, type[SandboxError]] = {
     "crash": SandboxProviderFailed,
     "wrong_state": SandboxStateConflict,
     "release_keeps": SandboxResultInvalid,  # the envelope promises release_destroys
+    "expiry_in_the_past": SandboxResultInvalid,  # field expires_at
+    "expiry_past_the_asked": SandboxResultInvalid,
+    "expiry_never": SandboxResultInvalid,
 }
 ALLOCATING: frozenset[Member] = frozenset({"provision", "clone", "resume"})
 DRIVEN: tuple[Member, ...] = (
@@ -151,7 +154,7 @@ def faulted_call(scene: Scene, member: Member) -> Callable[[], Awaitable[Any]]:
         "readFiles": lambda: s.read_files(inst, ["/workspace/README"]),
         "listAllocations": s.list_allocations,
         "listDir": lambda: s.list_dir(inst, "/workspace"),
-        "snapshot": lambda: s.snapshot(inst),
+        "snapshot": lambda: s.snapshot(inst, keep_seconds=3600),  # a lifetime asked: every expiry check applies
         "deleteSnapshot": lambda: s.delete_snapshot(snap),  # type: ignore[arg-type]
         "clone": lambda: s.clone(inst, PROFILE, AMD64, scene.image),
         "resume": lambda: s.resume(snap, PROFILE, AMD64, scene.image),  # type: ignore[arg-type]

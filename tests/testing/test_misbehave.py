@@ -383,7 +383,7 @@ async def test_rules_are_per_member_and_refused_where_they_cannot_apply() -> Non
 
 def test_presets_are_named_and_cover_every_fault() -> None:
     assert all(name == rule.name for name, rule in PRESETS.items())
-    assert len(PRESETS) == 26
+    assert len(PRESETS) == 29
     assert all(rule.members for rule in PRESETS.values())
     assert all(getattr(checkfu.testing, name) is rule for name, rule in PRESETS.items())  # each one is public
     assert set(checkfu.testing.__all__) <= set(dir(checkfu.testing))

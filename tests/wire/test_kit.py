@@ -61,10 +61,12 @@ EXPECTED_BEYOND_SCHEMA = {
     "profile-digest",
     "path-utf8-bytes",
     "integers-written-as-integers",
+    "timestamp-real-date",
 }
 """The rules a decoder applies that JSON Schema cannot express. The first four compare values
 within one document; a UTF-8 byte count is a weighted sum no practical pattern states; and
-``8.0`` is an integer to JSON Schema 2020-12 and indistinguishable from ``8`` once parsed."""
+``8.0`` is an integer to JSON Schema 2020-12 and indistinguishable from ``8`` once parsed; a pattern
+cannot count the days of each month (let alone leap years) in any practical way."""
 
 
 def decode_vector(name: str, raw: str) -> object:

@@ -8,7 +8,7 @@ import click
 import typer
 import typer.core
 
-from checkfu.cli import checks, evidence, fleet, kit, provider, run, sandbox
+from checkfu.cli import checks, evidence, fleet, images, kit, provider, run, sandbox
 
 
 def _plain_type(self: typer.core.TyperOption | typer.core.TyperArgument, ctx: click.Context) -> str | None:
@@ -52,6 +52,7 @@ def _root(
 app.add_typer(checks.envelope_app, name="envelope")
 app.add_typer(checks.profile_app, name="profile")
 app.add_typer(kit.app, name="kit")
+app.add_typer(images.images_app, name="images")
 app.add_typer(run.runs_app, name="runs")
 app.add_typer(run.runner_app, name="runner")
 app.add_typer(provider.provider_app, name="provider")

@@ -71,9 +71,14 @@ def parse_duration(text: str, name: str) -> float:
         raise SandboxProfileInvalid(
             f"{name}: {text[:40]!r} is not a duration: write it as 90s, 30m, 2h or 7d", field=name.lstrip("-")
         )
+    seconds = float(m.group(1)) * _UNITS[m.group(2)]
+    if name == "--keep":  # a snapshot's lifetime: bounded by the contract, not by a sandbox's time-to-live
+        from checkfu.runner.sandboxes import check_keep  # noqa: PLC0415
+
+        return float(check_keep(seconds, field="keep"))
     from checkfu.runner.sandboxes import check_ttl  # noqa: PLC0415
 
-    return check_ttl(float(m.group(1)) * _UNITS[m.group(2)], field=name.lstrip("-"))
+    return check_ttl(seconds, field=name.lstrip("-"))
 
 
 def _check_id(value: str, *, snapshot: bool = False) -> str:
@@ -454,7 +459,11 @@ def snapshot_command(
     sandbox_id: Annotated[str, typer.Argument(metavar="ID")],
     keep: Annotated[
         str | None,
-        typer.Option("--keep", help="lifetime to ask for: 7d, 12h (the provider decides)", metavar="DURATION"),
+        typer.Option(
+            "--keep",
+            help="lifetime to ask for: 7d, 12h; the snapshot is deleted once it passes (default: kept until deleted)",
+            metavar="DURATION",
+        ),
     ] = None,
     db: DbOpt = None,
     as_json: JsonOpt = False,

@@ -8,6 +8,7 @@ import hashlib
 import os
 import secrets
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +16,12 @@ import typer
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
-from checkfu.runner.journal import DEFAULT_JOURNAL_DEADLINE, Journal, sqlite_url
+from checkfu.contract.errors import SandboxError
+from checkfu.runner.clock import SystemClock
+from checkfu.runner.expiry import ExpiryReport, sweep_expired_snapshots
+from checkfu.runner.journal import DEFAULT_JOURNAL_DEADLINE, AllocationRow, Journal, JournalError, sqlite_url
 from checkfu.runner.migrate import JournalTooNew
+from checkfu.runner.registry import Registry, load_registry
 from checkfu.wire.credentials import Credential, CredentialError, read_credential
 
 
@@ -97,6 +102,7 @@ def open_journal(url: str | None) -> Journal:
         reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
         raise typer.BadParameter(f"cannot open the journal: {reason}", param_hint="--db") from None
     reclaim_sandboxes(journal, url)
+    sweep_expired(journal, url)
     return journal
 
 
@@ -147,6 +153,42 @@ def reclaim_sandboxes(journal: Journal, url: str | None) -> None:
 
 def _say(text: str) -> None:
     print(text, file=sys.stderr)
+
+
+def sweep_expired(journal: Journal, db: str | None) -> ExpiryReport | None:
+    """Delete (or, under provider custody, settle) this runner's snapshots whose expiry has passed: what every
+    command that opens the journal does first, so no daemon is needed. One indexed read when nothing has
+    expired; the providers of expired snapshots are loaded only then. It never stops the command: a snapshot
+    it cannot delete now stays, and the next command tries again. ``None`` when it did not run (inside an
+    event loop already, or the journal could not be read).
+    """
+    try:
+        asyncio.get_running_loop()
+        return None  # called from async code: that code sweeps itself (checkfu.runner.expiry)
+    except RuntimeError:
+        pass
+    tag = runner_tag(db)
+    try:
+        if not journal.expired_snapshots(now=time.time(), runner_tag=tag):
+            return None
+    except JournalError:
+        return None
+
+    async def adapters(rows: list[AllocationRow]) -> Registry:
+        names = sorted({r.target.provider for r in rows})
+        return await load_registry(entry_point_names=names, recorder=journal)
+
+    try:
+        report = asyncio.run(sweep_expired_snapshots(journal, adapters, SystemClock(), runner_tag=tag))
+    except (SandboxError, JournalError) as exc:
+        print(f"checkfu: expired snapshots were not swept ({exc}); the next command tries again", file=sys.stderr)
+        return None
+    done = len(report.deleted) + len(report.settled)
+    if done:
+        print(f"checkfu: deleted {done} expired snapshot(s)", file=sys.stderr)
+    for key, why in {**report.failed, **report.skipped}.items():
+        print(f"checkfu: expired snapshot {key} is still held ({why}); the next command tries again", file=sys.stderr)
+    return report
 
 
 def journal_deadline() -> float:

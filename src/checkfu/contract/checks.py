@@ -19,6 +19,7 @@ from checkfu.contract.errors import (
     SandboxStateConflict,
 )
 from checkfu.contract.members import FileContent, ReadFilesResult, Result, WriteFileRequest, WriteFileResult
+from checkfu.contract.model import format_timestamp, parse_timestamp
 from checkfu.contract.paths import admit_path, is_within
 from checkfu.contract.target import ExecutionTarget, Lease
 
@@ -181,3 +182,40 @@ def check_content(content: FileContent, *, field: str) -> None:
         raise SandboxDigestMismatch(
             f"{field}.digest: states {content.digest}, the bytes are {actual}", field=f"{field}.digest"
         )
+
+
+EXPIRY_SLACK_SECONDS = 30.0
+"""How far past the asked lifetime a snapshot's ``expires_at`` may fall before it is refused: room for a
+provider's clock running a little ahead of the runner's. Never any room below the runner's now."""
+
+
+def check_expiry(expires_at: str | None, *, now: float, keep_seconds: int | None) -> float | None:
+    """A snapshot's stated expiry, as seconds since the epoch (``None``: kept until deleted).
+
+    ``now`` is the runner's clock when the answer arrived; the provider's own clock read the request
+    before that, so an honest expiry is at most ``now + keep_seconds`` (plus ``EXPIRY_SLACK_SECONDS``).
+
+    Raises:
+        SandboxResultInvalid: (field ``expires_at``) the snapshot has expired already, or it is kept
+            longer than asked, or for ever although a lifetime was asked.
+    """
+    if expires_at is None:
+        if keep_seconds is not None:
+            raise SandboxResultInvalid(
+                f"expires_at: null (kept until deleted), but the runner asked to keep it {keep_seconds} s at most",
+                field="expires_at",
+            )
+        return None
+    at = parse_timestamp(expires_at)
+    if at <= now:
+        raise SandboxResultInvalid(
+            f"expires_at: {expires_at} is not after now ({format_timestamp(now)}): the snapshot would be gone already",
+            field="expires_at",
+        )
+    if keep_seconds is not None and at > now + keep_seconds + EXPIRY_SLACK_SECONDS:
+        raise SandboxResultInvalid(
+            f"expires_at: {expires_at} is later than the {keep_seconds} s asked "
+            f"(by {format_timestamp(now + keep_seconds)})",
+            field="expires_at",
+        )
+    return at

@@ -319,8 +319,15 @@ def _plain() -> dict[str, list[dict[str, Any]]]:
             {**ic, "path": "/workspace/out", "kind": "missing", "truncated": False, "entries": []},
             {**ic, "path": "/workspace/README", "kind": "file", "truncated": False, "entries": []},
         ],
-        "SnapshotRequest": [{**ic, "snapshot_allocation_key": "ak-0002"}],
-        "SnapshotResult": [{**ic, "snapshot_allocation_key": "ak-0002", "snapshot_id": "s-7"}],
+        "SnapshotRequest": [
+            {**ic, "snapshot_allocation_key": "ak-0002", "keep_seconds": 7 * 86400},
+            {**ic, "snapshot_allocation_key": "ak-0002"},
+        ],
+        "SnapshotResult": [
+            {**ic, "snapshot_allocation_key": "ak-0002", "snapshot_id": "s-7", "expires_at": "2026-12-08T22:05:42Z"},
+            {**ic, "snapshot_allocation_key": "ak-0002", "snapshot_id": "s-7", "expires_at": None},
+            {**ic, "snapshot_allocation_key": "ak-0002", "snapshot_id": "s-7"},
+        ],
         "DeleteSnapshotRequest": [{**_call(), "snapshot_allocation_key": "ak-0002", "snapshot_id": "s-7"}],
         "DeleteSnapshotResult": [
             {**_echo(), "snapshot_allocation_key": "ak-0002", "snapshot_id": "s-7", "deleted": True}

@@ -29,6 +29,7 @@ from checkfu.contract.model import (
     PosInt,
     Sha256Digest,
     Str,
+    Timestamp,
     rule_error,
     schema_rules,
 )
@@ -389,8 +390,20 @@ class CompensateResult(Result):
 # snapshot family --------------------------------------------------------------------------
 
 
+MAX_KEEP_SECONDS = 100 * 366 * 86400
+"""The longest lifetime a snapshot may be asked for: a century, so every expiry is a four-digit year."""
+
+
 class SnapshotRequest(InstanceCall):
+    """Snapshot the instance under ``snapshot_allocation_key``, kept ``keep_seconds`` at most when asked."""
+
     snapshot_allocation_key: AllocationKey
+    keep_seconds: Annotated[int, Strict(), Field(ge=1, le=MAX_KEEP_SECONDS)] | None = Field(
+        default=None,
+        description="the longest the snapshot may be kept, in seconds from now; the provider deletes it once "
+        "that passes, or sooner; null or omitted: no lifetime asked (the provider's own policy, stated in "
+        "expires_at)",
+    )
 
 
 class SnapshotResult(Result):
@@ -398,6 +411,11 @@ class SnapshotResult(Result):
     instance_id: Identifier
     snapshot_allocation_key: AllocationKey
     snapshot_id: Identifier
+    expires_at: Timestamp | None = Field(
+        default=None,
+        description="when the snapshot is deleted by whoever holds it (RFC 3339, UTC); null or omitted: kept "
+        "until deleteSnapshot. Never in the past, and never later than keep_seconds from the request",
+    )
 
 
 class DeleteSnapshotRequest(Call):

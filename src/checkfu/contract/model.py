@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import base64
 import binascii
+import re
 from collections.abc import Callable, Hashable, Sequence
+from datetime import UTC, datetime
 from typing import Annotated, Any, ClassVar, TypeVar
 
 from pydantic import (
@@ -78,6 +80,52 @@ Sha256Digest = Annotated[str, Strict(), Field(pattern=r"^sha256:[0-9a-f]{64}$")]
 
 Identifier = Annotated[str, Strict(), Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")]
 """An opaque id chosen by the runner or the provider: 1..128 characters, no spaces or slashes."""
+
+TIMESTAMP_PATTERN = (
+    r"^[0-9]{4}-(?:0[1-9]|1[0-2])-(?:0[1-9]|[12][0-9]|3[01])"
+    r"T(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\.[0-9]{1,9})?Z$"
+)
+"""An RFC 3339 instant in UTC, spelled one way: ``2026-12-01T22:05:42Z``, a fraction of a second allowed, the
+offset always ``Z``. The pattern cannot see that February has no 30th: the decoder checks that the date is real."""
+
+
+def _real_instant(value: str) -> str:
+    try:
+        parse_timestamp(value)
+    except ValueError:
+        raise PydanticCustomError("timestamp", "is not a real date and time (RFC 3339, UTC)") from None
+    return value
+
+
+Timestamp = Annotated[
+    str,
+    Strict(),
+    Field(
+        pattern=TIMESTAMP_PATTERN,
+        json_schema_extra={"$comment": "timestamp rule: an RFC 3339 instant in UTC, Z offset, a real date"},
+    ),
+    AfterValidator(_real_instant),
+]
+"""An instant as the wire carries it (``TIMESTAMP_PATTERN``), naming a real date and time."""
+
+
+def parse_timestamp(value: str) -> float:
+    """Seconds since the epoch of a ``Timestamp``.
+
+    Raises:
+        ValueError: not a ``Timestamp`` or not a real date and time.
+    """
+    if re.fullmatch(TIMESTAMP_PATTERN[1:-1], value) is None:
+        raise ValueError(f"{value!r} is not an RFC 3339 UTC timestamp")
+    whole, _, fraction = value[:-1].partition(".")
+    instant = datetime.strptime(whole, "%Y-%m-%dT%H:%M:%S").replace(tzinfo=UTC)
+    return instant.timestamp() + (float("0." + fraction) if fraction else 0.0)
+
+
+def format_timestamp(seconds: float) -> str:
+    """The ``Timestamp`` of ``seconds`` since the epoch, to the whole second below it."""
+    return datetime.fromtimestamp(int(seconds // 1), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
 
 H = TypeVar("H", bound=Hashable)
 

@@ -85,7 +85,7 @@ class RunSession:
         door: ProviderDoor | None = None,
         site: str | None = None,
     ) -> None:
-        self.core = SessionCore(envelope=envelope, lease=lease, runner_tag=runner_tag, limits=limits)
+        self.core = SessionCore(envelope=envelope, lease=lease, runner_tag=runner_tag, limits=limits, now=clock.now)
         self.site = site
         """The adapter placement every allocation of this attempt lands on (a Docker engine), journaled with it."""
         self.door = door or ProviderDoor(provider, source=str(envelope.target), clock=clock)
@@ -182,7 +182,12 @@ class RunSession:
             if isinstance(effect, SettleRow) and winding_up:
                 try:
                     self.journal.set_allocation(
-                        effect.key, effect.state, now=self.clock.now(), object_id=effect.object_id, fence=self.lease
+                        effect.key,
+                        effect.state,
+                        now=self.clock.now(),
+                        object_id=effect.object_id,
+                        expires_at=effect.expires_at,
+                        fence=self.lease,
                     )
                 except JournalError as exc:
                     self.unjournaled[effect.key] = f"not recorded as {effect.state}: {exc}"
@@ -202,7 +207,12 @@ class RunSession:
                 )
             elif isinstance(effect, SettleRow):
                 self.journal.set_allocation(
-                    effect.key, effect.state, now=self.clock.now(), object_id=effect.object_id, fence=self.lease
+                    effect.key,
+                    effect.state,
+                    now=self.clock.now(),
+                    object_id=effect.object_id,
+                    expires_at=effect.expires_at,
+                    fence=self.lease,
                 )
 
     async def _apply(self, effects: Sequence[Effect]) -> None:
@@ -375,8 +385,10 @@ class RunSession:
 
     # snapshots --------------------------------------------------------------------------------
 
-    async def snapshot(self, inst: Instance) -> Snapshot:
-        return await self._run(self._plan("snapshot", lambda: self.core.snapshot(inst)))
+    async def snapshot(self, inst: Instance, *, keep_seconds: int | None = None) -> Snapshot:
+        """Snapshot ``inst``; with ``keep_seconds``, the provider deletes it once that passes (its
+        ``expires_at`` is journaled, and ``checkfu.runner.expiry`` deletes it for runner custody)."""
+        return await self._run(self._plan("snapshot", lambda: self.core.snapshot(inst, keep_seconds=keep_seconds)))
 
     async def delete_snapshot(self, snap: Snapshot) -> DeleteSnapshotResult:
         return await self._run(self._plan("deleteSnapshot", lambda: self.core.delete_snapshot(snap)))

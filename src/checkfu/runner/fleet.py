@@ -52,6 +52,7 @@ from checkfu.contract.target import ExecutionTarget, Lease
 from checkfu.runner.clock import Clock, SystemClock
 from checkfu.runner.door import ProviderFault
 from checkfu.runner.driver import Limits
+from checkfu.runner.expiry import sweep_expired_snapshots
 from checkfu.runner.job import run_job
 from checkfu.runner.journal import Journal, allocations
 from checkfu.runner.leases import LeaseStore, current_owner
@@ -419,6 +420,23 @@ class FleetRunner:
                         "compensated": report.compensated,
                         "strays": report.enumerated,
                         "failed": report.failed,
+                    }
+                )
+            try:  # a serving runner opens its journal once: expired snapshots are swept on this beat instead
+                expired = await sweep_expired_snapshots(
+                    self.journal, self.adapters.combined, self.clock, runner_tag=self.runner_tag
+                )
+            except (SandboxError, sa.exc.SQLAlchemyError) as exc:
+                self.emit({"event": "expiry_failed", "error": f"{type(exc).__name__}: {str(exc)[:300]}"})
+                continue
+            if not expired.nothing_to_do:
+                self.emit(
+                    {
+                        "event": "snapshots_expired",
+                        "deleted": expired.deleted,
+                        "settled": expired.settled,
+                        "failed": expired.failed,
+                        "skipped": expired.skipped,
                     }
                 )
 

@@ -112,7 +112,11 @@ allocations = sa.Table(
     sa.Column("updated_at", sa.Float, nullable=False),
     sa.Column("site", sa.String(256), nullable=True),
     sa.Column("lease_epoch", sa.BigInteger, nullable=True),
+    sa.Column("expires_at", sa.Float, nullable=True),
+    sa.Index("ix_allocations_expiry", "kind", "state", "expires_at"),
 )
+"""``expires_at``: for a snapshot, when it expires as its provider stated (seconds since the epoch; NULL:
+kept until deleted); ``checkfu.runner.expiry`` deletes (runner custody) or settles (provider custody) it then."""
 
 events = sa.Table(
     "events",
@@ -236,6 +240,11 @@ _UPDATE_ALLOCATION = (
     .values(state=sa.bindparam("state"), updated_at=sa.bindparam("now"))
 )
 _UPDATE_ALLOCATION_OBJECT = _UPDATE_ALLOCATION.values(object_id=sa.bindparam("object_id"))
+_SET_EXPIRY = (
+    allocations.update()
+    .where(allocations.c.allocation_key == sa.bindparam("key"))
+    .values(expires_at=sa.bindparam("expires_at"))
+)
 _INSERT_EVENT = events.insert()
 _HOLD_LEASE = (
     leases.update()
@@ -280,6 +289,8 @@ class AllocationRow:
     """Where the allocation lives among an adapter's placements (a Docker engine's name), when it has several."""
     lease_epoch: int | None = None
     """The epoch of the attempt that journaled it (``None`` for rows written before the fleet)."""
+    expires_at: float | None = None
+    """For a snapshot: when it expires (seconds since the epoch); ``None``: kept until deleted."""
 
 
 @dataclass(frozen=True)
@@ -619,9 +630,11 @@ class Journal:
         *,
         now: float,
         object_id: str | None = None,
+        expires_at: float | None = None,
         fence: Lease | None = None,
     ) -> None:
-        """Move the row of ``key`` to ``state``; with ``fence``, only while that lease is current.
+        """Move the row of ``key`` to ``state`` (recording a snapshot's ``expires_at`` when given); with
+        ``fence``, only while that lease is current.
 
         Raises:
             SandboxLeaseFenced: ``fence`` was taken over or ended; nothing was written.
@@ -633,6 +646,32 @@ class Journal:
             if fence is not None:
                 _hold(c, fence)
             c.execute(_UPDATE_ALLOCATION if object_id is None else _UPDATE_ALLOCATION_OBJECT, params)
+            if expires_at is not None:
+                c.execute(_SET_EXPIRY, {"key": key, "expires_at": expires_at})
+
+    @journaled("expired_snapshots")
+    def expired_snapshots(self, *, now: float, runner_tag: str | None = None) -> list[AllocationRow]:
+        """Settled (``live``) snapshots whose ``expires_at`` is at or before ``now``, oldest expiry first."""
+        q = allocations.select().where(
+            allocations.c.kind == "snapshot",
+            allocations.c.state == "live",
+            allocations.c.expires_at <= now,
+        )
+        if runner_tag is not None:
+            q = q.where(allocations.c.runner_tag == runner_tag)
+        with self.tx() as c:
+            rows = c.execute(q.order_by(allocations.c.expires_at)).mappings().all()
+        return [_allocation_row(r) for r in rows]
+
+    @journaled("snapshots")
+    def snapshots(self, *, runner_tag: str | None = None) -> list[AllocationRow]:
+        """Every snapshot row still ``pending`` or ``live``, oldest first."""
+        q = allocations.select().where(allocations.c.kind == "snapshot", allocations.c.state.in_(OPEN_STATES))
+        if runner_tag is not None:
+            q = q.where(allocations.c.runner_tag == runner_tag)
+        with self.tx() as c:
+            rows = c.execute(q.order_by(allocations.c.created_at)).mappings().all()
+        return [_allocation_row(r) for r in rows]
 
     @journaled("allocation")
     def allocation(self, key: str) -> AllocationRow | None:
@@ -818,6 +857,7 @@ def _allocation_row(r: Any) -> AllocationRow:
         created_at=r["created_at"],
         site=r["site"],
         lease_epoch=r["lease_epoch"],
+        expires_at=r["expires_at"],
     )
 
 

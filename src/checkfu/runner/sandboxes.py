@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -40,7 +41,7 @@ from checkfu.contract.errors import (
     SandboxProfileInvalid,
 )
 from checkfu.contract.lifecycle import RowKind, row_transition
-from checkfu.contract.members import ExecResult, ListDirResult, ReadFilesResult
+from checkfu.contract.members import MAX_KEEP_SECONDS, ExecResult, ListDirResult, ReadFilesResult
 from checkfu.contract.mounts import MountPlan
 from checkfu.contract.profile import SandboxProfile
 from checkfu.contract.target import ExecutionTarget, Lease
@@ -48,7 +49,16 @@ from checkfu.contract.vocabulary import Platform
 from checkfu.runner.clock import Clock, SystemClock
 from checkfu.runner.door import ProviderFault
 from checkfu.runner.driver import CheckedProcess, Instance, Limits, RunSession, Snapshot
-from checkfu.runner.journal import Journal, JournalError, journaled, leases, sandbox_snapshots, sandboxes
+from checkfu.runner.journal import (
+    OPEN_STATES,
+    Journal,
+    JournalError,
+    allocations,
+    journaled,
+    leases,
+    sandbox_snapshots,
+    sandboxes,
+)
 from checkfu.runner.leases import LeaseStore, current_owner, owner_alive
 from checkfu.runner.mounts import DirectorySource, GitSource, MountSpec, ResolvedMount, resolve_mount
 from checkfu.runner.registry import Adapter, Registry, target_key
@@ -99,6 +109,21 @@ def check_ttl(ttl: float, *, field: str = "ttl") -> float:
             field=field,
         )
     return float(ttl)
+
+
+def check_keep(keep: float, *, field: str = "keep") -> int:
+    """A snapshot's lifetime as the contract asks it: whole seconds, rounded up, at most ``MAX_KEEP_SECONDS``.
+
+    Raises:
+        SandboxProfileInvalid: ``keep`` is not a number of seconds in (0, MAX_KEEP_SECONDS].
+    """
+    if not (isinstance(keep, int | float) and 0 < keep <= MAX_KEEP_SECONDS):
+        raise SandboxProfileInvalid(
+            f"{field}: {keep!r} is not a lifetime: give a number of seconds above 0 and at most "
+            f"{MAX_KEEP_SECONDS} (a century)",
+            field=field,
+        )
+    return math.ceil(keep)
 
 
 @dataclass(frozen=True)
@@ -322,7 +347,12 @@ class SandboxBook:
 
     @journaled("snapshot list")
     def snapshots(self, runner_tag: str | None = None) -> list[SnapshotRecord]:
-        q = sandbox_snapshots.select().where(sandbox_snapshots.c.state == "present")
+        # a snapshot whose allocation was settled meanwhile (deleted at its expiry by the sweep every journal
+        # opening makes, or compensated) is not kept any more, whatever this table last said of it
+        still_open = sa.select(allocations.c.allocation_key).where(allocations.c.state.in_(OPEN_STATES))
+        q = sandbox_snapshots.select().where(
+            sandbox_snapshots.c.state == "present", sandbox_snapshots.c.allocation_key.in_(still_open)
+        )
         if runner_tag is not None:
             q = q.where(sandbox_snapshots.c.runner_tag == runner_tag)
         with self.journal.tx() as c:
@@ -447,11 +477,10 @@ class LiveSandbox:
         ``keep`` is the lifetime asked for, recorded with it; the expiry shown is the provider's answer
         (``expires_at`` on the snapshot), none when the provider keeps it until deleted.
         """
-        if keep is not None:
-            check_ttl(keep, field="keep")
-        snap = await self.session.snapshot(self.inst)
+        keep_seconds = check_keep(keep) if keep is not None else None
+        snap = await self.session.snapshot(self.inst, keep_seconds=keep_seconds)
         now = self.host.clock.now()
-        expires = getattr(snap, "expires_at", None)
+        expires = snap.expires_at
         ref = new_snapshot_ref()
         rec = self.record
         self.host.book.insert_snapshot(
@@ -664,6 +693,15 @@ class SandboxHost:
                 + (" (it was deleted)" if snap is not None else " (`checkfu ps` lists them)"),
                 field="snapshot",
             )
+        row = self.book.journal.allocation(snap.allocation_key)
+        expired = snap.expires_at is not None and snap.expires_at <= self.clock.now()
+        if expired or row is None or row.state not in OPEN_STATES:
+            raise SandboxNotFound(
+                f"snapshot: {ref!r} "
+                + ("expired" if expired else "was deleted")
+                + " (a snapshot is kept until the lifetime asked with `--keep`, or until deleted)",
+                field="snapshot",
+            )
         platform = _platform()
         source = Instance(
             allocation_key=snap.allocation_key,
@@ -672,7 +710,9 @@ class SandboxHost:
             mount_roots=snap.mount_roots,
             kind="instance",
         )
-        record = Snapshot(allocation_key=snap.allocation_key, snapshot_id=snap.snapshot_id, source=source)
+        record = Snapshot(
+            allocation_key=snap.allocation_key, snapshot_id=snap.snapshot_id, source=source, expires_at=snap.expires_at
+        )
         resolved = await _again(snap.specs, snap.mounts)
 
         async def make(session: RunSession, image: str) -> Instance:

@@ -14,8 +14,9 @@ deadline, what must be journaled before the call, and how to judge the answer.
 - ``Plan.on_abandon`` says what to reclaim when the call was abandoned for a
   reason of the runner's own (its lease was fenced, it was cancelled).
 
-The core never calls a provider, opens a database, reads a clock or touches
-asyncio. The shell (``checkfu.runner.driver.RunSession``) does all of that, and
+The core never calls a provider, opens a database or touches asyncio, and reads
+no clock but the one it is handed (``now``, to judge a snapshot's stated expiry).
+The shell (``checkfu.runner.driver.RunSession``) does all of that, and
 ``checkfu.runner.door`` is the one place any provider is called.
 """
 
@@ -30,6 +31,7 @@ from checkfu.contract.checks import (
     check_bound,
     check_echo,
     check_equal,
+    check_expiry,
     check_new_identity,
     check_read_files,
     check_returned_paths,
@@ -44,6 +46,7 @@ from checkfu.contract.errors import (
     SandboxBoundExceeded,
     SandboxEnvelopeInvalid,
     SandboxError,
+    SandboxNotFound,
     SandboxOperationUnsupported,
     SandboxResultInvalid,
 )
@@ -90,7 +93,7 @@ from checkfu.contract.members import (
     WriteFileRequest,
     WriteFileResult,
 )
-from checkfu.contract.model import Model
+from checkfu.contract.model import Model, format_timestamp, parse_timestamp
 from checkfu.contract.mounts import MountPlan
 from checkfu.contract.paths import admit_path
 from checkfu.contract.profile import SandboxProfile
@@ -139,6 +142,8 @@ class SettleRow:
     key: str
     state: RowState
     object_id: str | None = None
+    expires_at: float | None = None
+    """For a snapshot: when it expires (seconds since the epoch), as the provider stated it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,14 +226,22 @@ class Instance:
 class Snapshot:
     """The runner's own record of a snapshot; its state moves only through ``SNAPSHOT_TRANSITIONS``."""
 
-    __slots__ = ("_state", "allocation_key", "snapshot_id", "source")
+    __slots__ = ("_state", "allocation_key", "expires_at", "snapshot_id", "source")
 
     def __init__(
-        self, *, allocation_key: str, snapshot_id: str, source: Instance, state: SnapshotState = "present"
+        self,
+        *,
+        allocation_key: str,
+        snapshot_id: str,
+        source: Instance,
+        state: SnapshotState = "present",
+        expires_at: float | None = None,
     ) -> None:
         self.allocation_key = allocation_key
         self.snapshot_id = snapshot_id
         self.source = source
+        self.expires_at = expires_at
+        """When the provider said the snapshot expires (seconds since the epoch); ``None``: kept until deleted."""
         self._state = state
 
     @property
@@ -315,8 +328,12 @@ class SessionCore:
         lease: Lease,
         runner_tag: str,
         limits: Limits | None = None,
+        now: Callable[[], float] | None = None,
     ) -> None:
         self.envelope = envelope
+        self.now = now
+        """The shell's wall clock, handed in; read only to judge a snapshot's stated expiry (a core handed none
+        cannot ask for a lifetime, and takes a stated expiry unjudged)."""
         self.target: ExecutionTarget = envelope.target
         self.lease = lease
         self.runner_tag = runner_tag
@@ -344,10 +361,12 @@ class SessionCore:
     def _move(self, inst: Instance, member: Member) -> None:
         inst._state = transition(inst.state, member)
 
-    def _row(self, key: str, event: RowEvent, object_id: str | None = None) -> SettleRow:
+    def _row(
+        self, key: str, event: RowEvent, object_id: str | None = None, expires_at: float | None = None
+    ) -> SettleRow:
         after = row_transition(self.rows.get(key, "pending"), event)
         self.rows[key] = after
-        return SettleRow(key, after, object_id)
+        return SettleRow(key, after, object_id, expires_at)
 
     def _reclaim(self, inst: Instance) -> Callable[[SandboxError], tuple[Effect, ...]]:
         """On a provider fault about ``inst``: nothing it says of ``inst`` is trusted; compensate it by key."""
@@ -527,6 +546,11 @@ class SessionCore:
     ) -> Plan[Instance]:
         self.require_declared("resume")
         snapshot_transition(snapshot.state, "resume")
+        if snapshot.expires_at is not None and self.now is not None and self.now() >= snapshot.expires_at:
+            raise SandboxNotFound(
+                f"snapshot_id: snapshot {snapshot.snapshot_id!r} expired at {format_timestamp(snapshot.expires_at)}",
+                field="snapshot_id",
+            )
         key = new_key()
         req = build(
             ResumeRequest,
@@ -674,10 +698,18 @@ class SessionCore:
 
     # snapshots --------------------------------------------------------------------------------
 
-    def snapshot(self, inst: Instance) -> Plan[Snapshot]:
+    def snapshot(self, inst: Instance, *, keep_seconds: int | None = None) -> Plan[Snapshot]:
+        """Snapshot ``inst``, kept ``keep_seconds`` at most when given.
+
+        The core's ``now`` is read when the answer arrives: an answer whose ``expires_at`` has passed,
+        or is later than asked (or null although a lifetime was asked), is refused and reclaimed.
+        """
         self._may(inst, "snapshot")
+        if keep_seconds is not None and self.now is None:
+            raise ValueError("keep_seconds: a session core handed no clock cannot judge a snapshot's expiry")
         key = new_key()
-        req = build(SnapshotRequest, **self._on(inst), snapshot_allocation_key=key)
+        extra: dict[str, Any] = {"keep_seconds": keep_seconds} if keep_seconds is not None else {}
+        req = build(SnapshotRequest, **self._on(inst), snapshot_allocation_key=key, **extra)
         held = self.held_ids()
         self.rows[key] = "pending"
 
@@ -686,14 +718,19 @@ class SessionCore:
             self._echoes(res, inst)
             check_equal("snapshot_allocation_key", res.snapshot_allocation_key, key)
             check_new_identity("snapshot_id", res.snapshot_id, held)
+            if self.now is not None:
+                expires_at = check_expiry(res.expires_at, now=self.now(), keep_seconds=keep_seconds)
+            else:
+                expires_at = None if res.expires_at is None else parse_timestamp(res.expires_at)
             snap = Snapshot(
                 allocation_key=key,
                 snapshot_id=res.snapshot_id,
                 source=inst,
                 state=snapshot_transition("absent", "snapshot"),
+                expires_at=expires_at,
             )
             self.snapshots[key] = snap
-            return Accepted(snap, (self._row(key, "settle", res.snapshot_id),))
+            return Accepted(snap, (self._row(key, "settle", res.snapshot_id, expires_at),))
 
         def reclaim(_: SandboxError | None = None) -> tuple[Effect, ...]:
             return (Compensate(key),)

@@ -16,7 +16,10 @@ It is the contract in code, for provider authors to read:
 - every object carries the owner labels of ``checkfu.contract.labels`` in a
   store that survives ``forget()`` (a simulated restart that drops every
   id-to-object handle); ``compensate`` and ``listAllocations``
-  read those labels and nothing else.
+  read those labels and nothing else;
+- a snapshot asked with ``keep_seconds`` states its ``expires_at``; with provider custody
+  (``snapshot_custody: provider``) the provider deletes it itself once that passes (at its
+  next call, or ``sweep_expired()``), with runner custody it leaves that to the runner.
 
 Tests may inspect ``calls`` (every member asked for, refused ones included, in
 order), ``live_objects()`` (what the labelled store still holds) and
@@ -28,7 +31,8 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import secrets
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -86,6 +90,7 @@ from checkfu.contract.members import (
     WriteFileResult,
     echo,
 )
+from checkfu.contract.model import format_timestamp
 from checkfu.contract.mounts import MountPlan
 from checkfu.contract.paths import is_within
 from checkfu.contract.process import Stream
@@ -200,6 +205,7 @@ class _Snapshot(_Object):
     source_id: str
     retention: RetentionMode
     state: SnapshotState
+    expires_at: float | None = None
 
 
 def _new_id(prefix: str) -> str:
@@ -221,10 +227,18 @@ class MemoryProvider:
         clock: what ``sleep`` and ``timeout_ms`` read; the monotonic clock by default.
     """
 
-    def __init__(self, envelope: SandboxProviderCapabilities | None = None, *, clock: Clock | None = None) -> None:
+    def __init__(
+        self,
+        envelope: SandboxProviderCapabilities | None = None,
+        *,
+        clock: Clock | None = None,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
         self.envelope = envelope if envelope is not None else memory_envelope()
         self.target: ExecutionTarget = self.envelope.target
         self.clock: Clock = clock if clock is not None else SystemClock()
+        self.wall = wall
+        """The wall clock snapshot expiries are stated and judged by."""
         self.calls: list[str] = []
         self._store: dict[str, _Instance | _Snapshot] = {}  # the labelled objects: what a restart keeps
         self._labelled: dict[tuple[str, str], set[str]] = {}  # (allocation key, runner tag) -> ids in the store
@@ -256,8 +270,11 @@ class MemoryProvider:
     # Shared steps ----------------------------------------------------------------------------
 
     def _enter(self, member: Member, request: Call | None) -> None:
-        """Record the call; refuse an undeclared member or another target."""
+        """Record the call; refuse an undeclared member or another target. With provider custody, first delete
+        every snapshot whose expiry has passed (the provider holds them, so it keeps their expiry)."""
         self.calls.append(member)
+        if self.envelope.snapshot_custody == "provider":
+            self._expire()
         if not self.envelope.declares(member):
             raise SandboxOperationUnsupported(f"{member} is not declared by {self.target}")
         if request is not None and request.target != self.target:
@@ -293,6 +310,25 @@ class MemoryProvider:
                 field="snapshot_id",
             )
         return snap
+
+    def _expire(self) -> list[str]:
+        """Drop every stored snapshot whose expiry has passed; their ids."""
+        now = self.wall()
+        doomed = [
+            o
+            for o in self._store.values()
+            if isinstance(o, _Snapshot) and o.expires_at is not None and o.expires_at <= now
+        ]
+        for snap in doomed:
+            self._drop(snap)
+            snap.vfs = Vfs()
+            snap.state = "deleted"
+        return sorted(s.id for s in doomed)
+
+    def sweep_expired(self) -> list[str]:
+        """Delete every snapshot whose expiry has passed, whatever the custody; the ids deleted. (With provider
+        custody this happens at every call anyway.)"""
+        return self._expire()
 
     def _admit(self, profile: SandboxProfile, platform: Platform, mounts: Sequence[MountPlan] = ()) -> None:
         """Raises SandboxCapabilityUnavailable: listing everything the envelope cannot serve."""
@@ -551,6 +587,7 @@ class MemoryProvider:
     async def snapshot(self, request: SnapshotRequest) -> SnapshotResult:
         """Copy the instance's whole file system into a snapshot labelled with the snapshot allocation key."""
         inst = self._instance("snapshot", request)
+        expires_at = None if request.keep_seconds is None else int(self.wall() + request.keep_seconds)
         snap = _Snapshot(
             id=_new_id("snap"),
             labels=owner_labels(request.snapshot_allocation_key, inst.runner_tag),
@@ -558,11 +595,17 @@ class MemoryProvider:
             source_id=inst.id,
             retention=inst.retention,
             state=snapshot_transition("absent", "snapshot"),
+            expires_at=expires_at,
         )
         self._keep(snap)
         self._snapshots[snap.id] = snap
         return SnapshotResult(
-            **echo(request, snapshot_allocation_key=request.snapshot_allocation_key, snapshot_id=snap.id)
+            **echo(
+                request,
+                snapshot_allocation_key=request.snapshot_allocation_key,
+                snapshot_id=snap.id,
+                expires_at=None if expires_at is None else format_timestamp(expires_at),
+            )
         )
 
     async def delete_snapshot(self, request: DeleteSnapshotRequest) -> DeleteSnapshotResult:

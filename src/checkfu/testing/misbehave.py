@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, cast
@@ -61,7 +62,7 @@ from checkfu.contract.members import (
     WriteFileRequest,
     WriteFileResult,
 )
-from checkfu.contract.model import Model
+from checkfu.contract.model import Model, format_timestamp
 from checkfu.contract.paths import MAX_PATH_BYTES
 from checkfu.contract.process import ProcessEvent, ProcessExit
 from checkfu.contract.provider import ProcessStream, Provider
@@ -338,6 +339,28 @@ constructed_garbage = corrupting(
 )
 """The exact result class, built with ``model_construct`` around a value that is no value of its field."""
 
+
+def _expiry(r: Any, inv: Invocation, when: Callable[[int | None], str | None]) -> Any:
+    return r.model_copy(update={"expires_at": when(inv.request.keep_seconds)})
+
+
+def _ago(seconds: float) -> str:
+    return format_timestamp(time.time() - seconds)
+
+
+expiry_in_the_past = corrupting(
+    "expiry_in_the_past", {"snapshot"}, lambda r, inv: _expiry(r, inv, lambda keep: _ago(3600))
+)
+"""Snapshot, then say the snapshot expired an hour ago."""
+expiry_past_the_asked = corrupting(
+    "expiry_past_the_asked",
+    {"snapshot"},
+    lambda r, inv: _expiry(r, inv, lambda keep: _ago(-(keep or 0) - 86400)),
+)
+"""Snapshot, then say it is kept a day longer than asked (meaningful when a lifetime is asked)."""
+expiry_never = corrupting("expiry_never", {"snapshot"}, lambda r, inv: _expiry(r, inv, lambda keep: None))
+"""Snapshot, then say it is kept until deleted, whatever lifetime was asked."""
+
 _WRONG_STATE = {"provisioning": "active", "active": "provisioning", "released": "active"}
 release_keeps = corrupting("release_keeps", {"release"}, lambda r, inv: r.model_copy(update={"destroyed": False}))
 """Release, then say nothing was destroyed: a broken promise where the envelope says ``release_destroys``."""
@@ -410,6 +433,9 @@ PRESETS: dict[str, Misbehaviour] = {
         crash,
         wrong_state,
         release_keeps,
+        expiry_in_the_past,
+        expiry_past_the_asked,
+        expiry_never,
     )
 }
 """Every named misbehaviour, by name."""

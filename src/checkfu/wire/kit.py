@@ -62,6 +62,7 @@ BEYOND_SCHEMA: dict[str, str] = {
     "profile-digest": "profile_digest is the digest of the profile beside it",
     "path-utf8-bytes": "a sandbox path is at most 4096 bytes of UTF-8 (maxLength counts characters)",
     "integers-written-as-integers": "an integer is written without a fraction or exponent (8, not 8.0 or 8e0)",
+    "timestamp-real-date": "a timestamp names a real date (the pattern admits 2027-02-30 and 2027-02-29)",
 }
 """Every rule a conforming decoder applies that the schemas cannot express, by the name vectors use."""
 
@@ -775,6 +776,43 @@ RULES: dict[str, list[Invalid]] = {
             lambda doc: doc.update(kind="missing", entries=[], truncated=True),
         ),
         Invalid("unknown-path-kind", "five path kinds only", RESULT, "kind", _set("kind", "fifo")),
+    ],
+    "SnapshotRequest": [
+        Invalid("keep-zero", "a lifetime is at least one second", PROTO, "keep_seconds", _set("keep_seconds", 0)),
+        Invalid(
+            "keep-over-a-century",
+            "a lifetime is at most a century",
+            PROTO,
+            "keep_seconds",
+            _set("keep_seconds", 100 * 366 * 86400 + 1),
+        ),
+    ],
+    "SnapshotResult": [
+        Invalid(
+            "expiry-with-an-offset",
+            "an expiry is in UTC, written with Z",
+            RESULT,
+            "expires_at",
+            _set("expires_at", "2026-12-08T23:05:42+01:00"),
+        ),
+        Invalid(
+            "expiry-as-a-number",
+            "an expiry is an RFC 3339 string, not seconds",
+            RESULT,
+            "expires_at",
+            _set("expires_at", 1796767542),
+        ),
+        Invalid(
+            "expiry-month-13", "months run 01 to 12", RESULT, "expires_at", _set("expires_at", "2026-13-08T22:05:42Z")
+        ),
+        Invalid(
+            "expiry-february-30",
+            "February has no 30th: the pattern admits it, the decoder does not",
+            RESULT,
+            "expires_at",
+            _set("expires_at", "2027-02-30T00:00:00Z"),
+            beyond="timestamp-real-date",
+        ),
     ],
     "ReadFilesRequest": [
         Invalid("dotdot-path", "paths are normalized", PATH, "paths.0", _set("paths.0", "/workspace/../etc")),

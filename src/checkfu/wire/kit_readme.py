@@ -76,6 +76,12 @@ BEYOND_SCHEMA_TEXT: dict[str, str] = {
         "counts `8.0` as an integer, and a validator working on parsed values cannot tell `8.0` from `8` (in "
         "JavaScript they are the same value), so check the number as written, in your JSON parser."
     ),
+    "timestamp-real-date": (
+        "A timestamp (`expires_at` of a `SnapshotResult`) that matches the schema's pattern must also name a "
+        "real date: the pattern lets every month have 31 days and every February a 29th. Parse it as an RFC 3339 "
+        "date and time in UTC and refuse one that is not a real date with the code of the message that owns "
+        "the field (`SandboxResultInvalid`), field `expires_at`."
+    ),
 }
 
 JSON_RULES_TEXT: dict[str, str] = {
@@ -283,6 +289,16 @@ runner leaves a choice to the provider, it says so.
   `runner_tag` (instances, processes, snapshots, half-made ones, whatever you remember of
   them or not), trusting nothing you answered earlier; idempotent: a key with nothing left
   answers `reclaimed: 0`. It may come in any state, after a crash of either side.
+- **`snapshot`** (only where `snapshots` is true): freeze the instance's files under the
+  request's `snapshot_allocation_key`. With `keep_seconds`, answer `expires_at`: an RFC 3339
+  instant in UTC with `Z`, at most `keep_seconds` from when you read the request and after
+  the moment you answer. The runner refuses (`SandboxResultInvalid`, field `expires_at`) an
+  expiry already past, one later than asked (30 s of slack for clocks), and a null one when a
+  lifetime was asked; without `keep_seconds` you may still state your own retention, or null
+  for kept until `deleteSnapshot`. With `snapshot_custody: provider` the bytes are yours and
+  so is deleting them once `expires_at` passes (the runner asks nothing then, and later
+  compensates a key you still list); with `runner` custody the runner calls `deleteSnapshot`
+  once it passes, and you may delete it yourself first (answer `deleted: false` then).
 
 ### Errors, and what the runner makes of them
 

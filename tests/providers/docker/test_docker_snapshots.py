@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
-from docker_kit import LEASE, Box, Kit, plans_for
+from docker_kit import LEASE, Box, Kit, leftovers, plans_for, resources
 
-from checkfu.contract.checks import check_echo, check_new_identity
-from checkfu.contract.errors import SandboxNotFound, SandboxStateConflict
+from checkfu.contract.checks import check_echo, check_expiry, check_new_identity
+from checkfu.contract.errors import SandboxNotFound, SandboxResultInvalid, SandboxStateConflict
 from checkfu.contract.members import (
     ActivateRequest,
     CloneRequest,
@@ -18,7 +23,18 @@ from checkfu.contract.members import (
     ResumeRequest,
     SnapshotRequest,
 )
+from checkfu.contract.profile import SandboxProfile
+from checkfu.contract.vocabulary import Platform
+from checkfu.providers.docker import DockerProvider
 from checkfu.providers.docker import labels as L
+from checkfu.providers.docker.envelope import host_facts
+from checkfu.runner.clock import ManualClock
+from checkfu.runner.driver import RunSession
+from checkfu.runner.expiry import sweep_expired_snapshots
+from checkfu.runner.journal import Journal, sqlite_url
+from checkfu.runner.registry import Adapter, Registry
+from checkfu.runner.runner import Runner
+from checkfu.testing import Misbehaving, expiry_in_the_past
 
 pytestmark = [pytest.mark.docker, pytest.mark.anyio]
 
@@ -151,3 +167,129 @@ async def test_ephemeral_release_leaves_no_snapshot_bytes(kit: Kit, client: Any)
     assert not client.images.list(filters={"label": f"{L.SOURCE_KEY}={box.key}"})
     with pytest.raises(SandboxStateConflict):
         await kit.provider.snapshot(SnapshotRequest(**box.call, snapshot_allocation_key=kit.key("late")))
+
+
+# Snapshots that expire --------------------------------------------------------------------------
+
+
+async def test_a_snapshot_asked_a_lifetime_expires_and_leaves_nothing(
+    kit: Kit, client: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    box = await kit.up("expiring", files=FILES, profile=kit.profile(retention="durable"))
+    try:
+        key = kit.key("snap-expiring")
+        asked = time.time()
+        result = await kit.provider.snapshot(SnapshotRequest(**box.call, snapshot_allocation_key=key, keep_seconds=60))
+        assert check_expiry(result.expires_at, now=time.time(), keep_seconds=60) == int(asked + 60)
+        image = client.images.get(result.snapshot_id)
+        assert image.labels[L.EXPIRES_AT] == result.expires_at
+        assert image.labels[L.ROOT_IMAGE] == client.containers.get(box.instance_id).image.id
+        assert await kit.docker.sweep_expired(kit.runner_tag) == []  # not yet
+    finally:
+        await box.release()  # durable: the snapshot stays
+    monkeypatch.setattr(kit.docker, "wall", lambda: time.time() + 61)  # a minute on, without waiting for it
+    assert await kit.docker.sweep_expired(kit.runner_tag) == [result.snapshot_id]
+    assert [o for o in leftovers(client, kit.runner_tag) if o[2] == key] == []  # nothing of it is left
+    with pytest.raises(SandboxNotFound):
+        await kit.provider.resume(resume_request(kit, key, result.snapshot_id))
+
+
+async def test_an_expired_snapshot_is_deleted_when_asked_to_resume_it(
+    kit: Kit, client: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    box = await kit.up("expiring2", files=FILES, profile=kit.profile(retention="durable"))
+    try:
+        key = kit.key("snap-expiring2")
+        result = await kit.provider.snapshot(SnapshotRequest(**box.call, snapshot_allocation_key=key, keep_seconds=5))
+    finally:
+        await box.release()
+    monkeypatch.setattr(kit.docker, "wall", lambda: time.time() + 6)
+    with pytest.raises(SandboxNotFound):
+        await kit.provider.resume(resume_request(kit, key, result.snapshot_id))
+    assert [o for o in leftovers(client, kit.runner_tag) if o[2] == key] == []
+
+
+async def test_a_snapshot_asked_no_lifetime_is_kept(kit: Kit, client: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    box = await kit.up("kept", files=FILES, profile=kit.profile(retention="durable"))
+    try:
+        key, snap_id = await snapshot(kit, box)
+    finally:
+        await box.release()
+    assert L.EXPIRES_AT not in client.images.get(snap_id).labels
+    monkeypatch.setattr(kit.docker, "wall", lambda: time.time() + 10 * 365 * 86400)
+    assert snap_id not in await kit.docker.sweep_expired(kit.runner_tag)
+    assert client.images.get(snap_id)
+    delete = DeleteSnapshotRequest(target=kit.target, lease=LEASE, snapshot_allocation_key=key, snapshot_id=snap_id)
+    assert (await kit.provider.delete_snapshot(delete)).deleted is True
+
+
+@pytest.fixture
+def own_tag(provider: DockerProvider, client: Any) -> Iterator[str]:
+    """A runner tag of this test's own: only its objects are counted, and any left are reclaimed (and fail it)."""
+    own = "tx" + uuid.uuid4().hex[:12]
+    yield own
+    left = leftovers(client, own)
+    for key in sorted({k for _, _, k in left}):
+        asyncio.run(
+            provider.compensate(
+                CompensateRequest(target=provider.target, lease=LEASE, allocation_key=key, runner_tag=own)
+            )
+        )
+    assert left == []
+
+
+async def test_the_runner_deletes_an_expired_snapshot_and_refuses_a_provider_lying_about_expiry(
+    provider: DockerProvider, client: Any, busybox_id: str, own_tag: str, tmp_path: Path
+) -> None:
+    envelope = (await provider.describe()).envelope
+    assert envelope.snapshot_custody == "runner"  # the engine is on the runner's host: the runner deletes
+    registry = Registry()
+    registry.add(Adapter(envelope=envelope, provider=provider, source="entry point docker", in_tree=True))
+    journal = Journal(sqlite_url(tmp_path / "journal.sqlite"))
+    clock = ManualClock(time.time())
+    try:
+        runner = Runner(registry, journal, runner_tag=own_tag, clock=clock)
+        profile = SandboxProfile(
+            tier="container",
+            base_image=busybox_id,
+            network_policy={"mode": "none"},
+            resource_limits=resources(),
+            retention_mode="durable",
+        )
+        platform = Platform(os="linux", architecture=host_facts().architecture)
+        attempt = runner.start(envelope.target, profile, platform=platform)
+        s = attempt.session
+        image = (await s.materialize(profile, platform)).image
+        inst = await s.provision(profile, platform, image)
+        await s.activate(inst)
+        snap = await s.snapshot(inst, keep_seconds=60)
+        kept = await s.snapshot(inst)  # no lifetime: kept until deleted
+
+        liar = RunSession(
+            provider=Misbehaving(provider, {"snapshot": expiry_in_the_past}),
+            envelope=envelope,
+            journal=journal,
+            leases=s.leases,
+            lease=s.lease,
+            run_id=s.run_id,
+            runner_tag=own_tag,
+            clock=clock,
+        )
+        liar.instances[inst.allocation_key] = inst
+        with pytest.raises(SandboxResultInvalid) as caught:
+            await liar.snapshot(inst, keep_seconds=60)
+        assert caught.value.field == "expires_at"
+        lied = [r for r in journal.allocations_for_run(s.run_id) if r.state == "compensated"]
+        assert len(lied) == 1 and [o for o in leftovers(client, own_tag) if o[2] == lied[0].allocation_key] == []
+
+        await s.release(inst)
+        clock.advance(61)
+        report = await sweep_expired_snapshots(journal, registry, clock, runner_tag=own_tag)
+        assert (report.deleted, report.failed, report.skipped) == ([snap.allocation_key], {}, {})
+        held = {k for _, _, k in leftovers(client, own_tag)}
+        assert snap.allocation_key not in held and kept.allocation_key in held
+        await s.delete_snapshot(kept)
+        runner.finish(attempt, status="succeeded", exit_code=0)
+        assert leftovers(client, own_tag) == []
+    finally:
+        journal.close()

@@ -18,6 +18,13 @@ What an instance is on the engine (all labelled ``checkfu.allocation_key`` and
   into the proxy (removed once it has), and the tmpfs volume between the two.
 
 Snapshots are images labelled with their own allocation key (``snapshots.py``).
+A snapshot asked with a lifetime carries its expiry (``checkfu.expires_at``); this
+provider deletes it once that passes: at its next call that names the runner tag
+(``provision``, ``clone``, ``resume``, ``compensate``, ``listAllocations``; at most
+once a minute per tag), on ``sweep_expired`` and whenever it is asked to resume it.
+The envelope still says runner custody (the bytes die with the runner host's
+engine), so the runner deletes it too (``checkfu.runner.expiry``); whichever comes
+first, the other finds nothing.
 State is the container's real state: ``created`` is ``provisioning``, started is
 ``active``, gone is ``released`` (when this object released it) or not found.
 The only in-memory state is a cache of verified container ids, of the instances
@@ -37,6 +44,7 @@ import functools
 import hashlib
 import os
 import threading
+import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -92,6 +100,7 @@ from checkfu.contract.members import (
     _Allocating,
     echo,
 )
+from checkfu.contract.model import format_timestamp, parse_timestamp
 from checkfu.contract.mounts import link_problem
 from checkfu.contract.paths import is_within
 from checkfu.providers.docker import egress, files, snapshots, spec
@@ -113,6 +122,9 @@ from checkfu.providers.docker.staging import (
 )
 
 T = TypeVar("T")
+
+SWEEP_INTERVAL = 60.0
+"""The least time between two sweeps of a runner tag's expired snapshots made in passing (at a call)."""
 
 
 def default_state_dir() -> Path:
@@ -246,6 +258,9 @@ class DockerProvider:
         self._released: set[str] = set()
         self._background: dict[str, list[Future[Any]]] = {}
         self._unstarted: dict[str, str] = {}  # a proxy whose background start failed: the engine's reason
+        self._swept: dict[str, float] = {}  # runner tag -> when its expired snapshots were last swept in passing
+        self.wall: Callable[[], float] = time.time
+        """The wall clock expiries are stated and judged by."""
 
     def close(self) -> None:
         """Release the engine's threads and connections. Sandboxes are left as they are."""
@@ -600,6 +615,7 @@ class DockerProvider:
             SandboxNotFound: the root image is not on this engine.
             SandboxStateConflict: the allocation already has an instance.
         """
+        await self._sweep_in_passing(request.runner_tag)
         await self._allocate(request, "provision", None)
         return InstanceResult(**self._new_instance(request))
 
@@ -612,6 +628,7 @@ class DockerProvider:
             (and every error of ``provision``)
         """
         check_target(request, self.target)
+        await self._sweep_in_passing(request.runner_tag)
         source_call = InstanceCall(
             target=request.target,
             lease=request.lease,
@@ -651,7 +668,11 @@ class DockerProvider:
             (and every error of ``provision``)
         """
         check_target(request, self.target)
+        await self._sweep_in_passing(request.runner_tag)
         labels = await self.engine.run("resume", self._snapshot_labels, request.snapshot_id)
+        if labels is not None and self._expired(labels) and labels.get(L.RUNNER_TAG) == request.runner_tag:
+            await self.engine.run("resume", self._sweep_blocking, request.runner_tag)
+            labels = None  # expired: gone
         if (
             labels is None
             or labels.get(L.ALLOCATION_KEY) != request.snapshot_allocation_key
@@ -1057,18 +1078,69 @@ class DockerProvider:
         """
         instance = await self._resolve(request, "snapshot")
         self._require_running(instance)
-        labels = L.object_labels(
-            request.snapshot_allocation_key,
-            instance.runner_tag,
-            "snapshot",
-            **{L.SOURCE_KEY: request.allocation_key, L.RETENTION: instance.retention},
-        )
+        extra = {L.SOURCE_KEY: request.allocation_key, L.RETENTION: instance.retention}
+        expires_at = None
+        if request.keep_seconds is not None:  # from before the capture: never later than asked
+            expires_at = format_timestamp(self.wall() + request.keep_seconds)
+            extra[L.EXPIRES_AT] = expires_at
+        root = await self.engine.run("snapshot", self._image_of, instance.container_id)
+        if root:
+            extra[L.ROOT_IMAGE] = root
+        labels = L.object_labels(request.snapshot_allocation_key, instance.runner_tag, "snapshot", **extra)
         snapshot_id = await self.engine.run(
             "snapshot", snapshots.take, self.engine.api, instance.container_id, instance.areas, instance.mounts, labels
         )
         return SnapshotResult(
-            **echo(request, snapshot_allocation_key=request.snapshot_allocation_key, snapshot_id=snapshot_id)
+            **echo(
+                request,
+                snapshot_allocation_key=request.snapshot_allocation_key,
+                snapshot_id=snapshot_id,
+                expires_at=expires_at,
+            )
         )
+
+    def _image_of(self, container: str) -> str:
+        """The id of the image ``container`` runs (empty when the engine does not say)."""
+        return str(self.engine.api.inspect_container(container).get("Image") or "")
+
+    # expiry -----------------------------------------------------------------------------------
+
+    def _expired(self, labels: Mapping[str, str] | None) -> bool:
+        raw = (labels or {}).get(L.EXPIRES_AT)
+        if not raw:
+            return False
+        try:
+            return parse_timestamp(raw) <= self.wall()
+        except ValueError:
+            return False  # not a label this provider wrote: never delete on a guess
+
+    def _sweep_blocking(self, runner_tag: str | None) -> list[str]:
+        api = self.engine.api
+        selector = L.label_filter(runner_tag=runner_tag, kind="snapshot")
+        selector["label"].append(L.EXPIRES_AT)
+        deleted = []
+        for image in api.images(filters=selector):
+            if self._expired(image.get("Labels")):
+                try:
+                    if self._gone(lambda i=image: api.remove_image(i["Id"])):
+                        deleted.append(str(image["Id"]))
+                except SandboxProviderFailed:
+                    continue  # in use or being removed: the next sweep takes it
+        return deleted
+
+    async def sweep_expired(self, runner_tag: str | None = None) -> list[str]:
+        """Delete every snapshot image (of ``runner_tag``, or of every tag) whose expiry has passed; their ids."""
+        return await self.engine.run("sweep", self._sweep_blocking, runner_tag)
+
+    async def _sweep_in_passing(self, runner_tag: str) -> None:
+        """Sweep ``runner_tag``'s expired snapshots, at most once per ``SWEEP_INTERVAL``; never fails the call."""
+        now = time.monotonic()
+        with self._guard:
+            if now - self._swept.get(runner_tag, -SWEEP_INTERVAL) < SWEEP_INTERVAL:
+                return
+            self._swept[runner_tag] = now
+        with contextlib.suppress(SandboxError):
+            await self.sweep_expired(runner_tag)
 
     def _delete_snapshot_blocking(self, snapshot_key: str, snapshot_id: str) -> bool:
         labels = self._snapshot_labels(snapshot_id)
@@ -1264,6 +1336,7 @@ class DockerProvider:
                 it already, or an image of it still in use).
         """
         check_target(request, self.target)
+        await self._sweep_in_passing(request.runner_tag)
         count = await self.engine.run(
             "compensate",
             self._reclaim_blocking,
@@ -1298,5 +1371,6 @@ class DockerProvider:
     async def list_allocations(self, request: ListAllocationsRequest) -> ListAllocationsResult:
         """Every container, volume and image labelled with ``runner_tag``, with its allocation key and kind."""
         check_target(request, self.target)
+        await self._sweep_in_passing(request.runner_tag)
         entries = await self.engine.run("listAllocations", self._list_blocking, request.runner_tag)
         return ListAllocationsResult(**echo(request, runner_tag=request.runner_tag, allocations=tuple(entries)))

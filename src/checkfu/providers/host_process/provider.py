@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 import uuid
 from dataclasses import dataclass
 from functools import partial
@@ -81,6 +82,7 @@ from checkfu.contract.members import (
     WriteFileResult,
     echo,
 )
+from checkfu.contract.model import format_timestamp
 from checkfu.contract.profile import HOST_IMAGE
 from checkfu.contract.provider import ProcessStream
 from checkfu.contract.target import ExecutionTarget
@@ -432,6 +434,9 @@ class HostProcessProvider:
         self._check_target(request.target)
         instance = self._instance(request)
         key = request.snapshot_allocation_key
+        # Runner custody: the runner deletes it once this passes (checkfu.runner.expiry); stated from before the
+        # write, so never later than asked.
+        expires_at = None if request.keep_seconds is None else format_timestamp(time.time() + request.keep_seconds)
         async with instance.lock:
             transition(instance.state, "snapshot")
             snapshot_id = f"hs-{uuid.uuid4().hex}"
@@ -444,7 +449,9 @@ class HostProcessProvider:
             )
             with seam("snapshot"):
                 await asyncio.to_thread(self._store.write_snapshot, instance, label)
-        return SnapshotResult(**echo(request, snapshot_allocation_key=key, snapshot_id=snapshot_id))
+        return SnapshotResult(
+            **echo(request, snapshot_allocation_key=key, snapshot_id=snapshot_id, expires_at=expires_at)
+        )
 
     async def delete_snapshot(self, request: DeleteSnapshotRequest) -> DeleteSnapshotResult:
         """Remove a snapshot's bytes and label; deleting it again says ``deleted: false``.
