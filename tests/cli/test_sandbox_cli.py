@@ -57,8 +57,16 @@ def test_durations(text: str, seconds: float) -> None:
 @pytest.mark.parametrize("text", ["", "soon", "-5m", "0", "8d", "1w", "1e9"])
 def test_bad_durations_name_the_field(text: str) -> None:
     with pytest.raises(SandboxProfileInvalid) as bad:
-        parse_duration(text, "--keep")
-    assert bad.value.field == "keep"
+        parse_duration(text, "--ttl")
+    assert bad.value.field == "ttl"
+
+
+def test_a_snapshot_may_be_kept_longer_than_a_sandbox_lives_but_not_past_the_contract() -> None:
+    assert parse_duration("30d", "--keep") == 30 * 86400.0
+    for text in ("soon", "0", "40000d"):
+        with pytest.raises(SandboxProfileInvalid) as bad:
+            parse_duration(text, "--keep")
+        assert bad.value.field == "keep"
 
 
 def test_refusals_without_an_engine(cli: Cli, tmp_path: Path) -> None:  # noqa: F811
