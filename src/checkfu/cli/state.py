@@ -79,12 +79,26 @@ def journal_identity(url: str) -> str:
 _DEFAULT_PORTS = {"postgresql": 5432}
 
 
-def open_journal(url: str | None) -> Journal:
+def open_journal(url: str | None, *, reap: bool = True) -> Journal:
     """The journal at ``url``, or the embedded SQLite file in the state directory.
+
+    Every command opens the journal here, so this is where orphans are reaped (``checkfu.cli.reaping``): a Run
+    whose owner process is gone is reclaimed and settled as ``orphaned`` before the command goes on. That costs
+    one indexed query when there is nothing to reap. ``reap=False`` for the one command that does it itself
+    (``checkfu runner reconcile``, which reports it).
 
     Raises:
         typer.BadParameter: the journal cannot be opened (a usage error naming ``--db``, exit 2).
     """
+    journal = _open(url)
+    if reap:
+        from checkfu.cli.reaping import reap as reap_orphans  # noqa: PLC0415
+
+        reap_orphans(journal)
+    return journal
+
+
+def _open(url: str | None) -> Journal:
     try:
         return Journal(url or default_journal_url(), deadline=journal_deadline())
     except JournalTooNew as exc:
