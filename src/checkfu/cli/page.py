@@ -37,6 +37,7 @@ th{background:#eef0f3;font-weight:600}
 pre{background:#0f1419;color:#e6e1cf;padding:12px;overflow:auto;white-space:pre-wrap;word-break:break-all;margin:0}
 pre .stderr{color:#ff8f80}
 .note{color:#57606a;margin:6px 0}
+.num{white-space:nowrap;text-align:right}
 """
 
 
@@ -159,7 +160,7 @@ def _timeline(row: RunRow, events: Sequence[EventRow]) -> str:
         cls = "error" if e.outcome == "error" else "ok"
         body.append(
             f'<tr class="call"><td>{i:d}</td><td><code class="member">{_e(e.member)}</code></td>'
-            f"<td>+{(e.started_at - t0) * 1000:.1f} ms</td><td>{e.duration_ms:.1f} ms</td>"
+            f'<td class="num">+{(e.started_at - t0) * 1000:.1f} ms</td><td class="num">{e.duration_ms:.1f} ms</td>'
             f'<td class="outcome">{_badge(outcome)}</td>'
             f'<td><div class="bar"><span class="{cls}" style="left:{left:.3f}%;width:{width:.3f}%"></span></div></td>'
             f"<td><code>{_e(e.allocation_key)}</code></td><td>{_e((e.detail or '')[:500])}</td></tr>"
