@@ -22,7 +22,8 @@ from typing import Any
 
 import pytest
 
-from checkfu.runner.journal import Journal, sqlite_url
+from checkfu.cli.page import render
+from checkfu.runner.journal import EventRow, Journal, OutputRow, RunRow, sqlite_url
 
 from .test_run_cli import Cli, isolated_cli, run_id_of
 from .test_run_docker import BUSYBOX, connect, containers, docker_cli
@@ -316,3 +317,53 @@ def test_runs_show_html_is_one_self_contained_page_a_browser_renders(dcli: Cli, 
     assert dom.classes.get("call", 0) >= 6 and " ms" in timeline
     assert HOSTILE in dom.text["output"] and "hello" in dom.text["output"]
     assert dom.text["command"] == shlex.join(argv)
+
+
+def test_every_recorded_text_on_the_page_is_escaped() -> None:
+    """Hostile text in every field the page shows stays text: no element, attribute or entity of it survives."""
+    evil = "<script>alert(1)</script>\"'><img src=x onerror=alert(2)>&amp;"
+    story = {
+        "adapter": evil,
+        "source": evil,
+        "in_tree": False,
+        "site": evil,
+        "grade": {"tier": "day_one", "label": evil, "short_of_next": [evil]},
+        "axes": [{"axis": evil, "authority": evil, "counts": False}],
+        "mounts": [
+            {
+                "target": evil,
+                "source": evil,
+                "writable": True,
+                "file_count": 2,
+                "bytes": 3,
+                "files": [{"path": evil, "size": 3, "digest": evil, "mode": 0o644, "symlink": False}],
+            }
+        ],
+        "files_cap": 1,
+    }
+    row = RunRow(
+        run_id=evil,
+        runner_tag=evil,
+        target=None,
+        profile_digest=evil,
+        command=["sh", "-c", evil],
+        status=evil,
+        exit_code=1,
+        summary={"reason": evil, "settled_by": evil, "reaped_by": evil, "phases": {evil: 0.5}},
+        created_at=1.0,
+        finished_at=2.0,
+        owner=f"{evil}/1/2",
+        owner_boot=None,
+        story=story,
+    )
+    events = [EventRow(evil, evil, evil, 1.0, 5.0, evil, evil, evil)]
+    chunks = [OutputRow(1, 0, "out", evil.encode(), 1.5), OutputRow(2, 0, "err", evil.encode(), 1.6)]
+    page = render(row, events, [], chunks, note=evil)
+    assert "<script" not in page and "<img" not in page and "&amp;amp;" in page
+    parser = Dom()
+    parser.feed(page)
+    assert set(parser.tags) <= {
+        "html", "head", "meta", "title", "style", "body", "main", "h1", "h2", "code", "table", "tr", "td", "th",
+        "span", "section", "p", "div", "pre",
+    }  # fmt: skip
+    assert evil in parser.text["output"] and evil in parser.text["adapter"] and evil in parser.text["staged"]

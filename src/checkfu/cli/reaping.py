@@ -53,6 +53,24 @@ def reap(journal: Journal, *, quiet: bool = False) -> ReapReport | None:
         return None
     if not gone:
         return None
+    from checkfu.cli.state import current_engine  # noqa: PLC0415
+
+    here = current_engine()
+    elsewhere: dict[str, str] = {}
+    for orphan in list(gone):
+        row = journal.run(orphan.run_id)
+        engine = (row.story or {}).get("engine") if row is not None else None
+        if engine is not None and engine != here:
+            elsewhere[orphan.run_id] = str(engine)
+            gone.remove(orphan)
+    if elsewhere and not quiet:
+        for run_id, engine in elsewhere.items():
+            err.print(
+                f"[yellow]checkfu[/]: Run {escape(run_id)} is orphaned, and its sandbox is on another Docker engine "
+                f"({escape(engine)}); reap it from there: `DOCKER_HOST={escape(engine)} checkfu runs list`"
+            )
+    if not gone:
+        return None
     from checkfu.runner.registry import load_registry  # noqa: PLC0415 - only when there is an orphan
 
     command = "checkfu " + " ".join(sys.argv[1:2])
@@ -63,7 +81,7 @@ def reap(journal: Journal, *, quiet: bool = False) -> ReapReport | None:
 
     try:
         report = asyncio.run(run())
-    except (JournalError, SandboxError, OSError) as exc:
+    except Exception as exc:  # the command that opened the journal goes on; the orphan waits for the next
         if not quiet:
             err.print(f"[yellow]checkfu[/]: {len(gone):d} orphaned Run(s) could not be reaped now: {escape(str(exc))}")
         return None

@@ -26,7 +26,15 @@ from rich.text import Text
 
 from checkfu.cli.engines import EngineCertsOpt, EngineOpt, engine_sites
 from checkfu.cli.profiles import ReadProfile, pinned, read_profile
-from checkfu.cli.state import client_credential, enrolled_credential, is_url, open_journal, runner_tag, state_dir
+from checkfu.cli.state import (
+    client_credential,
+    current_engine,
+    enrolled_credential,
+    is_url,
+    open_journal,
+    runner_tag,
+    state_dir,
+)
 from checkfu.cli.terminal import feed, raw_mode, stdin_is_terminal, window_size
 from checkfu.contract.codec import decode_value
 from checkfu.contract.errors import (
@@ -775,6 +783,7 @@ async def _run(
             resolved=resolved,
             owner=current_owner(),
             keep_output=output_cap(),
+            noted={"engine": current_engine()} if target.provider == "docker" else None,
         )
         result.phases = {"resolve": resolve_seconds, **result.phases}
     except asyncio.CancelledError:

@@ -79,6 +79,12 @@ def journal_identity(url: str) -> str:
 _DEFAULT_PORTS = {"postgresql": 5432}
 
 
+def current_engine() -> str:
+    """The Docker engine this environment reaches (``DOCKER_HOST``, else ``default``): recorded with each Docker Run
+    started in place, so that its orphan is reaped only where it lives."""
+    return os.environ.get("DOCKER_HOST") or "default"
+
+
 def open_journal(url: str | None, *, reap: bool = True) -> Journal:
     """The journal at ``url``, or the embedded SQLite file in the state directory.
 

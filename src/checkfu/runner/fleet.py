@@ -207,6 +207,7 @@ class _AttemptRunner(Runner):
         needs: Needs | None = None,
         owner: str | None = None,
         mounts: Sequence[tuple[MountPlan, str]] = (),
+        noted: dict[str, Any] | None = None,
     ) -> Attempt:
         return super().start(
             target,
@@ -217,6 +218,7 @@ class _AttemptRunner(Runner):
             run_id=self.claim.run_id,
             needs=needs,
             mounts=mounts,
+            noted=noted,
         )
 
     def finish(

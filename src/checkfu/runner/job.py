@@ -200,6 +200,7 @@ async def run_job(
     resolved: Sequence[ResolvedMount] | None = None,
     owner: str | None = None,
     keep_output: int | None = None,
+    noted: dict[str, object] | None = None,
 ) -> JobResult:
     """Run ``argv`` in a fresh sandbox; returns its exit code and what happened.
 
@@ -211,7 +212,8 @@ async def run_job(
     them before it asks any provider anything. ``owner`` is the process the Run lives and dies with
     (``leases.current_owner()``, for a Run started in place): a Run it leaves behind is reaped as an
     orphan. With ``keep_output`` (a cap in bytes), the first that many bytes of output are kept in the
-    journal as they stream (``checkfu logs``); the summary says what was kept and dropped.
+    journal as they stream (``checkfu logs``); the summary says what was kept and dropped. ``noted`` goes
+    into the Run's story as given.
 
     Raises:
         SandboxError: a refusal or a provider fault; whatever was allocated has been
@@ -248,6 +250,7 @@ async def run_job(
             needs=needs,
             owner=owner,
             mounts=[(r.plan, source_text(r)) for r in resolved],
+            noted=noted,
         )
     session = attempt.session
     keeper: OutputKeeper | None = None

@@ -237,16 +237,19 @@ class Runner:
         needs: Needs | None = None,
         owner: str | None = None,
         mounts: Sequence[tuple[MountPlan, str]] = (),
+        noted: dict[str, Any] | None = None,
     ) -> Attempt:
         """Select, check, journal the Run and take its lease; returns the session to drive.
 
         ``owner`` (``leases.current_owner()``): the Run lives only as long as that process, which is recorded so
         that a Run it leaves behind is reaped as an orphan. ``mounts`` (each plan with its source described) are
-        recorded in the Run's story with every file's digest."""
+        recorded in the Run's story with every file's digest; ``noted`` is added to the story as it is (the caller's
+        facts about where the Run went, such as the engine a reaper must reach)."""
         adapter = self.select(target, profile, platform=platform, mount_count=mount_count, needs=needs)
         run_id = run_id or new_run_id()
         now = self.clock.now()
-        lease = self._begin(run_id, adapter, profile, command, now, owner=owner, story=story_of(adapter, mounts))
+        story = {**story_of(adapter, mounts), **(noted or {})}
+        lease = self._begin(run_id, adapter, profile, command, now, owner=owner, story=story)
         not_enforced = tuple(adapter.envelope.enforcement.not_counting())
         attempt = Attempt(
             session=RunSession(
