@@ -145,14 +145,21 @@ def test_logs_keep_the_first_cap_bytes_and_say_so(cli: Cli) -> None:
     assert bad.code == 125 and "CHECKFU_OUTPUT_CAP must be a whole number of bytes" in bad.said, str(bad)
 
 
-def test_logs_follow_a_running_run_until_it_ends(cli: Cli) -> None:
-    run = cli.start(*("run", *HOST), "--", "sh", "-c", "echo first; sleep 3; echo second; exit 3")
+def test_logs_follow_a_running_run_until_it_ends(cli: Cli, tmp_path: Path) -> None:
+    go = tmp_path / "go"  # the command waits for it: the Run is still running for as long as the test needs
+    script = f"echo first; while [ ! -e {shlex.quote(str(go))} ]; do sleep 0.05; done; echo second; exit 3"
+    run = cli.start(*("run", *HOST), "--", "sh", "-c", script)
     run_id = newest_run(cli)
     wait_for_output(cli, run_id, b"first", run.proc)  # the first line is kept while the Run still runs
     assert cli("logs", run_id).out == b"first\n"
     assert recorded_status(cli, run_id) == "running"
 
     follower = cli.start("logs", "-f", run_id)
+    deadline = time.monotonic() + 60
+    while follower.out_path.read_bytes() != b"first\n":  # following: what was kept so far, and it waits
+        assert time.monotonic() < deadline and follower.proc.poll() is None, follower.stderr()
+        time.sleep(0.05)
+    go.touch()
     followed = follower.finish(timeout=60)
     assert followed.code == 0, str(followed)
     assert followed.out == b"first\nsecond\n"
