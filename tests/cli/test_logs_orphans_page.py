@@ -145,6 +145,12 @@ def test_logs_keep_the_first_cap_bytes_and_say_so(cli: Cli) -> None:
     assert bad.code == 125 and "CHECKFU_OUTPUT_CAP must be a whole number of bytes" in bad.said, str(bad)
 
 
+def test_logs_never_keep_an_environment_value(cli: Cli) -> None:
+    done = cli("run", *HOST, "-e", "TOKEN=s3cr3t-value", "--", "sh", "-c", 'echo "token=$TOKEN"')
+    assert done.out == b"token=s3cr3t-value\n"  # the caller sees its output as it is
+    assert cli("logs", run_id_of(done)).out == b"token=***\n"
+
+
 def test_logs_follow_a_running_run_until_it_ends(cli: Cli, tmp_path: Path) -> None:
     go = tmp_path / "go"  # the command waits for it: the Run is still running for as long as the test needs
     script = f"echo first; while [ ! -e {shlex.quote(str(go))} ]; do sleep 0.05; done; echo second; exit 3"

@@ -18,7 +18,7 @@ from checkfu.contract.vocabulary import Platform
 from checkfu.runner.clock import ManualClock
 from checkfu.runner.journal import ORPHANED, Journal, leases, runs
 from checkfu.runner.leases import _proc_start, boot_id, current_owner, owner_gone
-from checkfu.runner.output import OutputKeeper
+from checkfu.runner.output import MASK_MIN, Masker, OutputKeeper
 from checkfu.runner.reconcile import orphans, reap_orphans, reconcile, run_status
 from checkfu.runner.registry import Registry
 from checkfu.testing import memory_profile
@@ -136,3 +136,23 @@ def test_output_is_kept_up_to_the_cap_in_order(journal: Journal) -> None:
         ("err", b"oops"),
     ]
     assert keeper.summary() == {"output_kept_bytes": 10, "output_dropped_bytes": 11, "output_cap_bytes": 10}
+
+
+def test_environment_values_never_reach_the_kept_output_even_split_across_chunks() -> None:
+    masker = Masker(["hunter2-secret", "abc", "hunter2"])
+    kept = [
+        masker.feed("out", b"pw=hunt"),
+        masker.feed("out", b"er2-sec"),
+        masker.feed("err", b"hunter2 and "),
+        masker.feed("out", b"ret; short abc; ends with hun"),
+    ]
+    kept += [data for _stream, data in masker.end()]
+    joined = b"".join(kept)
+    assert b"hunter2" not in joined and b"sec" not in joined and joined.count(b"***") == 2
+    assert b"short abc" in joined  # under MASK_MIN bytes: ordinary output cannot be told from it
+    assert kept[-1] == b"hun"  # held back as the start of a value, released when nothing followed
+    assert Masker([]).feed("out", b"as is") == b"as is"
+    overlapping = Masker(["abcd", "cdef"])  # a whole value across the point where a longer one might begin
+    got = overlapping.feed("out", b"xabcde") + overlapping.feed("out", b"Z") + b"".join(d for _, d in overlapping.end())
+    assert got == b"x***eZ"
+    assert MASK_MIN == 4

@@ -33,7 +33,7 @@ from checkfu.runner.admission import (
 from checkfu.runner.driver import CheckedProcess, Instance, RunSession
 from checkfu.runner.journal import JournalError
 from checkfu.runner.mounts import GitSource, MountSpec, ResolvedMount, resolve_mount
-from checkfu.runner.output import OutputKeeper
+from checkfu.runner.output import MASK_MIN, OutputKeeper
 from checkfu.runner.runner import Attempt, Needs, Runner
 
 TIMEOUT_EXIT = 124
@@ -212,7 +212,8 @@ async def run_job(
     them before it asks any provider anything. ``owner`` is the process the Run lives and dies with
     (``leases.current_owner()``, for a Run started in place): a Run it leaves behind is reaped as an
     orphan. With ``keep_output`` (a cap in bytes), the first that many bytes of output are kept in the
-    journal as they stream (``checkfu logs``); the summary says what was kept and dropped. ``noted`` goes
+    journal as they stream (``checkfu logs``), every value of ``env`` masked; the summary says what was kept
+    and dropped. ``noted`` goes
     into the Run's story as given.
 
     Raises:
@@ -255,7 +256,7 @@ async def run_job(
     session = attempt.session
     keeper: OutputKeeper | None = None
     if keep_output is not None:
-        keeper = OutputKeeper(runner.journal, session.run_id, runner.clock, cap=keep_output)
+        keeper = OutputKeeper(runner.journal, session.run_id, runner.clock, cap=keep_output, mask=env.values())
         keeper.start()
         obs = _Keeping(obs, keeper)
         phases.observer = obs
@@ -321,6 +322,9 @@ async def run_job(
             summary["left"] = session.left
         if keeper is not None:
             summary.update(keeper.summary())
+            short = sorted(name for name, value in env.items() if 0 < len(value.encode()) < MASK_MIN)
+            if short:
+                summary["output_unmasked_env"] = short
             if keeper.failure is not None:
                 session.unjournaled["output"] = f"{keeper.lost} bytes of output were not kept: {keeper.failure}"
         try:

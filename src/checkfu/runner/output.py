@@ -5,12 +5,18 @@ kept; beyond the cap output is counted, not kept, and the Run's summary says how
 Output reaches the journal in batches at most ``FLUSH_SECONDS`` apart while the Run goes on, so
 ``checkfu logs -f`` follows it, and a Run whose runner is killed keeps what was flushed before.
 A journal that cannot take a batch never fails the Run: the lost bytes are counted and named.
+
+No value of the Run's environment is recorded (only names are): each value of ``MASK_MIN`` bytes
+or more is replaced by ``MASK`` in what is kept, even when a chunk boundary splits it (the bytes that
+may begin a value are held back until the next chunk tells). A shorter value cannot be told from
+ordinary output; the summary names the variables whose values were too short to mask.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Iterable
 from typing import Any
 
 from checkfu.runner.clock import Clock
@@ -21,6 +27,60 @@ OUTPUT_CAP = 16 << 20
 FLUSH_SECONDS = 0.1
 """How often kept output goes to the journal while the Run runs."""
 CAP_ENV = "CHECKFU_OUTPUT_CAP"
+MASK = b"***"
+MASK_MIN = 4
+"""Environment values at least this long are masked in kept output."""
+
+
+class Masker:
+    """Replaces every occurrence of the given values by ``MASK`` in a stream of chunks, across chunk boundaries."""
+
+    def __init__(self, values: Iterable[str]) -> None:
+        encoded = {v.encode("utf-8", "surrogateescape") for v in values}
+        self.values = sorted((v for v in encoded if len(v) >= MASK_MIN), key=len, reverse=True)
+        self.carry: dict[str, bytes] = {}
+
+    def feed(self, stream: str, data: bytes) -> bytes:
+        """``data`` masked; what may begin a value is held back until the next chunk of ``stream`` (or ``end``)."""
+        if not self.values:
+            return data
+        buf = self.carry.pop(stream, b"") + data
+        cut = len(buf) - self._held(buf)
+        moved = True
+        while moved:  # a whole value across the cut is held with it, so it is masked whole, never in halves
+            moved = False
+            for value in self.values:
+                at = buf.find(value, max(0, cut - len(value) + 1))
+                if 0 <= at < cut < at + len(value):
+                    cut, moved = at, True
+        out = buf[:cut]
+        for value in self.values:
+            out = out.replace(value, MASK)
+        if cut < len(buf):
+            self.carry[stream] = buf[cut:]
+        return out
+
+    def _held(self, buf: bytes) -> int:
+        """The length of the longest end of ``buf`` that begins a value (and may be completed by what follows)."""
+        hold = 0
+        for value in self.values:
+            for k in range(min(len(value) - 1, len(buf)), hold, -1):
+                if buf.endswith(value[:k]):
+                    hold = k
+                    break
+        return hold
+
+    def end(self) -> list[tuple[str, bytes]]:
+        """What was held back, now that no more comes (it began a value, but no value followed)."""
+        out = []
+        for stream, held in self.carry.items():
+            data = held
+            for value in self.values:
+                data = data.replace(value, MASK)
+            if data:
+                out.append((stream, data))
+        self.carry = {}
+        return out
 
 
 def output_cap() -> int:
@@ -44,8 +104,11 @@ def output_cap() -> int:
 class OutputKeeper:
     """Keeps a Run's output in ``journal`` up to ``cap`` bytes; ``feed`` takes each chunk as it streams."""
 
-    def __init__(self, journal: Journal, run_id: str, clock: Clock, *, cap: int = OUTPUT_CAP) -> None:
+    def __init__(
+        self, journal: Journal, run_id: str, clock: Clock, *, cap: int = OUTPUT_CAP, mask: Iterable[str] = ()
+    ) -> None:
         self.journal = journal
+        self.masker = Masker(mask)
         self.run_id = run_id
         self.clock = clock
         self.cap = cap
@@ -58,6 +121,9 @@ class OutputKeeper:
         self._flusher: asyncio.Task[None] | None = None
 
     def feed(self, stream: str, data: bytes) -> None:
+        self._keep(stream, self.masker.feed(stream, data))
+
+    def _keep(self, stream: str, data: bytes) -> None:
         room = self.cap - self.kept
         if room <= 0:
             self.dropped += len(data)
@@ -94,6 +160,8 @@ class OutputKeeper:
         if self._flusher is not None:
             self._flusher.cancel()
             self._flusher = None
+        for stream, data in self.masker.end():
+            self._keep(stream, data)
         self.flush()
 
     def summary(self) -> dict[str, Any]:
