@@ -21,7 +21,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from typer.testing import CliRunner
 
+from checkfu.cli import app
 from checkfu.cli.page import render
 from checkfu.runner.journal import EventRow, Journal, OutputRow, RunRow, sqlite_url
 
@@ -143,6 +145,15 @@ def test_logs_keep_the_first_cap_bytes_and_say_so(cli: Cli) -> None:
 
     bad = cli("run", *HOST, "--", "true", CHECKFU_OUTPUT_CAP="lots")
     assert bad.code == 125 and "CHECKFU_OUTPUT_CAP must be a whole number of bytes" in bad.said, str(bad)
+
+
+def test_the_cap_is_stated_in_the_help_of_run_and_logs() -> None:
+    runner = CliRunner()
+    run_help = " ".join(runner.invoke(app, ["run", "--help"], env={"COLUMNS": "200"}).output.split())
+    logs_help = " ".join(runner.invoke(app, ["logs", "--help"], env={"COLUMNS": "200"}).output.split())
+    assert "the first 16 MiB (stdout and stderr together; CHECKFU_OUTPUT_CAP=BYTES sets another cap)" in run_help
+    assert "keeps the first 16.0 MiB of its output (stdout and stderr together;" in logs_help
+    assert "--follow" in logs_help and "--json" in logs_help
 
 
 def test_logs_never_keep_an_environment_value(cli: Cli) -> None:

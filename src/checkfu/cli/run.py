@@ -533,7 +533,8 @@ def run_command(
     """Run one command in a fresh sandbox, with mounts staged by the runner.
 
     The Run's output is kept in the journal for `checkfu logs RUN`: the first 16 MiB (stdout and stderr
-    together; CHECKFU_OUTPUT_CAP=BYTES sets another cap), beyond which it is counted, not kept.
+    together; CHECKFU_OUTPUT_CAP=BYTES sets another cap), beyond which it is counted, not kept; no value given
+    with -e or --env-file is kept in it (docs/runs.md).
 
     Exit status: the command's own, or one of checkfu's (docs/exit-codes.md):
     125 refused, usage error or sandbox failure; 126 cannot execute; 127 not found;
