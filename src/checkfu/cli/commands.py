@@ -8,7 +8,7 @@ import click
 import typer
 import typer.core
 
-from checkfu.cli import checks, evidence, fleet, images, kit, provider, run, sandbox
+from checkfu.cli import checks, evidence, fleet, images, kit, logs, provider, run, sandbox
 
 
 def _plain_type(self: typer.core.TyperOption | typer.core.TyperArgument, ctx: click.Context) -> str | None:
@@ -60,4 +60,5 @@ app.add_typer(evidence.evidence_app, name="evidence")
 app.add_typer(evidence.keys_app, name="keys")
 app.command("run", context_settings={"allow_interspersed_args": False})(run.run_command)
 app.command("submit", help=fleet.SUBMIT_HELP, context_settings={"allow_interspersed_args": False})(fleet.submit_command)
+app.command("logs", help=logs.LOGS_HELP)(logs.logs_command)
 sandbox.register(app)

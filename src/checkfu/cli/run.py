@@ -26,7 +26,15 @@ from rich.text import Text
 
 from checkfu.cli.engines import EngineCertsOpt, EngineOpt, engine_sites
 from checkfu.cli.profiles import ReadProfile, pinned, read_profile
-from checkfu.cli.state import client_credential, enrolled_credential, is_url, open_journal, runner_tag, state_dir
+from checkfu.cli.state import (
+    client_credential,
+    current_engine,
+    enrolled_credential,
+    is_url,
+    open_journal,
+    runner_tag,
+    state_dir,
+)
 from checkfu.cli.terminal import feed, raw_mode, stdin_is_terminal, window_size
 from checkfu.contract.codec import decode_value
 from checkfu.contract.errors import (
@@ -51,9 +59,11 @@ from checkfu.runner.admission import (
 from checkfu.runner.clock import SystemClock
 from checkfu.runner.documents import DocumentError, read_bounded
 from checkfu.runner.job import JobResult, resolve_mounts, run_job
-from checkfu.runner.journal import JournalError
+from checkfu.runner.journal import ORPHANED, JournalError
+from checkfu.runner.leases import current_owner
 from checkfu.runner.mounts import DirectorySource, MountSpec, parse_mount
-from checkfu.runner.reconcile import reconcile
+from checkfu.runner.output import CAP_ENV, output_cap
+from checkfu.runner.reconcile import describe_owner, reconcile, run_status
 from checkfu.runner.registry import ENTRY_POINT_GROUP, Registry, adapter_from_factory, load_registry
 from checkfu.runner.runner import Attempt, Runner
 from checkfu.wire.client import RemoteProvider
@@ -393,6 +403,10 @@ def check_run_inputs(
     problems.extend(argv_problems(command))
     problems.extend(runner_tag_problems(runner_tag(db)))
     problems.extend(_allow_problems(allow))
+    try:
+        output_cap()
+    except ValueError as exc:
+        problems.append(Problem(SandboxProfileInvalid(str(exc), field=CAP_ENV)))
     if not 0 < timeout < math.inf:  # also refuses nan
         problems.append(
             Problem(
@@ -517,6 +531,10 @@ def run_command(
     ] = None,
 ) -> None:
     """Run one command in a fresh sandbox, with mounts staged by the runner.
+
+    The Run's output is kept in the journal for `checkfu logs RUN`: the first 16 MiB (stdout and stderr
+    together; CHECKFU_OUTPUT_CAP=BYTES sets another cap), beyond which it is counted, not kept; no value given
+    with -e or --env-file is kept in it (docs/runs.md).
 
     Exit status: the command's own, or one of checkfu's (docs/exit-codes.md):
     125 refused, usage error or sandbox failure; 126 cannot execute; 127 not found;
@@ -764,6 +782,9 @@ async def _run(
             tty=tty,
             capture_root=state_dir() / "captures",
             resolved=resolved,
+            owner=current_owner(),
+            keep_output=output_cap(),
+            noted={"engine": current_engine()} if target.provider == "docker" else None,
         )
         result.phases = {"resolve": resolve_seconds, **result.phases}
     except asyncio.CancelledError:
@@ -896,12 +917,14 @@ def runs_list(
                 [
                     {
                         "run_id": r.run_id,
-                        "status": r.status,
+                        "status": run_status(r),
                         "exit_code": r.exit_code,
                         "adapter": str(r.target) if r.target else None,
                         "created_at": r.created_at,
                         "finished_at": r.finished_at,
                         "command": r.command,
+                        "owner": r.owner,
+                        "reaped": r.status == ORPHANED,
                     }
                     for r in rows
                 ]
@@ -910,9 +933,16 @@ def runs_list(
         return
     table = Table("run", "status", "exit", "adapter", "command")
     for r in rows:  # everything recorded is data, never markup: each cell is plain Text
+        status = run_status(r)
         table.add_row(
             Text(r.run_id),
-            Text(r.status),
+            Text(
+                "orphaned (reaped)"
+                if r.status == ORPHANED
+                else "orphaned (not yet reclaimed)"
+                if status != r.status
+                else status
+            ),
             Text("" if r.exit_code is None else str(r.exit_code)),
             Text(str(r.target) if r.target else "(not yet selected)"),
             Text(shlex.join(r.command or [])),
@@ -922,7 +952,19 @@ def runs_list(
 
 @runs_app.command("show")
 def runs_show(
-    run: Annotated[str, typer.Argument(help="a run id or a unique prefix")], db: DbOpt = None, as_json: JsonOpt = False
+    run: Annotated[str, typer.Argument(help="a run id or a unique prefix")],
+    db: DbOpt = None,
+    as_json: JsonOpt = False,
+    html: Annotated[
+        Path | None,
+        typer.Option(
+            "--html",
+            help="write the Run's story as one self-contained HTML page to FILE (adapter and grade, the nine axes, "
+            "staged files and digests, member calls, kept output)",
+            show_default=False,
+            metavar="FILE",
+        ),
+    ] = None,
 ) -> None:
     """One Run: each member call with its duration and outcome."""
     journal = open_journal(db)
@@ -936,14 +978,20 @@ def runs_show(
         r = found[0]
         events = journal.events_for_run(r.run_id)
         allocs = journal.allocations_for_run(r.run_id)
+        chunks = _all_output(journal, r.run_id) if html is not None else []
     finally:
         journal.close()
+    if html is not None:
+        _write_page(html, r, events, allocs, chunks)
     if as_json:
         print(
             json.dumps(
                 {
                     "run_id": r.run_id,
-                    "status": r.status,
+                    "status": run_status(r),
+                    "owner": r.owner,
+                    "reaped": r.status == ORPHANED,
+                    "story": r.story,
                     "exit_code": r.exit_code,
                     "adapter": str(r.target) if r.target else None,
                     "profile_digest": r.profile_digest,
@@ -968,10 +1016,19 @@ def runs_show(
             )
         )
         return
+    if html is not None:
+        return
     out = Console(highlight=False)
     # Everything recorded is data, never markup (an argv of '[/]', an adapter named '[local]'): plain Text only.
-    out.print(Text(f"run {r.run_id}  {r.status}  exit {r.exit_code}  {r.target}"))
+    out.print(Text(f"run {r.run_id}  {run_status(r)}  exit {r.exit_code}  {r.target}"))
     out.print(Text(f"command {shlex.join(r.command or [])}"))
+    if r.owner:
+        out.print(Text(f"owner {describe_owner(r.owner)}"))
+    reason = (r.summary or {}).get("reason")
+    if reason:
+        out.print(Text(f"settled {(r.summary or {}).get('settled_by', '')}: {reason}"))
+    elif run_status(r) != r.status:
+        out.print(Text("orphaned: its owner process is gone; the next checkfu command reclaims what it holds"))
     table = Table("member", "duration", "outcome", "allocation", "detail")
     for e in events:
         table.add_row(
@@ -984,6 +1041,36 @@ def runs_show(
     out.print(table)
     for a in allocs:
         out.print(Text(f"allocation {a.allocation_key} {a.kind} {a.state}"))
+
+
+def _all_output(journal: Any, run_id: str) -> list[Any]:
+    chunks: list[Any] = []
+    while True:
+        got = journal.output_since(run_id, chunks[-1].id if chunks else 0)
+        if not got:
+            return chunks
+        chunks.extend(got)
+
+
+def _write_page(path: Path, r: Any, events: Any, allocs: Any, chunks: Any) -> None:
+    """Write the Run's page to ``path`` (``-``: stdout).
+
+    Raises:
+        typer.Exit: it cannot be written (said on stderr, exit 1).
+    """
+    from checkfu.cli.logs import truncation_note  # noqa: PLC0415
+    from checkfu.cli.page import render  # noqa: PLC0415
+
+    page = render(r, events, allocs, chunks, truncation_note(r))
+    if str(path) == "-":
+        sys.stdout.write(page)
+        return
+    try:
+        path.write_text(page, encoding="utf-8")
+    except OSError as exc:
+        err.print(f"[bold red]cannot write --html {escape(str(path))}[/]: {escape(exc.strerror or str(exc))}")
+        raise typer.Exit(1) from None
+    err.print(f"wrote {escape(str(path))} ({escape(human_bytes(len(page.encode())))})")
 
 
 @runner_app.command("reconcile")
@@ -1000,7 +1087,7 @@ def runner_reconcile(
     holds a gone runner's allocations under another runner tag): what is left and how to finish are listed.
     """
     sites = engine_sites(engine, engine_certs)
-    journal = open_journal(db)
+    journal = open_journal(db, reap=False)  # this pass reaps orphans itself, and counts them in its report
     try:
         registry = asyncio.run(load_registry(entry_point_names=provider, recorder=journal, sites=sites))
         report = asyncio.run(reconcile(journal, registry, SystemClock(), runner_tag=runner_tag(db)))

@@ -88,12 +88,34 @@ def journal_identity(url: str) -> str:
 _DEFAULT_PORTS = {"postgresql": 5432}
 
 
-def open_journal(url: str | None) -> Journal:
+def current_engine() -> str:
+    """The Docker engine this environment reaches (``DOCKER_HOST``, else ``default``): recorded with each Docker Run
+    started in place, so that its orphan is reaped only where it lives."""
+    return os.environ.get("DOCKER_HOST") or "default"
+
+
+def open_journal(url: str | None, *, reap: bool = True) -> Journal:
     """The journal at ``url``, or the embedded SQLite file in the state directory.
+
+    Every command opens the journal here, so this is where orphans are reaped (``checkfu.cli.reaping``): a Run
+    whose owner process is gone is reclaimed and settled as ``orphaned`` before the command goes on. That costs
+    one indexed query when there is nothing to reap. ``reap=False`` for the one command that does it itself
+    (``checkfu runner reconcile``, which reports it).
 
     Raises:
         typer.BadParameter: the journal cannot be opened (a usage error naming ``--db``, exit 2).
     """
+    journal = _open(url)
+    reclaim_sandboxes(journal, url)  # long-lived sandboxes past their time-to-live or whose owner is gone
+    sweep_expired(journal, url)  # snapshots past their lifetime
+    if reap:
+        from checkfu.cli.reaping import reap as reap_orphans  # noqa: PLC0415
+
+        reap_orphans(journal)
+    return journal
+
+
+def _open(url: str | None) -> Journal:
     try:
         journal = Journal(url or default_journal_url(), deadline=journal_deadline())
     except JournalTooNew as exc:
@@ -101,8 +123,6 @@ def open_journal(url: str | None) -> Journal:
     except (SQLAlchemyError, OSError) as exc:
         reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
         raise typer.BadParameter(f"cannot open the journal: {reason}", param_hint="--db") from None
-    reclaim_sandboxes(journal, url)
-    sweep_expired(journal, url)
     return journal
 
 

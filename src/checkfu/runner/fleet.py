@@ -33,7 +33,7 @@ import os
 import random
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,6 +47,7 @@ from checkfu.contract.errors import (
     SandboxLeaseFenced,
 )
 from checkfu.contract.lifecycle import OPEN_ROW_STATES, row_transition
+from checkfu.contract.mounts import MountPlan
 from checkfu.contract.profile import SandboxProfile
 from checkfu.contract.target import ExecutionTarget, Lease
 from checkfu.runner.clock import Clock, SystemClock
@@ -57,14 +58,16 @@ from checkfu.runner.job import run_job
 from checkfu.runner.journal import Journal, allocations
 from checkfu.runner.leases import LeaseStore, current_owner
 from checkfu.runner.mounts import parse_mount
+from checkfu.runner.output import OUTPUT_CAP as KEPT_OUTPUT_CAP
 from checkfu.runner.queue import Claim, RunQueue, new_runner_id
 from checkfu.runner.reconcile import reconcile
 from checkfu.runner.registry import Adapter, Registry
 from checkfu.runner.runner import Attempt, Needs, Runner
 from checkfu.runner.session import compensate_plan, describe_plan
 
-OUTPUT_CAP = 16 << 20
-"""Bytes of output kept per attempt; beyond it output is counted, not kept (the summary says how much)."""
+OUTPUT_CAP = KEPT_OUTPUT_CAP
+"""Bytes of output kept per attempt (as for a Run started in place); beyond it output is counted, not kept (the
+summary says how much)."""
 
 FLUSH_SECONDS = 0.1
 """How often an attempt's output goes to the journal while it runs."""
@@ -173,13 +176,23 @@ class _AttemptRunner(Runner):
         return self.placed if self.placed.target == target else super()._adapter(target)
 
     def _begin(
-        self, run_id: str, adapter: Adapter, profile: SandboxProfile, command: list[str] | None, now: float
+        self,
+        run_id: str,
+        adapter: Adapter,
+        profile: SandboxProfile,
+        command: list[str] | None,
+        now: float,
+        *,
+        owner: str | None = None,
+        story: dict[str, Any] | None = None,
     ) -> Lease:
+        # ``owner`` is not recorded: the attempt's lease and the runner's heartbeat say who holds a Run of the fleet.
         self.queue.place(
             self.claim,
             target_json=adapter.target.model_dump_json(),
             site=adapter.site or None,
             profile_digest=profile.digest,
+            story=story,
         )
         return self.claim.lease
 
@@ -193,6 +206,9 @@ class _AttemptRunner(Runner):
         command: list[str] | None = None,
         run_id: str | None = None,
         needs: Needs | None = None,
+        owner: str | None = None,
+        mounts: Sequence[tuple[MountPlan, str]] = (),
+        noted: dict[str, Any] | None = None,
     ) -> Attempt:
         return super().start(
             target,
@@ -202,6 +218,8 @@ class _AttemptRunner(Runner):
             command=command,
             run_id=self.claim.run_id,
             needs=needs,
+            mounts=mounts,
+            noted=noted,
         )
 
     def finish(

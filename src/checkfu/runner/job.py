@@ -32,7 +32,8 @@ from checkfu.runner.admission import (
 )
 from checkfu.runner.driver import CheckedProcess, Instance, RunSession
 from checkfu.runner.journal import JournalError
-from checkfu.runner.mounts import MountSpec, ResolvedMount, resolve_mount
+from checkfu.runner.mounts import GitSource, MountSpec, ResolvedMount, resolve_mount
+from checkfu.runner.output import MASK_MIN, OutputKeeper
 from checkfu.runner.runner import Attempt, Needs, Runner
 
 TIMEOUT_EXIT = 124
@@ -93,6 +94,42 @@ class QuietObserver:
 
     def output(self, stream: str, data: bytes) -> None:
         (self.out if stream == "out" else self.err).extend(data)
+
+
+class _Keeping:
+    """``inner``, with every chunk of output also kept in the journal by ``keeper``."""
+
+    def __init__(self, inner: Observer, keeper: OutputKeeper) -> None:
+        self.inner = inner
+        self.keeper = keeper
+
+    def phase(self, name: str, seconds: float) -> None:
+        self.inner.phase(name, seconds)
+
+    async def before(self, name: str) -> None:
+        await self.inner.before(name)
+
+    def warning(self, text: str) -> None:
+        self.inner.warning(text)
+
+    def selected(self, attempt: Attempt) -> None:
+        self.inner.selected(attempt)
+
+    def stage_progress(self, done: int, total: int) -> None:
+        self.inner.stage_progress(done, total)
+
+    def hash_progress(self, done: int, total: int) -> None:
+        self.inner.hash_progress(done, total)
+
+    def output(self, stream: str, data: bytes) -> None:
+        self.keeper.feed(stream, data)
+        self.inner.output(stream, data)
+
+
+def source_text(mount: ResolvedMount) -> str:
+    """Where a resolved mount's bytes came from, as a person wrote it (``repo@ref`` for Git)."""
+    src = mount.source
+    return f"{src.repo}@{src.ref}" if isinstance(src, GitSource) else str(src.path)
 
 
 def host_platform_value() -> Platform:
@@ -161,6 +198,9 @@ async def run_job(
     tty: tuple[int, int] | None = None,
     capture_root: Path | None = None,
     resolved: Sequence[ResolvedMount] | None = None,
+    owner: str | None = None,
+    keep_output: int | None = None,
+    noted: dict[str, object] | None = None,
 ) -> JobResult:
     """Run ``argv`` in a fresh sandbox; returns its exit code and what happened.
 
@@ -169,7 +209,12 @@ async def run_job(
     of ``(rows, cols)`` (``-t``). Every input is checked before any work, every problem listed.
     Captures go to ``capture_dir``, else to ``capture_root/RUN`` (default ``captures/RUN``).
     ``resolved`` are ``mounts`` already resolved (``resolve_mounts``), by a caller that resolves
-    them before it asks any provider anything.
+    them before it asks any provider anything. ``owner`` is the process the Run lives and dies with
+    (``leases.current_owner()``, for a Run started in place): a Run it leaves behind is reaped as an
+    orphan. With ``keep_output`` (a cap in bytes), the first that many bytes of output are kept in the
+    journal as they stream (``checkfu logs``), every value of ``env`` masked; the summary says what was kept
+    and dropped. ``noted`` goes
+    into the Run's story as given.
 
     Raises:
         SandboxError: a refusal or a provider fault; whatever was allocated has been
@@ -198,9 +243,23 @@ async def run_job(
     )
     async with phases.run("select"):
         attempt = runner.start(
-            target, profile, platform=platform, mount_count=len(resolved), command=list(argv), needs=needs
+            target,
+            profile,
+            platform=platform,
+            mount_count=len(resolved),
+            command=list(argv),
+            needs=needs,
+            owner=owner,
+            mounts=[(r.plan, source_text(r)) for r in resolved],
+            noted=noted,
         )
     session = attempt.session
+    keeper: OutputKeeper | None = None
+    if keep_output is not None:
+        keeper = OutputKeeper(runner.journal, session.run_id, runner.clock, cap=keep_output, mask=env.values())
+        keeper.start()
+        obs = _Keeping(obs, keeper)
+        phases.observer = obs
     result = JobResult(
         run_id=session.run_id,
         exit_code=-1,
@@ -241,6 +300,8 @@ async def run_job(
         status = f"refused:{exc.code}"
         raise
     finally:
+        if keeper is not None:
+            keeper.stop()
         t0 = time.perf_counter()
         interrupted = await _finish_releasing(session)
         phases.seconds["release"] = time.perf_counter() - t0
@@ -259,6 +320,13 @@ async def run_job(
         }
         if session.left:
             summary["left"] = session.left
+        if keeper is not None:
+            summary.update(keeper.summary())
+            short = sorted(name for name, value in env.items() if 0 < len(value.encode()) < MASK_MIN)
+            if short:
+                summary["output_unmasked_env"] = short
+            if keeper.failure is not None:
+                session.unjournaled["output"] = f"{keeper.lost} bytes of output were not kept: {keeper.failure}"
         try:
             runner.finish(
                 attempt,

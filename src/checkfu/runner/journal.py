@@ -57,6 +57,9 @@ NO_RUN = ""
 """The run id of an event that belongs to no Run."""
 ABANDONED = "abandoned"
 """The status reconciliation gives a Run whose runner stopped (killed, crashed) once all it held is settled."""
+ORPHANED = "orphaned"
+"""The status of a Run started in place whose owner process is gone, once all it held is reclaimed: it was reaped
+as an orphan (its summary says by whom and what was released)."""
 
 metadata = sa.MetaData()
 
@@ -79,11 +82,19 @@ runs = sa.Table(
     sa.Column("runner_id", sa.String(128), nullable=True),
     sa.Column("site", sa.String(256), nullable=True),
     sa.Column("claimed_at", sa.Float, nullable=True),
+    sa.Column("owner", sa.String(256), nullable=True),
+    sa.Column("owner_boot", sa.String(64), nullable=True),
+    sa.Column("story", sa.Text, nullable=True),
     sa.Index("ix_runs_status_created_at", "status", "created_at"),
 )
 """Every Run. A Run started in place (``checkfu run``) is written ``running``; a submitted one
 (``checkfu submit``) is written ``queued`` with its ``request`` and no ``target`` yet, and a runner of
-the fleet claims it and selects the adapter (``checkfu.runner.queue``)."""
+the fleet claims it and selects the adapter (``checkfu.runner.queue``).
+
+A Run started in place records its ``owner`` (``host/pid/start``, as a lease owner is written) and the
+kernel's ``owner_boot`` id: once that process is gone the Run is ``orphaned``, and the next command that
+opens the journal reaps it (``checkfu.runner.reconcile.reap_orphans``). ``story`` is what the Run's page
+tells besides its events (adapter, grade, axes, staged files), as JSON."""
 
 leases = sa.Table(
     "leases",
@@ -337,6 +348,32 @@ class RunRow:
     runner_id: str | None = None
     site: str | None = None
     """The adapter placement it landed on (a Docker engine's name, when there are several)."""
+    owner: str | None = None
+    """The process that started it in place (``host/pid/start``); ``None`` for a Run of the fleet."""
+    owner_boot: str | None = None
+    """The kernel's boot id when its owner started it."""
+    story: dict[str, Any] | None = None
+    """Adapter, grade, axes and staged files, as recorded when it started (``checkfu runs show --html``)."""
+
+
+@dataclass(frozen=True)
+class OwnedRun:
+    """A Run still recorded ``running`` with an owner process: a candidate orphan."""
+
+    run_id: str
+    runner_tag: str
+    target: str | None
+    owner: str
+    owner_boot: str | None
+
+
+@dataclass(frozen=True)
+class OutputRow:
+    id: int
+    attempt: int
+    stream: str
+    data: bytes
+    at: float
 
 
 class JournalError(Exception):
@@ -492,6 +529,9 @@ class Journal:
         now: float,
         profile_digest: str | None = None,
         command: Sequence[str] | None = None,
+        owner: str | None = None,
+        owner_boot: str | None = None,
+        story: dict[str, Any] | None = None,
     ) -> None:
         with self.tx() as c:
             c.execute(
@@ -503,6 +543,9 @@ class Journal:
                     command=json.dumps(list(command)) if command is not None else None,
                     status="running",
                     created_at=now,
+                    owner=owner,
+                    owner_boot=owner_boot,
+                    story=json.dumps(story) if story is not None else None,
                 )
             )
 
@@ -563,6 +606,68 @@ class Journal:
                 .values(status=ABANDONED, finished_at=now, summary=json.dumps(summary))
             ).rowcount
         return bool(done == 1)
+
+    @journaled("owned_running_runs")
+    def owned_running_runs(self) -> list[OwnedRun]:
+        """Every Run still ``running`` that has an owner process: one query, by the ``status`` index, reading
+        five columns (what every journal-opening command pays to find orphans when there are none)."""
+        q = sa.select(runs.c.run_id, runs.c.runner_tag, runs.c.target, runs.c.owner, runs.c.owner_boot).where(
+            runs.c.status == "running", runs.c.owner.is_not(None)
+        )
+        with self.tx() as c:
+            rows = c.execute(q).all()
+        return [OwnedRun(r.run_id, r.runner_tag, r.target, r.owner, r.owner_boot) for r in rows]
+
+    @journaled("settle_orphaned_run")
+    def settle_orphaned_run(self, run_id: str, *, now: float, summary: dict[str, Any]) -> bool:
+        """Record a Run whose owner process is gone as ``orphaned`` (reaped), unless it finished meanwhile;
+        returns whether it did, so of several reapers at once exactly one settles it."""
+        with self.tx() as c:
+            done = c.execute(
+                runs.update()
+                .where(runs.c.run_id == run_id, runs.c.status == "running")
+                .values(status=ORPHANED, finished_at=now, summary=json.dumps(summary))
+            ).rowcount
+            if done == 1:
+                c.execute(
+                    _INSERT_EVENT,
+                    {
+                        "run_id": run_id,
+                        "member": "reap",
+                        "allocation_key": None,
+                        "started_at": now,
+                        "duration_ms": 0.0,
+                        "outcome": "ok",
+                        "error_code": None,
+                        "detail": str(summary.get("reason", ""))[:2000],
+                    },
+                )
+        return bool(done == 1)
+
+    # output -------------------------------------------------------------------------------
+
+    @journaled("append_output")
+    def append_output(self, run_id: str, chunks: Sequence[tuple[str, bytes]], *, now: float, attempt: int = 0) -> None:
+        """Keep ``chunks`` (``out``/``err``, bytes) of a Run started in place, in order, in one transaction."""
+        if not chunks:
+            return
+        with self.tx() as c:
+            c.execute(
+                run_output.insert(),
+                [{"run_id": run_id, "attempt": attempt, "stream": st, "data": data, "at": now} for st, data in chunks],
+            )
+
+    @journaled("output_since")
+    def output_since(self, run_id: str, after: int = 0, limit: int = 1000) -> list[OutputRow]:
+        """A Run's kept output after row ``after``, oldest first, at most ``limit`` rows."""
+        with self.tx() as c:
+            rows = c.execute(
+                sa.select(run_output)
+                .where(run_output.c.run_id == run_id, run_output.c.id > after)
+                .order_by(run_output.c.id)
+                .limit(limit)
+            ).all()
+        return [OutputRow(r.id, r.attempt, r.stream, bytes(r.data), r.at) for r in rows]
 
     @journaled("lease_ids_for_run")
     def lease_ids_for_run(self, run_id: str) -> list[str]:
@@ -876,4 +981,7 @@ def _run_row(r: Any) -> RunRow:
         attempt=r["attempt"],
         runner_id=r["runner_id"],
         site=r["site"],
+        owner=r["owner"],
+        owner_boot=r["owner_boot"],
+        story=json.loads(r["story"]) if r["story"] else None,
     )

@@ -50,6 +50,31 @@ def owner_alive(owner: str) -> bool | None:
     return _proc_start(pid_n) == start
 
 
+def boot_id() -> str | None:
+    """The kernel's boot id (a new one at every boot), or ``None`` where there is none to read."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as fh:
+            return fh.read().strip() or None
+    except OSError:
+        return None
+
+
+def owner_gone(owner: str, boot: str | None) -> bool:
+    """Whether the process ``owner`` (``host/pid/start``) is surely gone: on this host, and either the machine
+    booted since (another boot id), or no process of that pid started at that time runs now (a reused pid is
+    another process). An owner on another host cannot be seen from here: never taken for gone."""
+    try:
+        host, _pid, _start = owner.rsplit("/", 2)
+    except ValueError:
+        return False
+    if host != socket.gethostname():
+        return False
+    here = boot_id()
+    if boot is not None and here is not None and boot != here:
+        return True
+    return owner_alive(owner) is False
+
+
 _RENEW = (
     leases.update()
     .where(

@@ -39,7 +39,16 @@ from checkfu.runner.journal import Journal, events, leases, run_output, runners,
 
 QUEUED = "queued"
 RUNNING = "running"
-TERMINAL_PREFIXES = ("succeeded", "command_failed", "interrupted", "refused:", "failed", "cancelled")
+TERMINAL_PREFIXES = (
+    "succeeded",
+    "command_failed",
+    "interrupted",
+    "refused:",
+    "failed",
+    "cancelled",
+    "abandoned",
+    "orphaned",
+)
 
 REQUEST_VERSION = 1
 
@@ -313,7 +322,15 @@ class RunQueue:
             c.execute(runners.update().where(runners.c.runner_id == runner_id).values(heartbeat_at=now))
         return {r.lease_id for r in held}
 
-    def place(self, claim: Claim, *, target_json: str, site: str | None, profile_digest: str) -> None:
+    def place(
+        self,
+        claim: Claim,
+        *,
+        target_json: str,
+        site: str | None,
+        profile_digest: str,
+        story: dict[str, Any] | None = None,
+    ) -> None:
         """Record the adapter (and site) the attempt selected.
 
         Raises:
@@ -324,7 +341,12 @@ class RunQueue:
             c.execute(
                 runs.update()
                 .where(runs.c.run_id == claim.run_id)
-                .values(target=target_json, site=site, profile_digest=profile_digest)
+                .values(
+                    target=target_json,
+                    site=site,
+                    profile_digest=profile_digest,
+                    story=json.dumps(story) if story is not None else None,
+                )
             )
 
     def append_output(self, claim: Claim, chunks: Sequence[tuple[str, bytes]]) -> None:

@@ -17,6 +17,12 @@ A Run still recorded ``running`` whose lease is reclaimable and whose allocation
 all settled is settled as ``abandoned``, unless it is a queued Run: those belong to the
 fleet, whose runners take them over and run them again. A second pass finds nothing to do.
 
+Orphans: a Run started in place records its owner process (``runs.owner``). Once that
+process is gone (``leases.owner_gone``) the Run is an orphan; ``reap_orphans`` reclaims
+what it holds, by allocation key through the same takeover and compensation, and settles
+it as ``orphaned`` (so does a full reconciliation). Finding orphans is one indexed query
+(``orphans``), cheap enough for every command that opens the journal to do it first.
+
 Safe with several runners on one journal: only a lease that ended, expired or whose owner
 is gone is taken over, with a compare-and-set on its epoch, so a live runner's allocations
 are never touched. With several sites (a Docker engine each), each allocation is
@@ -26,15 +32,19 @@ site that cannot be reached is reported as a failure: never taken for empty.
 
 from __future__ import annotations
 
+import os
+import socket
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from checkfu.contract.errors import SandboxError, SandboxLeaseFenced
 from checkfu.contract.lifecycle import row_transition
 from checkfu.contract.target import Lease
 from checkfu.runner.clock import Clock
 from checkfu.runner.door import ProviderFault
-from checkfu.runner.journal import AllocationRow, Journal
-from checkfu.runner.leases import LeaseStore
+from checkfu.runner.journal import AllocationRow, Journal, OwnedRun, RunRow
+from checkfu.runner.leases import LeaseStore, owner_gone
 from checkfu.runner.registry import Adapter, Registry, target_key
 from checkfu.runner.session import compensate_plan, list_allocations_plan
 
@@ -177,6 +187,11 @@ def _settle_runs(journal: Journal, leases: LeaseStore, clock: Clock, runner_tag:
         if held:
             report.unsettled_runs.append(run.run_id)
             continue
+        if run.owner is not None and owner_gone(run.owner, run.owner_boot):
+            summary = orphan_summary(run.owner, rows, reaper="checkfu runner reconcile")
+            if journal.settle_orphaned_run(run.run_id, now=clock.now(), summary=summary):
+                report.settled_runs.append(run.run_id)
+            continue
         summary = {
             "settled_by": "reconciliation",
             "reason": "its runner stopped before finishing (killed, crashed or cut off); everything it held is settled",
@@ -233,3 +248,100 @@ async def _sweep_enumerated(
             report.failed[f"listAllocations {adapter.target}{where}"] = f"{exc.code}: {exc.message}"
         finally:
             leases.end(lease)
+
+
+# orphans ------------------------------------------------------------------------------------------
+
+
+def orphans(journal: Journal) -> list[OwnedRun]:
+    """The Runs still recorded ``running`` whose owner process is surely gone (on this host: another boot, or no
+    such process now). One query by the ``status`` index, then a look at ``/proc`` per Run still running."""
+    return [r for r in journal.owned_running_runs() if owner_gone(r.owner, r.owner_boot)]
+
+
+def run_status(row: RunRow) -> str:
+    """A Run's status as it stands: ``orphaned`` for one still recorded ``running`` whose owner process is gone
+    (not reaped yet: its provider could not be reached), so a dead owner's Run is never shown ``running``."""
+    if row.status == "running" and row.owner is not None and owner_gone(row.owner, row.owner_boot):
+        return "orphaned"
+    return row.status
+
+
+def describe_owner(owner: str) -> str:
+    """``host/pid/start`` as a person reads it: ``pid 123 on host``."""
+    host, _, _start = owner.rpartition("/")
+    host, _, pid = host.rpartition("/")
+    return f"pid {pid} on {host}" if host else owner
+
+
+def orphan_summary(owner: str, rows: Sequence[AllocationRow], *, reaper: str) -> dict[str, Any]:
+    """The summary of a Run reaped as an orphan: whose it was, who reaped it, what its allocations ended as."""
+    return {
+        "settled_by": "orphan reaper",
+        "reaped_as_orphan": True,
+        "owner": owner,
+        "reaped_by": f"{reaper} (pid {os.getpid()} on {socket.gethostname()})",
+        "reason": f"its owner process ({describe_owner(owner)}) is gone: reaped as an orphan, everything it held "
+        "is released",
+        "allocations": {r.allocation_key: r.state for r in rows},
+    }
+
+
+@dataclass
+class ReapReport:
+    reaped: list[str] = field(default_factory=list)
+    """Orphaned Runs now settled as ``orphaned``."""
+    released: list[str] = field(default_factory=list)
+    """Their allocations, compensated by key and settled."""
+    left: dict[str, str] = field(default_factory=dict)
+    """Allocations still held, by key, with why (their Runs stay orphaned until a later pass)."""
+    pending: list[str] = field(default_factory=list)
+    """Orphaned Runs not settled because something of theirs is still held."""
+
+
+async def reap_orphans(
+    journal: Journal, registry: Registry, clock: Clock, runs: Sequence[OwnedRun], *, reaper: str
+) -> ReapReport:
+    """Reclaim everything each orphaned Run of ``runs`` holds and settle it as ``orphaned``.
+
+    Each open allocation is taken over (only while its lease's owner is gone or it lapsed: a compare-and-set,
+    so of reapers racing exactly one compensates), compensated by key through its adapter's door, and settled.
+    A Run that still holds something (its provider cannot be reached) stays as it is, orphaned, for the next
+    pass; a settled snapshot is the Session's and is kept.
+    """
+    leases = LeaseStore(journal, clock)
+    report = ReapReport()
+    adapters = {(target_key(a.target), a.site): a for a in registry.adapters}
+    for run in runs:
+        taken: dict[str, Lease] = {}
+        held = False
+        for row in journal.open_allocations(run_id=run.run_id):
+            if row.kind == "snapshot" and row.state == "live":
+                continue
+            adapter = adapters.get((target_key(row.target), row.site or ""))
+            if adapter is None:
+                report.left[row.allocation_key] = _unreachable(registry, row)
+                held = True
+                continue
+            try:
+                lease = taken.get(row.lease_id) or leases.takeover(row.lease_id, only_if_reclaimable=True)
+                taken[row.lease_id] = lease
+                await _compensate(adapter, journal, lease, row.allocation_key, row.runner_tag, run.run_id)
+            except SandboxLeaseFenced:
+                held = True  # another reaper took it first: it settles the Run
+                continue
+            except SandboxError as exc:
+                report.left[row.allocation_key] = f"{exc.code}: {exc.message}"
+                held = True
+                continue
+            _settle(journal, row, clock)
+            report.released.append(row.allocation_key)
+        for lease in taken.values():
+            leases.end(lease)
+        if held:
+            report.pending.append(run.run_id)
+            continue
+        summary = orphan_summary(run.owner, journal.allocations_for_run(run.run_id), reaper=reaper)
+        if journal.settle_orphaned_run(run.run_id, now=clock.now(), summary=summary):
+            report.reaped.append(run.run_id)
+    return report

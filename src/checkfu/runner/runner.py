@@ -9,19 +9,23 @@ one ``SandboxCapabilityUnavailable``.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from checkfu.contract.codec import digest
 from checkfu.contract.enforcement import Axis
 from checkfu.contract.errors import SandboxAdapterUnavailable
+from checkfu.contract.mounts import MountPlan
 from checkfu.contract.profile import SandboxProfile
 from checkfu.contract.requirements import require_capabilities
 from checkfu.contract.target import ExecutionTarget, Lease
+from checkfu.contract.tiers import assess
 from checkfu.contract.vocabulary import Platform
 from checkfu.runner.clock import Clock, SystemClock
 from checkfu.runner.driver import Limits, RunSession
 from checkfu.runner.journal import Journal
-from checkfu.runner.leases import DEFAULT_TTL, LeaseStore
+from checkfu.runner.leases import DEFAULT_TTL, LeaseStore, boot_id
 from checkfu.runner.registry import Adapter, Registry
 
 
@@ -37,6 +41,50 @@ class Needs:
 
 def new_run_id() -> str:
     return f"run-{uuid.uuid4().hex[:20]}"
+
+
+STORY_FILES = 10_000
+"""Staged files a Run's story lists by name and digest (all mounts together); beyond it they are counted."""
+
+
+def story_of(adapter: Adapter, plans: Sequence[tuple[MountPlan, str]] = ()) -> dict[str, Any]:
+    """What a Run's page tells besides its events: the adapter and its grade, the nine axes and who enforces each,
+    and every staged file with its digest (the first ``STORY_FILES``; the rest counted). ``plans`` pairs each
+    mount's plan with a description of its source."""
+    env = adapter.envelope
+    grade = assess(env, in_tree=adapter.in_tree)
+    listed = 0
+    mounts: list[dict[str, Any]] = []
+    for plan, source in plans:
+        room = max(0, STORY_FILES - listed)
+        files = [
+            {"path": f.path, "size": f.size, "digest": f.digest, "mode": f.mode, "symlink": f.symlink}
+            for f in plan.files[:room]
+        ]
+        listed += len(files)
+        mounts.append(
+            {
+                "target": plan.target,
+                "source": source,
+                "writable": plan.writable,
+                "file_count": len(plan.files),
+                "bytes": sum(f.size for f in plan.files),
+                "files": files,
+            }
+        )
+    return {
+        "adapter": str(adapter.target),
+        "source": adapter.source,
+        "in_tree": adapter.in_tree,
+        "site": adapter.site or None,
+        "grade": {"tier": grade.tier, "label": grade.label, "short_of_next": list(grade.short_of_next)},
+        "axes": [
+            {"axis": axis, "authority": authority, "counts": axis not in grade.not_counting}
+            for axis, authority in env.enforcement.items()
+        ],
+        "mounts": mounts,
+        "files_cap": STORY_FILES,
+    }
 
 
 @dataclass(frozen=True)
@@ -109,9 +157,20 @@ class Runner:
         return self.registry.select(target)
 
     def _begin(
-        self, run_id: str, adapter: Adapter, profile: SandboxProfile, command: list[str] | None, now: float
+        self,
+        run_id: str,
+        adapter: Adapter,
+        profile: SandboxProfile,
+        command: list[str] | None,
+        now: float,
+        *,
+        owner: str | None = None,
+        story: dict[str, Any] | None = None,
     ) -> Lease:
-        """Journal the Run as started and take its lease (a runner of the fleet has both from its claim)."""
+        """Journal the Run as started and take its lease (a runner of the fleet has both from its claim).
+
+        ``owner`` is the process the Run lives and dies with (a Run started in place): once it is gone the Run
+        is an orphan, reaped by the next command that opens the journal."""
         self.journal.start_run(
             run_id,
             runner_tag=self.runner_tag,
@@ -119,6 +178,9 @@ class Runner:
             now=now,
             profile_digest=profile.digest,
             command=command,
+            owner=owner,
+            owner_boot=boot_id() if owner is not None else None,
+            story=story,
         )
         return self.leases.acquire(run_id)
 
@@ -173,12 +235,21 @@ class Runner:
         command: list[str] | None = None,
         run_id: str | None = None,
         needs: Needs | None = None,
+        owner: str | None = None,
+        mounts: Sequence[tuple[MountPlan, str]] = (),
+        noted: dict[str, Any] | None = None,
     ) -> Attempt:
-        """Select, check, journal the Run and take its lease; returns the session to drive."""
+        """Select, check, journal the Run and take its lease; returns the session to drive.
+
+        ``owner`` (``leases.current_owner()``): the Run lives only as long as that process, which is recorded so
+        that a Run it leaves behind is reaped as an orphan. ``mounts`` (each plan with its source described) are
+        recorded in the Run's story with every file's digest; ``noted`` is added to the story as it is (the caller's
+        facts about where the Run went, such as the engine a reaper must reach)."""
         adapter = self.select(target, profile, platform=platform, mount_count=mount_count, needs=needs)
         run_id = run_id or new_run_id()
         now = self.clock.now()
-        lease = self._begin(run_id, adapter, profile, command, now)
+        story = {**story_of(adapter, mounts), **(noted or {})}
+        lease = self._begin(run_id, adapter, profile, command, now, owner=owner, story=story)
         not_enforced = tuple(adapter.envelope.enforcement.not_counting())
         attempt = Attempt(
             session=RunSession(

@@ -1,0 +1,169 @@
+"""``checkfu logs RUN [-f]``: the output kept with a Run, as ``docker logs`` prints a container's."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from checkfu.cli.reaping import reap
+from checkfu.cli.run import DbOpt, JsonOpt, human_bytes
+from checkfu.cli.state import open_journal
+from checkfu.runner.journal import Journal, OutputRow, RunRow
+from checkfu.runner.leases import owner_gone
+from checkfu.runner.output import CAP_ENV, OUTPUT_CAP
+from checkfu.runner.queue import is_terminal
+from checkfu.runner.reconcile import run_status
+
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+POLL = 0.1
+"""Seconds between looks at the journal while following (growing to ``POLL_MAX`` while nothing comes)."""
+POLL_MAX = 0.5
+STREAMS = {"out": "stdout", "err": "stderr", "warn": "warning"}
+
+LOGS_HELP = (
+    "The output kept with a Run: its stdout to stdout, its stderr to stderr, in the order they came.\n\n"
+    f"Each Run keeps the first {human_bytes(OUTPUT_CAP)} of its output (stdout and stderr together; "
+    f"{CAP_ENV}=BYTES when the Run was started sets another cap); beyond the cap output is counted, not kept, and "
+    "this command says how much was dropped. With -f, follows a Run still running until it ends, as "
+    "`docker logs -f` does."
+)
+
+
+def find_run(journal: Journal, run: str) -> RunRow:
+    """The one Run whose id starts with ``run``.
+
+    Raises:
+        typer.Exit: none or several match (said on stderr, exit 1).
+    """
+    found = journal.find_runs(run)
+    if len(found) != 1:
+        err.print(f"[bold red]SandboxNotFound[/]: {'no' if not found else len(found)} runs match {escape(repr(run))}")
+        raise typer.Exit(1)
+    return found[0]
+
+
+def truncation(row: RunRow) -> dict[str, Any]:
+    """What the Run's summary says of its kept output: bytes kept, dropped and the cap (empty when unknown yet)."""
+    summary = row.summary or {}
+    out: dict[str, Any] = {}
+    for key in ("output_kept_bytes", "output_dropped_bytes", "output_cap_bytes", "output_lost_bytes"):
+        if isinstance(summary.get(key), int):
+            out[key.removeprefix("output_")] = summary[key]
+    return out
+
+
+def truncation_note(row: RunRow) -> str | None:
+    """A sentence for a Run whose output was cut at the cap (or partly lost), else ``None``."""
+    t = truncation(row)
+    dropped, lost = t.get("dropped_bytes", 0), t.get("lost_bytes", 0)
+    notes = []
+    if dropped:
+        cap = t.get("cap_bytes", OUTPUT_CAP)
+        notes.append(
+            f"output truncated: the first {human_bytes(cap)} of this Run's output are kept (the cap, stdout and "
+            f"stderr together); {dropped:d} more bytes were dropped"
+        )
+    if lost:
+        notes.append(f"{lost:d} bytes of output within the cap were lost (the journal could not take them)")
+    return "; ".join(notes) or None
+
+
+def _write(chunk: OutputRow) -> None:
+    if chunk.stream == "out":
+        sys.stdout.buffer.write(chunk.data)
+        sys.stdout.flush()
+    elif chunk.stream == "err":
+        sys.stderr.buffer.write(chunk.data)
+        sys.stderr.flush()
+    else:
+        err.print(f"[bold yellow]warning[/]: {escape(chunk.data.decode('utf-8', 'replace'))}")
+
+
+def _chunk_json(chunk: OutputRow) -> dict[str, Any]:
+    return {
+        "stream": STREAMS.get(chunk.stream, chunk.stream),
+        "data": chunk.data.decode("utf-8", "replace"),
+        "at": chunk.at,
+        "attempt": chunk.attempt,
+    }
+
+
+def _end_json(row: RunRow, shown: str) -> dict[str, Any]:
+    t = truncation(row)
+    return {
+        "run_id": row.run_id,
+        "status": shown,
+        "exit_code": row.exit_code,
+        "truncated": bool(t.get("dropped_bytes")),
+        "kept_bytes": t.get("kept_bytes"),
+        "dropped_bytes": t.get("dropped_bytes", 0),
+        "cap_bytes": t.get("cap_bytes", OUTPUT_CAP),
+    }
+
+
+def logs_command(
+    run: Annotated[str, typer.Argument(help="a run id or a unique prefix", metavar="RUN")],
+    follow: Annotated[bool, typer.Option("-f", "--follow", help="follow a running Run's output until it ends")] = False,
+    db: DbOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    journal = open_journal(db)
+    try:
+        row = find_run(journal, run)
+        run_id = row.run_id
+        chunks: list[dict[str, Any]] = []
+        last = 0
+        pause = POLL
+        while True:
+            row = journal.run(run_id) or row  # read before the output: all written before it settled is then there
+            got = journal.output_since(run_id, last)
+            for chunk in got:
+                last = chunk.id
+                if as_json:
+                    if follow:
+                        print(json.dumps(_chunk_json(chunk)), flush=True)
+                    else:
+                        chunks.append(_chunk_json(chunk))
+                else:
+                    _write(chunk)
+            if got:
+                pause = POLL
+                continue
+            if not follow or is_terminal(row.status):
+                break
+            if row.status == "running" and row.owner is not None and owner_gone(row.owner, row.owner_boot):
+                reap(journal)  # its owner died while followed: this command reaps it, as any other would
+                row = journal.run(run_id) or row
+                if not as_json:
+                    err.print(f"[yellow]checkfu[/]: Run {escape(run_id)} is orphaned: its owner process is gone")
+                if run_status(row) != "running" and not journal.output_since(run_id, last, limit=1):
+                    break
+                continue
+            time.sleep(pause)
+            pause = min(pause * 1.5, POLL_MAX)
+    finally:
+        journal.close()
+    shown = run_status(row)
+    if as_json:
+        end = _end_json(row, shown)
+        if follow:
+            print(json.dumps({"end": end}))
+        else:
+            t = {"stdout": "", "stderr": ""}
+            for c in chunks:
+                if c["stream"] in t:
+                    t[c["stream"]] += c["data"]
+            print(json.dumps({**end, "output": chunks, **t}))
+        return
+    note = truncation_note(row)
+    if note:
+        err.print(f"[yellow]checkfu[/]: {escape(note)}")
+    if not last and not (row.summary or {}).get("output_cap_bytes") and is_terminal(row.status):
+        err.print("[dim]checkfu: no output was kept for this Run[/]")
