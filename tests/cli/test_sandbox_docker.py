@@ -19,6 +19,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import pexpect
 import pytest
 
 import checkfu
@@ -384,3 +385,31 @@ def test_ttl_passed_fences_calls(sdk_env: Cli, tmp_path: Path, engine: Any) -> N
     assert run_status(sdk_env, sb.run_id) == "expired"
     assert sdk_env.json("ps")["sandboxes"] == []
     sb.close()  # already reclaimed: nothing to do, no error
+
+
+def test_exec_it_is_a_terminal_that_follows_the_callers(dcli: Cli, tmp_path: Path, engine: Any) -> None:  # noqa: F811
+    """``checkfu exec -it`` as a person types it: a real terminal inside, the caller's window size, and the
+    shell's own exit status."""
+    sid = dcli.json("sandbox", "create", "--profile", str(durable_profile(tmp_path)), "--ttl", "5m")["sandbox_id"]
+    try:
+        shell = pexpect.spawn(
+            str(Path(sys.executable).with_name("checkfu")),
+            ["exec", "-it", sid, "--", "sh"],
+            env=dcli.env({"TERM": "dumb"}),
+            timeout=60,
+            dimensions=(31, 99),
+        )
+        try:
+            shell.expect(r"[$#] ")
+            shell.sendline("stty size; tty; echo $((6 * 7))")
+            shell.expect("31 99")
+            shell.expect("/dev/pts/")
+            shell.expect("42")
+            shell.sendline("exit 5")
+            shell.expect(pexpect.EOF)
+        finally:
+            shell.close(force=True)
+        assert shell.exitstatus == 5
+    finally:
+        assert dcli("sandbox", "rm", sid).code == 0
+    assert not leftovers(engine, dcli.tag)
