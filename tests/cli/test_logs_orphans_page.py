@@ -129,7 +129,15 @@ def test_logs_are_readable_after_the_run_ended(cli: Cli) -> None:
     assert shown["truncated"] is False and shown["dropped_bytes"] == 0 and shown["cap_bytes"] == 16 << 20
 
     missing = cli("logs", "run-no-such")
-    assert missing.code == 1 and "no runs match" in missing.said
+    assert missing.code == 1 and "no runs match" in missing.said and "field: run" in missing.said
+    for argv in (("logs", "run-no-such", "--json"), ("runs", "show", "run-no-such", "--json")):
+        as_json = cli(*argv)
+        assert as_json.code == 1
+        assert json.loads(as_json.out)["error"] == {
+            "code": "SandboxNotFound",
+            "message": "no runs match 'run-no-such' (`checkfu runs list` lists them)",
+            "field": "run",
+        }
 
 
 def test_logs_keep_the_first_cap_bytes_and_say_so(cli: Cli) -> None:

@@ -8,6 +8,7 @@ loopback port, ``pg_ctl stop -m immediate`` at the end).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -131,8 +132,8 @@ def test_an_unknown_or_ambiguous_run_is_a_clear_refusal(cli: Cli, tmp_path: Path
         assert cli("run", "--profile", str(prof), "--provider", "memory", "--", "true").code == 0
     ambiguous = cli("runs", "show", "run-", "--json")
     assert ambiguous.code == 1, str(ambiguous)
-    assert ambiguous.out == b""
-    assert "2 runs match 'run-'" in ambiguous.said
+    error = json.loads(ambiguous.out)["error"]  # under --json the refusal is JSON too, as every command's
+    assert (error["code"], error["field"]) == ("SandboxNotFound", "run") and "2 runs match 'run-'" in error["message"]
 
 
 def test_an_empty_history(cli: Cli) -> None:

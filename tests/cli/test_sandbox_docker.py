@@ -230,6 +230,9 @@ def test_cli_every_command(dcli: Cli, tmp_path: Path, engine: Any) -> None:  # n
     assert len(copied["copied"]) == 2
     assert (back / "work" / "sub" / "b.txt").read_bytes() == b"beta\n"
     assert dcli("cp", f"{sid}:/tmp/local.txt", str(tmp_path / "again.txt")).code == 0
+    nowhere = dcli("cp", "--json", f"{sid}:/tmp/local.txt", str(tmp_path / "no" / "such" / "dir" / "f.txt"))
+    assert nowhere.code == 125 and json.loads(nowhere.out)["error"]["code"] == "SandboxPathRejected", str(nowhere)
+    assert json.loads(nowhere.out)["error"]["field"] == "path"
     assert (tmp_path / "again.txt").read_bytes() == b"from here\n"
     # snapshot, resume, clone: the files in each copy
     snap = dcli.json("snapshot", sid, "--keep", "7d")

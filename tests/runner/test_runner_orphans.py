@@ -7,10 +7,12 @@ takeover and compensation and settles them as ``orphaned``.
 
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
 from typing import Any
 
+import anyio
 import pytest
 import sqlalchemy as sa
 
@@ -156,3 +158,43 @@ def test_environment_values_never_reach_the_kept_output_even_split_across_chunks
     got = overlapping.feed("out", b"xabcde") + overlapping.feed("out", b"Z") + b"".join(d for _, d in overlapping.end())
     assert got == b"x***eZ"
     assert MASK_MIN == 4
+
+
+async def test_an_orphan_is_reaped_only_by_its_own_runner_tag(rig: Any) -> None:
+    """Another tag's Runs are that runner's to reap, as reconcile leaves them: a shared journal seen from another
+    pid namespace under the same host name would otherwise misjudge their owners as gone."""
+    session, _ = await orphaned_run(rig, dead_owner())
+    assert [o.run_id for o in orphans(rig.journal, runner_tag=rig.runner.runner_tag)] == [session.run_id]
+    assert orphans(rig.journal, runner_tag="another-runner") == []
+
+
+async def test_kill_never_signals_a_process_that_did_not_start_the_run_in_place(
+    make_rig: Any, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`checkfu kill RUN` signals only the process that started that Run in place (`checkfu run`): a live holder
+    that serves more than this Run (a fleet runner, a program embedding the runner; here this very test) is
+    refused by name, and so is a Run of another runner tag."""
+    from typer.testing import CliRunner  # noqa: PLC0415
+
+    from checkfu.cli.commands import app  # noqa: PLC0415
+    from checkfu.runner.journal import sqlite_url  # noqa: PLC0415
+
+    url = sqlite_url(tmp_path / "kill.sqlite")
+    rig = make_rig(url=url, runner_tag="tkill")
+    session = rig.start()  # no owner recorded: not a Run started in place
+    with rig.journal.tx() as c:  # ... yet held by a live process: this one
+        c.execute(leases.update().where(leases.c.lease_id == session.lease.lease_id).values(owner=current_owner()))
+    monkeypatch.setenv("CHECKFU_RUNNER_TAG", "tkill")
+
+    def kill() -> Any:  # the command runs its own event loop: off this one
+        return CliRunner().invoke(app, ["kill", session.run_id, "--db", url, "--json"])
+
+    held = await anyio.to_thread.run_sync(kill)
+    assert held.exit_code == 125, held.output
+    error = json.loads(held.stdout)["error"]
+    assert (error["code"], error["field"]) == ("SandboxStateConflict", "run")
+    assert "serves more than this Run" in error["message"]
+    monkeypatch.setenv("CHECKFU_RUNNER_TAG", "someone-else")
+    other = await anyio.to_thread.run_sync(kill)
+    assert other.exit_code == 125 and "belongs to runner tag 'tkill'" in json.loads(other.stdout)["error"]["message"]
+    assert rig.journal.run(session.run_id).status == "running"  # nothing was done to it

@@ -13,7 +13,7 @@ from rich.markup import escape
 
 from checkfu.cli.reaping import reap
 from checkfu.cli.run import DbOpt, JsonOpt, human_bytes
-from checkfu.cli.state import open_journal
+from checkfu.cli.state import open_journal, runner_tag
 from checkfu.runner.journal import Journal, OutputRow, RunRow
 from checkfu.runner.leases import owner_gone
 from checkfu.runner.output import CAP_ENV, OUTPUT_CAP
@@ -36,15 +36,20 @@ LOGS_HELP = (
 )
 
 
-def find_run(journal: Journal, run: str) -> RunRow:
+def find_run(journal: Journal, run: str, *, as_json: bool = False) -> RunRow:
     """The one Run whose id starts with ``run``.
 
     Raises:
-        typer.Exit: none or several match (said on stderr, exit 1).
+        typer.Exit: none or several match (said on stderr, or as JSON on stdout with ``as_json``; exit 1).
     """
     found = journal.find_runs(run)
     if len(found) != 1:
-        err.print(f"[bold red]SandboxNotFound[/]: {'no' if not found else len(found)} runs match {escape(repr(run))}")
+        message = f"{'no' if not found else len(found)} runs match {run!r} (`checkfu runs list` lists them)"
+        if as_json:
+            error = {"code": "SandboxNotFound", "message": message, "field": "run"}
+            print(json.dumps({"ok": False, "error": error}))
+        else:
+            err.print(f"[bold red]SandboxNotFound[/]: {escape(message)} (field: run)")
         raise typer.Exit(1)
     return found[0]
 
@@ -116,7 +121,7 @@ def logs_command(
 ) -> None:
     journal = open_journal(db)
     try:
-        row = find_run(journal, run)
+        row = find_run(journal, run, as_json=as_json)
         run_id = row.run_id
         chunks: list[dict[str, Any]] = []
         last = 0
@@ -139,7 +144,9 @@ def logs_command(
             if not follow or is_terminal(row.status):
                 break
             if row.status == "running" and row.owner is not None and owner_gone(row.owner, row.owner_boot):
-                reap(journal)  # its owner died while followed: this command reaps it, as any other would
+                reap(
+                    journal, runner_tag=runner_tag(db)
+                )  # its owner died while followed: this command reaps it, as any other would
                 row = journal.run(run_id) or row
                 if not as_json:
                     err.print(f"[yellow]checkfu[/]: Run {escape(run_id)} is orphaned: its owner process is gone")

@@ -36,7 +36,7 @@ def _providers(runs: list[OwnedRun]) -> list[str]:
     return sorted(names)
 
 
-def reap(journal: Journal, *, quiet: bool = False) -> ReapReport | None:
+def reap(journal: Journal, *, runner_tag: str | None = None, quiet: bool = False) -> ReapReport | None:
     """Reap the journal's orphans, if any; ``None`` when there were none (the common case: one query).
 
     Never raises: reaping is done on the side of whatever command opened the journal, and what it could not
@@ -48,7 +48,7 @@ def reap(journal: Journal, *, quiet: bool = False) -> ReapReport | None:
     except RuntimeError:
         pass
     try:
-        gone = orphans(journal)
+        gone = orphans(journal, runner_tag=runner_tag)
     except JournalError:
         return None
     if not gone:

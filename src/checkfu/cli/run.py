@@ -969,13 +969,9 @@ def runs_show(
     """One Run: each member call with its duration and outcome."""
     journal = open_journal(db)
     try:
-        found = journal.find_runs(run)
-        if len(found) != 1:
-            err.print(
-                f"[bold red]SandboxNotFound[/]: {'no' if not found else len(found)} runs match {escape(repr(run))}"
-            )
-            raise typer.Exit(1)
-        r = found[0]
+        from checkfu.cli.logs import find_run  # noqa: PLC0415 - logs imports this module
+
+        r = find_run(journal, run, as_json=as_json)
         events = journal.events_for_run(r.run_id)
         allocs = journal.allocations_for_run(r.run_id)
         chunks = _all_output(journal, r.run_id) if html is not None else []

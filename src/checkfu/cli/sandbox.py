@@ -381,16 +381,15 @@ def cp_command(
             raise SandboxPathRejected(
                 "cp: name exactly one side as ID:PATH (a sandbox path) and the other as a local path", field="path"
             )
-        if sid is not None:
-            sb = await sdk.AsyncSandbox.connect(sid, db=db)
-            try:
-                return await _cp_out(sb, spath, Path(dpath))
-            finally:
-                await sb.close()
-        assert did is not None
-        sb = await sdk.AsyncSandbox.connect(did, db=db)
+        local = Path(dpath if sid is not None else spath)
+        sb = await sdk.AsyncSandbox.connect(sid if sid is not None else did, db=db)
         try:
-            return await _cp_in(sb, Path(spath), dpath)
+            if sid is not None:
+                return await _cp_out(sb, spath, local)
+            return await _cp_in(sb, local, dpath)
+        except OSError as exc:  # this machine's side: a directory missing, a permission refused
+            where = exc.filename or local
+            raise SandboxPathRejected(f"path: {where}: {exc.strerror or exc} (on this machine)", field="path") from exc
         finally:
             await sb.close()
 
@@ -711,6 +710,13 @@ async def _kill_run(run_id: str, db: str | None) -> str:
             raise SandboxNotFound(f"run: no Run {run_id} in this journal", field="run")
         if run.status != "running":
             raise SandboxStateConflict(f"run: {run_id} already ended ({run.status})", field="run")
+        tag = runner_tag(db)
+        if run.runner_tag != tag:
+            raise SandboxStateConflict(
+                f"run: {run_id} belongs to runner tag {run.runner_tag!r}, not this one ({tag!r}): kill it as that "
+                "runner (CHECKFU_RUNNER_TAG)",
+                field="run",
+            )
         for box in SandboxBook(journal).live():
             if box.run_id == run_id:
                 await _remove([box.sandbox_id], db, status="killed")
@@ -723,18 +729,26 @@ async def _kill_run(run_id: str, db: str | None) -> str:
                 owners.append(rec.owner)
         how = "reclaimed"
         for owner in owners:
-            if owner_alive(owner) is True:
+            alive = owner_alive(owner)
+            if alive is True and owner != run.owner:
+                # a process that holds the Run but did not start it in place (a fleet runner serving many Runs,
+                # a program embedding the runner, a sandbox still being made) is never signalled for one Run
+                raise SandboxStateConflict(
+                    f"run: {run_id} is held by {owner}, which serves more than this Run: stop it there",
+                    field="run",
+                )
+            if alive is True:
                 pid = int(owner.rsplit("/", 2)[1])
-                os.kill(pid, signal.SIGTERM)
+                _signal(pid, signal.SIGTERM, run_id)
                 deadline = time.monotonic() + KILL_WAIT
                 while time.monotonic() < deadline and owner_alive(owner):
                     await asyncio.sleep(0.1)
                 if owner_alive(owner):
-                    os.kill(pid, signal.SIGKILL)
+                    _signal(pid, signal.SIGKILL, run_id)
                     how = "SIGKILL, then reclaimed"
                 else:
                     how = "SIGTERM: it released what it held"
-            elif owner_alive(owner) is None:
+            elif alive is None:
                 raise SandboxStateConflict(
                     f"run: {run_id} is held by {owner}, on another host: stop it there", field="run"
                 )
@@ -745,6 +759,22 @@ async def _kill_run(run_id: str, db: str | None) -> str:
         return how
     finally:
         journal.close()
+
+
+def _signal(pid: int, sig: signal.Signals, run_id: str) -> None:
+    """Signal a Run's owner; one that ended meanwhile is simply gone.
+
+    Raises:
+        SandboxStateConflict: the owner is another user's process (field ``run``).
+    """
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        return
+    except PermissionError as exc:
+        raise SandboxStateConflict(
+            f"run: {run_id}'s owner (pid {pid}) cannot be signalled: {exc}", field="run"
+        ) from exc
 
 
 def register(app: typer.Typer) -> None:

@@ -111,7 +111,7 @@ def open_journal(url: str | None, *, reap: bool = True) -> Journal:
     if reap:
         from checkfu.cli.reaping import reap as reap_orphans  # noqa: PLC0415
 
-        reap_orphans(journal)
+        reap_orphans(journal, runner_tag=runner_tag(url))
     return journal
 
 

@@ -608,12 +608,15 @@ class Journal:
         return bool(done == 1)
 
     @journaled("owned_running_runs")
-    def owned_running_runs(self) -> list[OwnedRun]:
-        """Every Run still ``running`` that has an owner process: one query, by the ``status`` index, reading
-        five columns (what every journal-opening command pays to find orphans when there are none)."""
+    def owned_running_runs(self, *, runner_tag: str | None = None) -> list[OwnedRun]:
+        """Every Run still ``running`` that has an owner process (of ``runner_tag`` when given): one query, by the
+        ``status`` index, reading five columns (what every journal-opening command pays to find orphans when there
+        are none)."""
         q = sa.select(runs.c.run_id, runs.c.runner_tag, runs.c.target, runs.c.owner, runs.c.owner_boot).where(
             runs.c.status == "running", runs.c.owner.is_not(None)
         )
+        if runner_tag is not None:
+            q = q.where(runs.c.runner_tag == runner_tag)
         with self.tx() as c:
             rows = c.execute(q).all()
         return [OwnedRun(r.run_id, r.runner_tag, r.target, r.owner, r.owner_boot) for r in rows]

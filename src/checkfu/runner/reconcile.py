@@ -253,10 +253,12 @@ async def _sweep_enumerated(
 # orphans ------------------------------------------------------------------------------------------
 
 
-def orphans(journal: Journal) -> list[OwnedRun]:
-    """The Runs still recorded ``running`` whose owner process is surely gone (on this host: another boot, or no
-    such process now). One query by the ``status`` index, then a look at ``/proc`` per Run still running."""
-    return [r for r in journal.owned_running_runs() if owner_gone(r.owner, r.owner_boot)]
+def orphans(journal: Journal, *, runner_tag: str | None = None) -> list[OwnedRun]:
+    """The Runs (of ``runner_tag`` when given) still recorded ``running`` whose owner process is surely gone (on
+    this host: another boot, or no such process now). One query by the ``status`` index, then a look at ``/proc``
+    per Run still running. Another tag's Runs are that runner's to reap, as reconcile leaves them (``other_tags``):
+    a shared journal seen from another pid namespace under the same host name would misjudge its owners."""
+    return [r for r in journal.owned_running_runs(runner_tag=runner_tag) if owner_gone(r.owner, r.owner_boot)]
 
 
 def run_status(row: RunRow) -> str:
