@@ -103,21 +103,56 @@ def test_two_concurrent_adopters_never_get_the_same_sandbox(dcli: Cli, engine: A
 
 
 def test_reconcile_reclaims_pooled_sandboxes_after_the_filler_is_killed(dcli: Cli, engine: Any) -> None:  # noqa: F811
-    filler = dcli.start("pool", "fill", "--profile", BUSYBOX, "-n", "4", "--ttl", "3", "--mount-target", "/data")
+    filler = dcli.start("pool", "fill", "--profile", BUSYBOX, "-n", "3", "--ttl", "10", "--mount-target", "/data")
     deadline = time.monotonic() + 60
-    while not dcli.open_allocations() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    time.sleep(0.3)  # well into the filling: some ready, one being provisioned
+    caught: list[str] = []
+    while not caught and time.monotonic() < deadline and filler.proc.poll() is None:
+        rows = dcli.open_allocations()
+        caught = [r.allocation_key for r in rows if r.state == "pending" and len(rows) >= 2]
+        time.sleep(0.02)
     filler.proc.send_signal(signal.SIGKILL)
     filler.proc.wait()
-    assert dcli.open_allocations(), "the filler was killed before it journaled anything"
-    assert containers(engine, dcli.tag), "the filler was killed before it made anything"
-    # The sandbox being made when the filler died is reclaimable at once (its owner is gone); the ready ones
-    # only once their --ttl has passed.
-    time.sleep(3.5)
-    done = dcli("runner", "reconcile", "--json")
-    assert done.code == 0, str(done)
-    assert json.loads(done.out)["compensated"]
+    assert caught, "the filler was not caught in the middle of a provision"
+    assert containers(engine, dcli.tag)
+    # The one being made when the filler died is reclaimable at once (its owner is gone) ...
+    first = dcli("runner", "reconcile", "--json")
+    assert first.code == 0, str(first)
+    assert caught[0] in json.loads(first.out)["compensated"]
+    still = {r.allocation_key for r in dcli.open_allocations()}
+    waiting = ready(dcli)
+    assert still == {e["allocation_key"] for e in waiting}  # ... what is left is exactly the ready ones,
+    assert still, "no sandbox was ready before the kill"
+    time.sleep(max(e["expires_at"] for e in waiting) - time.time() + 0.5)  # ... reclaimed once their --ttl passed
+    second = dcli("runner", "reconcile", "--json")
+    assert second.code == 0, str(second)
+    assert set(json.loads(second.out)["compensated"]) == still
     assert dcli.open_allocations() == []
     assert leftovers(engine, dcli.tag) == []
     assert ready(dcli) == []
+
+
+def test_an_interrupt_after_adoption_releases_the_sandbox_never_back_to_the_pool(
+    dcli: Cli,  # noqa: F811
+    engine: Any,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    [pooled] = dcli.json("pool", "fill", "--profile", BUSYBOX, "-n", "1", "--mount-target", "/data")["ready"]
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "f.txt").write_bytes(b"staged\n")
+    running = dcli.start(
+        "run", "--pool", "--profile", BUSYBOX, "--mount", f"{data}:/data", "--", "cat", "/data/f.txt",
+        pause_before="stage",
+    )  # fmt: skip
+    running.wait_for("paused before stage")
+    assert ready(dcli) == []  # adopted: no longer offered to anyone else
+    running.send(signal.SIGTERM)
+    done = running.finish()
+    assert done.code == 128 + signal.SIGTERM, str(done)
+    run = next(r for r in dcli.json("runs", "list") if r["status"] == "interrupted")
+    shown = dcli.json("runs", "show", run["run_id"])
+    assert [(a["allocation_key"], a["state"]) for a in shown["allocations"]] == [(pooled["allocation_key"], "released")]
+    [again] = wait_ready(dcli, 1)  # refilled with a new sandbox, never the one the Run held
+    assert again["allocation_key"] != pooled["allocation_key"]
+    assert dcli.json("pool", "drain")["left"] == {}
+    assert leftovers(engine, dcli.tag) == []
