@@ -48,7 +48,6 @@ Interact = Callable[[CheckedProcess], Awaitable[None]]
 PHASES = (
     "resolve",
     "select",
-    "adopt",
     "materialize",
     "provision",
     "stage",
@@ -57,6 +56,9 @@ PHASES = (
     "capture",
     "release",
 )
+POOL_PHASE = "adopt"
+"""A Run with ``pool`` has this phase after ``select``; one that adopted a sandbox skips ``materialize`` and
+``provision``."""
 
 
 class Observer(Protocol):
@@ -428,7 +430,7 @@ async def _drive(
 ) -> None:
     inst: Instance | None = None
     if pool:
-        async with phases.run("adopt"):
+        async with phases.run(POOL_PHASE):
             inst = adopt(session, profile, [r.plan for r in resolved])
         result.adopted = inst.allocation_key if inst is not None else None
     if inst is None:
