@@ -31,7 +31,7 @@ from checkfu.cli.run import (
     _registry,
     err,
 )
-from checkfu.cli.state import open_journal, runner_tag, state_dir
+from checkfu.cli.state import current_engine, open_journal, runner_tag, state_dir
 from checkfu.contract.errors import SandboxError
 from checkfu.contract.profile import SandboxProfile
 from checkfu.runner.admission import raise_problems, target_problems
@@ -93,7 +93,8 @@ async def _fill(
     registry = await _registry(name, None, observer, journal)
     target = _choose(registry, name, True)
     runner = Runner(registry, journal, runner_tag=runner_tag(db))
-    return await fill(runner, target, prof, host_platform_value(), targets, n=n, ttl=ttl)
+    engine = current_engine() if target.provider == "docker" else None
+    return await fill(runner, target, prof, host_platform_value(), targets, n=n, ttl=ttl, engine=engine)
 
 
 @pool_app.command("fill")
@@ -137,7 +138,11 @@ def pool_fill(
             shape,
             {"provider": provider, "profile": prof.model_dump_json(), "mounts": targets, "n": n, "ttl": ttl},
         )
-        have = [e for e in ready(journal, tag) if e.profile_digest == prof.digest and list(e.mounts) == targets]
+        have = [
+            e
+            for e in ready(journal, tag)
+            if e.profile_digest == prof.digest and list(e.mounts) == targets and e.engine == current_engine()
+        ]
     except SandboxError as exc:
         _refused(exc, None, summary)
         raise typer.Exit(EXIT_REFUSED) from None

@@ -232,8 +232,8 @@ async def run_job(
     journal as they stream (``checkfu logs``), every value of ``env`` masked; the summary says what was kept
     and dropped. ``noted`` goes
     into the Run's story as given. With ``pool``, the Run adopts a ready pooled sandbox of its adapter, profile
-    digest and sealed mount targets when there is one (``checkfu.runner.pool``), else provisions as always;
-    either way its mounts are staged before it is activated.
+    digest, sealed mount targets and engine (``noted["engine"]``) when there is one (``checkfu.runner.pool``),
+    else provisions as always; either way its mounts are staged before it is activated.
 
     Raises:
         SandboxError: a refusal or a provider fault; whatever was allocated has been
@@ -311,6 +311,7 @@ async def run_job(
             tty,
             result,
             pool,
+            str(noted["engine"]) if noted and "engine" in noted else None,
         )
         status = "succeeded" if result.exit_code == 0 else "command_failed"
     except asyncio.CancelledError:
@@ -427,11 +428,12 @@ async def _drive(
     tty: tuple[int, int] | None,
     result: JobResult,
     pool: bool = False,
+    engine: str | None = None,
 ) -> None:
     inst: Instance | None = None
     if pool:
         async with phases.run(POOL_PHASE):
-            inst = adopt(session, profile, [r.plan for r in resolved])
+            inst = adopt(session, profile, [r.plan for r in resolved], engine=engine)
         result.adopted = inst.allocation_key if inst is not None else None
     if inst is None:
         async with phases.run("materialize"):

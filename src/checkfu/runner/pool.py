@@ -74,6 +74,8 @@ class Pooled:
     target: ExecutionTarget
     site: str | None
     mounts: tuple[str, ...]
+    engine: str | None = None
+    """The engine the filler reached (``DOCKER_HOST``), as it recorded it: a Run adopts only on its own."""
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -143,6 +145,7 @@ def ready(journal: Journal, runner_tag: str, *, now: float | None = None) -> lis
                 target=ExecutionTarget.model_validate_json(r["target"]),
                 site=r["site"],
                 mounts=tuple(pool.get("mounts") or ()),
+                engine=pool.get("engine"),
             )
         )
     return out
@@ -192,9 +195,10 @@ def _claim(journal: Journal, entry: Pooled, *, run_id: str, lease: Lease, now: f
     return True
 
 
-def _matches(entry: Pooled, session: RunSession, profile: SandboxProfile, shape: list[str]) -> bool:
+def _matches(entry: Pooled, session: RunSession, profile: SandboxProfile, shape: list[str], engine: str | None) -> bool:
     return (
-        entry.profile_digest == profile.digest
+        entry.engine == engine
+        and entry.profile_digest == profile.digest
         and target_key(entry.target) == target_key(session.target)
         and (entry.site or None) == (session.site or None)
         and list(entry.mounts) == shape
@@ -202,8 +206,12 @@ def _matches(entry: Pooled, session: RunSession, profile: SandboxProfile, shape:
     )
 
 
-def adopt(session: RunSession, profile: SandboxProfile, plans: Sequence[MountPlan]) -> Instance | None:
+def adopt(
+    session: RunSession, profile: SandboxProfile, plans: Sequence[MountPlan], *, engine: str | None = None
+) -> Instance | None:
     """Adopt a ready pooled sandbox for the Run of ``session``; ``None`` when none fits (provision as always).
+
+    ``engine`` names the engine this process reaches (as ``fill`` was told it): only a sandbox filled there fits.
 
     The instance comes back ``provisioning`` (never activated): the Run stages its mounts, then activates it.
     """
@@ -212,7 +220,7 @@ def adopt(session: RunSession, profile: SandboxProfile, plans: Sequence[MountPla
         return None
     journal = session.journal
     for entry in ready(journal, session.core.runner_tag, now=session.clock.now()):
-        if not _matches(entry, session, profile, shape):
+        if not _matches(entry, session, profile, shape, engine):
             continue
         now = session.clock.now()
         if not _claim(journal, entry, run_id=session.run_id, lease=session.lease, now=now):
@@ -249,6 +257,7 @@ async def fill_one(
     mounts: Sequence[str],
     *,
     ttl: float,
+    engine: str | None = None,
 ) -> Pooled | None:
     """Provision one pooled sandbox (journaled, labelled, fenced), and make it ready for ``ttl`` seconds.
 
@@ -262,7 +271,7 @@ async def fill_one(
         platform=platform,
         mount_count=len(plans),
         needs=Needs(),
-        noted={"pool": {"mounts": list(mounts), "ttl": ttl}},
+        noted={"pool": {"mounts": list(mounts), "ttl": ttl, "engine": engine}},
     )
     session = attempt.session
     status = "failed"
@@ -313,16 +322,20 @@ async def fill(
     n: int,
     ttl: float = DEFAULT_POOL_TTL,
     site: str | None = None,
+    engine: str | None = None,
 ) -> list[Pooled]:
     """Top the pool of this shape up to ``n`` ready sandboxes; returns the ones made now."""
     have = [
         e
         for e in ready(runner.journal, runner.runner_tag, now=runner.clock.now())
-        if e.profile_digest == profile.digest and list(e.mounts) == list(mounts) and (e.site or None) == site
+        if e.profile_digest == profile.digest
+        and list(e.mounts) == list(mounts)
+        and (e.site or None) == site
+        and e.engine == engine
     ]
     made: list[Pooled] = []
     for _ in range(max(0, n - len(have))):
-        entry = await fill_one(runner, target, profile, platform, mounts, ttl=ttl)
+        entry = await fill_one(runner, target, profile, platform, mounts, ttl=ttl, engine=engine)
         if entry is not None:
             made.append(entry)
     return made
