@@ -44,7 +44,18 @@ from checkfu.runner.leases import LeaseStore
 from checkfu.runner.registry import Adapter, Registry, target_key
 from checkfu.runner.runner import Needs, Runner
 
-__all__ = ["DEFAULT_POOL_TTL", "OWNER_PREFIX", "Pooled", "adopt", "drain", "fill", "pool_shape", "ready"]
+__all__ = [
+    "DEFAULT_POOL_TTL",
+    "OWNER_PREFIX",
+    "Drained",
+    "Pooled",
+    "adopt",
+    "drain",
+    "fill",
+    "fill_one",
+    "pool_shape",
+    "ready",
+]
 
 OWNER_PREFIX = "pool:"
 DEFAULT_POOL_TTL = 3600.0
