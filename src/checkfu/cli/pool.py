@@ -74,6 +74,8 @@ def _say_ready(entries: list[Pooled], as_json: bool, **more: Any) -> None:
     if as_json:
         print(json.dumps({"ready": [e.as_json() for e in entries], **more}))
         return
+    if not entries:
+        err.print("pool: no ready sandboxes (`checkfu pool fill --profile FILE -n N` makes some)")
     for e in entries:
         mounts = ",".join(e.mounts) or "-"
         print(f"{e.instance_id}  {e.profile_digest[:19]}  {e.target.provider}  mounts={mounts}  run={e.run_id}")
