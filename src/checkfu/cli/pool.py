@@ -158,8 +158,7 @@ def pool_fill(
 
 @pool_app.command("refill")
 def pool_refill(db: DbOpt = None, as_json: JsonOpt = False) -> None:
-    """Top every pool `checkfu pool fill` made up to its size again (what `checkfu run --pool` starts after it
-    adopted a sandbox)."""
+    """Top every pool `checkfu pool fill` made up to its size again (started by a `checkfu run --pool` that adopted)."""
     tag = runner_tag(db)
     journal = open_journal(db)
     made: list[Pooled] = []
