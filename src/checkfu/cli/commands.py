@@ -8,7 +8,7 @@ import click
 import typer
 import typer.core
 
-from checkfu.cli import checks, evidence, fleet, images, kit, logs, provider, run, sandbox
+from checkfu.cli import checks, evidence, fleet, images, kit, logs, pool, provider, run, sandbox
 
 
 def _plain_type(self: typer.core.TyperOption | typer.core.TyperArgument, ctx: click.Context) -> str | None:
@@ -55,6 +55,7 @@ app.add_typer(kit.app, name="kit")
 app.add_typer(images.images_app, name="images")
 app.add_typer(run.runs_app, name="runs")
 app.add_typer(run.runner_app, name="runner")
+app.add_typer(pool.pool_app, name="pool")
 app.add_typer(provider.provider_app, name="provider")
 app.add_typer(evidence.evidence_app, name="evidence")
 app.add_typer(evidence.keys_app, name="keys")

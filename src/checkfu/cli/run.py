@@ -529,6 +529,14 @@ def run_command(
             metavar="HOST:PORT",
         ),
     ] = None,
+    pool: Annotated[
+        bool,
+        typer.Option(
+            "--pool",
+            help="adopt a ready sandbox of `checkfu pool fill` (same provider, profile and mount targets) when there "
+            "is one, else provision as always; the pool is refilled in the background",
+        ),
+    ] = False,
 ) -> None:
     """Run one command in a fresh sandbox, with mounts staged by the runner.
 
@@ -567,6 +575,7 @@ def run_command(
             allow=allow or [],
             warnings=warnings,
             summary=summary,
+            pool=pool,
         )
     except SandboxError as exc:
         _refused(exc, json_file, summary)
@@ -631,6 +640,7 @@ def _admit_and_run(
     allow: list[str],
     warnings: list[str],
     summary: dict[str, Any],
+    pool: bool = False,
 ) -> int:
     """Every input checked (every problem listed), then the Run. Returns the exit status.
 
@@ -690,6 +700,7 @@ def _admit_and_run(
                 summary=summary,
                 db=db,
                 profile_name=read.name,
+                pool=pool,
             )
         )
     finally:
@@ -727,6 +738,7 @@ async def _run(
     summary: dict[str, Any],
     db: str | None = None,
     profile_name: str = "",
+    pool: bool = False,
 ) -> int:
     observer = ConsoleObserver(quiet=quiet)
     # Mounts are read, bounded and hashed before any provider is asked anything (describe included).
@@ -785,6 +797,7 @@ async def _run(
             owner=current_owner(),
             keep_output=output_cap(),
             noted={"engine": current_engine()} if target.provider == "docker" else None,
+            pool=pool,
         )
         result.phases = {"resolve": resolve_seconds, **result.phases}
     except asyncio.CancelledError:
@@ -800,6 +813,10 @@ async def _run(
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
+        if observer.attempt is not None and observer.attempt.session.adopted is not None:
+            from checkfu.cli.pool import refill_in_background  # noqa: PLC0415 - only a Run that adopted refills
+
+            refill_in_background(db)
     chosen = registry.select(target)
     grade = assess(chosen.envelope, in_tree=chosen.in_tree)  # graded as the grade card grades it
     label = grade.label
@@ -823,6 +840,8 @@ async def _run(
         not_enforced=list(result.not_enforced),
         allowed=list(allowed),
     )
+    if pool:
+        summary["adopted"] = result.adopted
     if not quiet:
         _summary(result, label, allowed, profile_name, env, workdir)
     if _report_left(observer.attempt, db, f"[bold red]the command exited {result.exit_code:d}, but[/]"):

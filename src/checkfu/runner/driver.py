@@ -97,6 +97,8 @@ class RunSession:
         """After ``release_all``: what is still held in the provider, by allocation key, with why."""
         self.unjournaled: dict[str, str] = {}
         """What the journal could not record while winding up (its row stays open for reconciliation), by key."""
+        self.adopted: str | None = None
+        """The allocation key of the pooled sandbox this attempt adopted (``checkfu.runner.pool.adopt``), if any."""
 
     @property
     def envelope(self) -> SandboxProviderCapabilities:

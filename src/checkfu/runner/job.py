@@ -34,6 +34,7 @@ from checkfu.runner.driver import CheckedProcess, Instance, RunSession
 from checkfu.runner.journal import JournalError
 from checkfu.runner.mounts import GitSource, MountSpec, ResolvedMount, resolve_mount
 from checkfu.runner.output import MASK_MIN, OutputKeeper
+from checkfu.runner.pool import adopt
 from checkfu.runner.runner import Attempt, Needs, Runner
 
 TIMEOUT_EXIT = 124
@@ -44,7 +45,20 @@ READ_BATCH = 1024
 Interact = Callable[[CheckedProcess], Awaitable[None]]
 """Feeds an open process from the caller (stdin, terminal resizes) until cancelled; must end its stdin itself."""
 
-PHASES = ("resolve", "select", "materialize", "provision", "stage", "activate", "process", "capture", "release")
+PHASES = (
+    "resolve",
+    "select",
+    "materialize",
+    "provision",
+    "stage",
+    "activate",
+    "process",
+    "capture",
+    "release",
+)
+POOL_PHASE = "adopt"
+"""A Run with ``pool`` has this phase after ``select``; one that adopted a sandbox skips ``materialize`` and
+``provision``."""
 
 
 class Observer(Protocol):
@@ -155,6 +169,8 @@ class JobResult:
     """What is still held in the provider after release, by allocation key, with why (empty: nothing)."""
     unjournaled: dict[str, str] = field(default_factory=dict)
     """What the journal could not record (it was locked or unreachable): reconciliation settles it later."""
+    adopted: str | None = None
+    """With ``pool``: the allocation key of the pooled sandbox the Run adopted (``None``: it provisioned one)."""
 
 
 class _Phases:
@@ -201,6 +217,7 @@ async def run_job(
     owner: str | None = None,
     keep_output: int | None = None,
     noted: dict[str, object] | None = None,
+    pool: bool = False,
 ) -> JobResult:
     """Run ``argv`` in a fresh sandbox; returns its exit code and what happened.
 
@@ -214,7 +231,9 @@ async def run_job(
     orphan. With ``keep_output`` (a cap in bytes), the first that many bytes of output are kept in the
     journal as they stream (``checkfu logs``), every value of ``env`` masked; the summary says what was kept
     and dropped. ``noted`` goes
-    into the Run's story as given.
+    into the Run's story as given. With ``pool``, the Run adopts a ready pooled sandbox of its adapter, profile
+    digest, sealed mount targets and engine (``noted["engine"]``) when there is one (``checkfu.runner.pool``),
+    else provisions as always; either way its mounts are staged before it is activated.
 
     Raises:
         SandboxError: a refusal or a provider fault; whatever was allocated has been
@@ -291,6 +310,8 @@ async def run_job(
             interact,
             tty,
             result,
+            pool,
+            str(noted["engine"]) if noted and "engine" in noted else None,
         )
         status = "succeeded" if result.exit_code == 0 else "command_failed"
     except asyncio.CancelledError:
@@ -318,6 +339,8 @@ async def run_job(
             "stdin": interact is not None,
             "writable": list(result.writable),
         }
+        if pool:
+            summary["adopted"] = result.adopted
         if session.left:
             summary["left"] = session.left
         if keeper is not None:
@@ -404,11 +427,19 @@ async def _drive(
     interact: Interact | None,
     tty: tuple[int, int] | None,
     result: JobResult,
+    pool: bool = False,
+    engine: str | None = None,
 ) -> None:
-    async with phases.run("materialize"):
-        image = (await session.materialize(profile, platform)).image
-    async with phases.run("provision"):
-        inst = await session.provision(profile, platform, image, resolved)
+    inst: Instance | None = None
+    if pool:
+        async with phases.run(POOL_PHASE):
+            inst = adopt(session, profile, [r.plan for r in resolved], engine=engine)
+        result.adopted = inst.allocation_key if inst is not None else None
+    if inst is None:
+        async with phases.run("materialize"):
+            image = (await session.materialize(profile, platform)).image
+        async with phases.run("provision"):
+            inst = await session.provision(profile, platform, image, resolved)
     async with phases.run("stage"):
         await session.stage(inst, resolved, progress=obs.stage_progress)
     async with phases.run("activate"):
