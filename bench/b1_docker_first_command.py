@@ -34,7 +34,7 @@ from checkfu.contract.members import (
 from checkfu.contract.mounts import MountPlan
 from checkfu.contract.profile import SandboxProfile
 from checkfu.contract.target import Lease
-from checkfu.providers.docker import DockerProvider
+from checkfu.providers.docker import DockerProvider, spec
 
 NAMES = ["B1"]
 LEASE = Lease(lease_id="bench", lease_epoch=1)
@@ -128,6 +128,20 @@ class Rig:
             "log_config": {"type": "none", "config": {}},
             "labels": {"checkfu.runner_tag": self.tag, "checkfu.allocation_key": f"{self.tag}-raw"},
         }
+
+    def raw_shaped_config(self) -> dict[str, Any]:
+        """docker-py's arguments for a container of our exact shape: the same flags, and its writable paths as
+        the same size-limited tmpfs *volumes* ours has (anonymous, created by the engine at ``create``, removed
+        with the container by ``v=True``). HostConfig tmpfs mounts (``raw_config``) are invisible to the engine's
+        archive API, which staging, ``cp`` and snapshots need under a read-only root; the volumes are not.
+        The raw engine creating the same isolation, for B8 and B9."""
+        cfg = self.raw_config()
+        del cfg["tmpfs"]
+        user = self.provider.user
+        areas = spec.split_disk(LIMITS["disk_mib"], user)
+        cfg["mounts"] = spec.area_mounts(areas, user, f"{self.tag}-raw", self.tag)
+        cfg["ulimits"] = [docker.types.Ulimit(name="msgqueue", soft=0, hard=0)]
+        return cfg
 
     def leftovers(self) -> int:
         flt = {"label": [f"checkfu.runner_tag={self.tag}"]}

@@ -96,6 +96,20 @@ async def interleave(ours: Step, raw: Step, *, n: int, warmup: int) -> tuple[lis
     return a, b
 
 
+async def interleave_many(steps: list[Step], *, n: int, warmup: int) -> list[list[float]]:
+    """Times of each step, their order rotated every round (A B C / B C A / C A B ...), after ``warmup`` rounds."""
+    for _ in range(warmup):
+        for step in steps:
+            await _call(step)
+    times: list[list[float]] = [[] for _ in steps]
+    k = len(steps)
+    for i in range(n):
+        for j in range(k):
+            which = (i + j) % k
+            times[which].append(await timed(steps[which]))
+    return times
+
+
 def summarize(
     name: str, a: list[float], b: list[float], *, target: str, met: Callable[[float, list[float], list[float]], bool]
 ) -> Figure:
