@@ -3,17 +3,20 @@
 Ours, through the runner (SQLite journal, the Docker tier's adapter): the Run is started (selection,
 journal row, lease), adopts a ready pooled sandbox (``checkfu.runner.pool.adopt``: one compare-and-set),
 stages its mounts, activates, runs its first ``exec true``, releases, and is finished in the journal.
-Before each round the pool is topped up again (not timed): the pool is warm. Raw: B1's docker-py
-``create``, ``start``, ``exec_run(["true"])``, ``remove(force=True)`` of an equally isolated container.
-Beside them, the floor of this design on the raw engine: a container created ahead (untimed), then
-``start``, ``exec_run``, ``remove`` (timed), since an adopted sandbox is provisioned and not yet activated.
+Before each round the pool is topped up again (not timed) by a filler whose Docker tier holds what it
+provisions (``hold``: started and at once paused, as ``checkfu pool fill`` does): the pool is warm, and
+activating an adopted sandbox thaws it instead of starting it. Raw: B1's docker-py ``create``,
+``start``, ``exec_run(["true"])``, ``remove(force=True)`` of an equally isolated container.
+Beside them, two floors on the raw engine: a container created ahead (untimed), then ``start``,
+``exec_run``, ``remove`` (timed); and the floor of this design, a container created, started and
+paused ahead (untimed), then ``unpause``, ``exec_run``, ``remove`` (timed).
 Interleaved in one process. Target: ours p50 <= 110 ms (the fastest hosted peer's published median).
 
 Two figures: a Run without mounts (B1's shape), and a Run with one sealed mount of one 4 KiB file.
-Also stated: the median of each phase of ours, and the pool's idle cost, the memory the engine
-reports (``docker stats``) for a pooled sandbox, which is created and not started, so it holds no
-process; its writable layer's size; and what the engine's daemons (dockerd, containerd) hold for it,
-their resident memory before and after ten more wait in the pool, divided by ten (noisy on a shared
+Also stated: the median of each phase of ours, and the pool's idle cost: the memory the engine
+reports (``docker stats``) for a pooled sandbox, which is held (its init and ``sleep``, frozen);
+its writable layer's size; and what the engine's daemons (dockerd, containerd) hold for it, their
+resident memory before and after ten more wait in the pool, divided by ten (noisy on a shared
 engine: other work moves it too).
 Set ``CHECKFU_BENCH_N`` to change the number of rounds (default 20).
 """
@@ -31,6 +34,7 @@ from b1_docker_first_command import Rig, rounds
 from harness import Figure, summarize, timed
 
 from checkfu.contract.errors import SandboxError
+from checkfu.providers.docker import DockerProvider
 from checkfu.runner.clock import SystemClock
 from checkfu.runner.journal import Journal, sqlite_url
 from checkfu.runner.mounts import ResolvedMount, parse_mount, resolve_mount
@@ -61,12 +65,12 @@ def _engine_rss() -> int | None:
     return total if found else None
 
 
-async def _engine_cost(runner: Runner, rig: Rig, k: int = 10) -> dict[str, Any]:
+async def _engine_cost(filler: Runner, rig: Rig, k: int = 10) -> dict[str, Any]:
     """The engine daemons' resident memory per pooled sandbox: before and after ``k`` more wait in the pool."""
-    (adapter,) = runner.registry.adapters
+    (adapter,) = filler.registry.adapters
     before = _engine_rss()
     for _ in range(k):
-        await fill_one(runner, adapter.target, rig.profile, rig.platform, [], ttl=600)
+        await fill_one(filler, adapter.target, rig.profile, rig.platform, [], ttl=600)
     after = _engine_rss()
     if before is None or after is None:
         return {"engine_rss_per_pooled_bytes": "not measurable (no local dockerd)"}
@@ -74,7 +78,7 @@ async def _engine_cost(runner: Runner, rig: Rig, k: int = 10) -> dict[str, Any]:
 
 
 def _pooled_memory(client: Any, instance_id: str) -> dict[str, Any]:
-    """What one pooled sandbox holds while it waits: created, never started, so no process and no cgroup."""
+    """What one pooled sandbox holds while it waits: held, its processes frozen."""
     c = client.containers.get(instance_id)
     stats = c.stats(stream=False)
     usage = (stats.get("memory_stats") or {}).get("usage")
@@ -88,7 +92,9 @@ def _pooled_memory(client: Any, instance_id: str) -> dict[str, Any]:
     }
 
 
-async def _figure(rig: Rig, runner: Runner, resolved: list[ResolvedMount], label: str) -> tuple[Figure, dict[str, Any]]:
+async def _figure(
+    rig: Rig, runner: Runner, filler: Runner, resolved: list[ResolvedMount], label: str
+) -> tuple[Figure, dict[str, Any]]:
     (adapter,) = runner.registry.adapters
     target, profile, platform = adapter.target, rig.profile, rig.platform
     plans = [r.plan for r in resolved]
@@ -97,7 +103,7 @@ async def _figure(rig: Rig, runner: Runner, resolved: list[ResolvedMount], label
     raw_config = rig.raw_config()
 
     async def warm() -> None:
-        await fill_one(runner, target, profile, platform, targets, ttl=600)
+        await fill_one(filler, target, profile, platform, targets, ttl=600)
 
     async def ours() -> None:
         t0 = time.perf_counter()
@@ -149,6 +155,21 @@ async def _figure(rig: Rig, runner: Runner, resolved: list[ResolvedMount], label
         c.remove(force=True)
         floor.append(time.perf_counter() - t)
 
+    held_floor: list[float] = []
+
+    def raw_from_held() -> None:
+        """The floor of a held pool on the raw engine: a container created, started and paused ahead (untimed),
+        then unpause, exec_run, remove (timed)."""
+        c = rig.client.containers.create(**raw_config)
+        c.start()
+        c.pause()
+        t = time.perf_counter()
+        c.unpause()
+        code, _ = c.exec_run(["true"], user="1000:1000")
+        assert code == 0
+        c.remove(force=True)
+        held_floor.append(time.perf_counter() - t)
+
     n = rounds()
     a: list[float] = []
     b: list[float] = []
@@ -164,7 +185,9 @@ async def _figure(rig: Rig, runner: Runner, resolved: list[ResolvedMount], label
             a.append(await timed(ours))
             b.append(await timed(raw))
             raw_from_created()
+            raw_from_held()
         else:
+            raw_from_held()
             raw_from_created()
             b.append(await timed(raw))
             a.append(await timed(ours))
@@ -179,6 +202,8 @@ async def _figure(rig: Rig, runner: Runner, resolved: list[ResolvedMount], label
     )
     fig.extra["ours_p99_over_p50"] = fig.extra["ours_p99"] / fig.ours_p50
     fig.extra["raw_precreated_start_exec_remove_p50_ms"] = round(statistics.median(floor) * 1e3, 1)
+    fig.extra["raw_held_unpause_exec_remove_p50_ms"] = round(statistics.median(held_floor) * 1e3, 1)
+    fig.extra["ours_over_held_floor"] = fig.ours_p50 / statistics.median(held_floor)
     fig.extra.update({f"ours_{k}_p50_ms": round(statistics.median(v) * 1e3, 1) for k, v in phases.items() if v})
     return fig, idle
 
@@ -191,15 +216,20 @@ async def run() -> list[Figure]:
     registry = Registry()
     registry.add(await adapter_from_factory(lambda: rig.provider, "bench docker", {}, in_tree=True))
     runner = Runner(registry, journal, runner_tag=rig.tag, clock=SystemClock())
+    # The filler: the same runner tag, journal and engine, its Docker tier holding what it provisions.
+    held = DockerProvider(state_dir=rig.state.name, cache_tag=rig.tag, hold=True)
+    fill_registry = Registry()
+    fill_registry.add(await adapter_from_factory(lambda: held, "bench docker (hold)", {}, in_tree=True))
+    filler = Runner(fill_registry, journal, runner_tag=rig.tag, clock=SystemClock())
     data = Path(home.name) / "data"
     data.mkdir()
     (data / "one.bin").write_bytes(os.urandom(4096))
     figures: list[Figure] = []
     try:
-        plain, idle = await _figure(rig, runner, [], "")
-        idle.update(await _engine_cost(runner, rig))
+        plain, idle = await _figure(rig, runner, filler, [], "")
+        idle.update(await _engine_cost(filler, rig))
         mounted_in = [resolve_mount(parse_mount(f"{data}:/data"))]
-        mounted, _ = await _figure(rig, runner, mounted_in, ", one sealed 4 KiB mount")
+        mounted, _ = await _figure(rig, runner, filler, mounted_in, ", one sealed 4 KiB mount")
         figures = [plain, mounted]
     finally:
         drained = await drain(journal, registry, rig.tag, runner)

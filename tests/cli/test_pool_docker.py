@@ -45,7 +45,9 @@ def test_a_run_adopts_a_pooled_sandbox_stages_its_mounts_sealed_and_the_pool_ref
     [pooled] = filled["ready"]
     assert filled["made"] == [pooled["allocation_key"]]
     [box] = [c for c in containers(engine, dcli.tag) if c.name == pooled["instance_id"]]
-    assert box.status == "created"  # provisioned, never started: nothing can run in it yet
+    # Held: started and at once frozen, so nothing can run in it yet, and adopting it thaws instead of starting.
+    assert box.status == "paused"
+    assert box.labels["checkfu.hold"] == "1"
     assert box.labels["checkfu.allocation_key"] == pooled["allocation_key"]
 
     data = tmp_path / "data"

@@ -92,7 +92,7 @@ async def _fill(
     quiet: bool,
 ) -> list[Pooled]:
     observer = ConsoleObserver(quiet=quiet)
-    registry = await _registry(name, None, observer, journal)
+    registry = await _registry(name, None, observer, journal, hold=True)
     target = _choose(registry, name, True)
     runner = Runner(registry, journal, runner_tag=runner_tag(db))
     engine = current_engine() if target.provider == "docker" else None

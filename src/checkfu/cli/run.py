@@ -707,13 +707,19 @@ def _admit_and_run(
         journal.close()
 
 
-async def _registry(name: str, credential: Credential | None, observer: ConsoleObserver, journal: Any) -> Registry:
-    """The adapters to choose from: the named installed provider, or the provider service at a URL."""
+async def _registry(
+    name: str, credential: Credential | None, observer: ConsoleObserver, journal: Any, *, hold: bool = False
+) -> Registry:
+    """The adapters to choose from: the named installed provider, or the provider service at a URL. With ``hold``
+    (a warm pool's filler), the Docker tier provisions held sandboxes: started and paused, thawed at activation."""
     if is_url(name):
         registry = Registry()
         registry.add(await adapter_from_factory(lambda: RemoteProvider(name, credential), name, {}, recorder=journal))
         return registry
-    options = {"docker": {"progress": observer.build_line}}  # the Docker tier reports each line of a build
+    docker: dict[str, Any] = {"progress": observer.build_line}  # the Docker tier reports each line of a build
+    if hold:
+        docker["hold"] = "yes"
+    options = {"docker": docker}
     return await load_registry(entry_point_names=[name], options=options, recorder=journal)
 
 

@@ -3,7 +3,8 @@
 A pooled sandbox is a Run of its own (the *pool Run*) that stops after ``provision``: selection and
 the capability check, the allocation journaled ``pending`` under its own allocation key before the
 provider is asked, the provider's objects labelled with that key and the runner tag, every call
-fenced by the pool Run's lease. It is never staged nor activated, so nothing can run in it yet.
+fenced by the pool Run's lease. It is never staged nor activated, so nothing can run in it yet (the Docker
+tier's filler holds it: started and at once frozen, so that activating it thaws rather than starts it).
 
 Once provisioned it is *ready*: its lease is handed to no process (owner ``pool:<run>``) until
 ``ttl`` seconds from now. Until then nothing reclaims it; afterwards ``checkfu runner reconcile``

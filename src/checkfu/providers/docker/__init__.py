@@ -7,7 +7,9 @@ staged files wait for activation), ``cache_tag`` (runner tag of materialized
 images), ``workers`` (threads for docker-py calls), ``egress_image`` (the image
 an ``allowlist`` sandbox's egress proxy runs in, default ``checkfu/debian:12``)
 and ``egress_dns`` (comma-separated addresses of the DNS servers the egress
-proxies ask, default the engine's choice). ``progress``, a callable, receives
+proxies ask, default the engine's choice) and ``hold`` (``yes``: every sandbox ``provision``
+makes is started and at once paused, so ``activate`` only thaws it; what a warm pool's filler
+uses; default ``no``). ``progress``, a callable, receives
 each line of an image build's output as one ``str``.
 
 One provider drives one engine: the local one (``DOCKER_HOST``, or
@@ -51,6 +53,7 @@ OPTIONS = (
     "url",
     "tls_dir",
     "site",
+    "hold",
 )
 
 
@@ -83,6 +86,9 @@ def create(progress: BuildLine | None = None, **options: str) -> DockerProvider:
             f"the Docker tier is not available: the engine{named} cannot be asked ({type(exc).__name__}: {exc})",
             field="provider",
         ) from None
+    hold = options.get("hold", "no")
+    if hold not in ("yes", "no"):
+        raise SandboxAdapterUnavailable(f"hold: {hold!r} is neither yes nor no", field="hold")
     try:
         return DockerProvider(
             engine=engine,
@@ -94,6 +100,7 @@ def create(progress: BuildLine | None = None, **options: str) -> DockerProvider:
             egress_image=options.get("egress_image", "checkfu/debian:12"),
             egress_dns=tuple(options.get("egress_dns", "").split(",")),
             facts=None if engine.local else engine_facts(engine),
+            hold=hold == "yes",
         )
     except BaseException:
         engine.close()

@@ -165,6 +165,11 @@ class Instance:
         return tuple(t for t in self.mounts if t in areas)
 
     @property
+    def held(self) -> bool:
+        """Provisioned held: started and paused at ``provision``, thawed by ``activate``."""
+        return self.labels.get(L.HOLD) == "1"
+
+    @property
     def stager(self) -> str | None:
         return self.labels.get(L.STAGER) or None
 
@@ -217,6 +222,10 @@ class DockerProvider:
         egress_image: the image the egress proxy and door of an ``allowlist`` sandbox run in (it needs
             ``python3``, 3.9 or later); without it on the engine, ``allowlist`` is not advertised.
         egress_dns: the DNS servers the egress proxies ask (default: the engine's own choice for a container).
+        hold: a sandbox ``provision`` makes (without an egress allowlist) is *held*: started and at once paused,
+            so its boundary is up (namespaces, cgroup, mounted areas) and nothing in it runs until ``activate``
+            thaws it. A warm pool's filler sets it, so that an adopting Run pays a thaw instead of a start.
+            Staging is unchanged: sealed mounts are written through the stager, writable ones after the thaw.
 
     Raises:
         SandboxAdapterUnavailable: ``sandbox_user`` or ``home`` is malformed (the option is the field).
@@ -235,7 +244,9 @@ class DockerProvider:
         facts: HostFacts | None = None,
         egress_image: str = "checkfu/debian:12",
         egress_dns: tuple[str, ...] = (),
+        hold: bool = False,
     ) -> None:
+        self.hold = hold
         self.user = spec.SandboxUser.parse(sandbox_user, home)
         self.engine = engine if engine is not None else Engine(workers=workers)
         self._facts = facts if facts is not None else host_facts()
@@ -302,10 +313,13 @@ class DockerProvider:
         if labels.get(L.ALLOCATION_KEY) != allocation_key or L.kind_of(labels) != "instance":
             raise SandboxNotFound(f"instance_id: {name!r} is not an instance of allocation {allocation_key!r}")
         status = info.get("State", {}).get("Status", "")
+        # A held sandbox waits paused until ``activate`` thaws it. (An activated one is paused again only for the
+        # moment a snapshot reads it; a cold look in that moment reads it as not yet activated.)
+        provisioning = status == "created" or (status == "paused" and labels.get(L.HOLD) == "1")
         return Instance(
             container_id=str(info["Id"]),
             name=name,
-            state="provisioning" if status == "created" else "active",
+            state="provisioning" if provisioning else "active",
             running=bool(info.get("State", {}).get("Running")) and not info.get("State", {}).get("Paused"),
             labels=labels,
             volumes=tuple(str(m["Name"]) for m in info.get("Mounts") or [] if m.get("Type") == "volume"),
@@ -452,7 +466,7 @@ class DockerProvider:
     # provision, clone, resume -------------------------------------------------------------
 
     def _create_blocking(
-        self, request: _Allocating, areas: tuple[spec.Area, ...], restore: str | None
+        self, request: _Allocating, areas: tuple[spec.Area, ...], restore: str | None, hold: bool = False
     ) -> tuple[str, dict[str, str], tuple[str, ...]]:
         """Create the instance's containers and volumes; for an ``allowlist`` profile its proxy (created meanwhile,
         in another thread, then started without waiting: the door waits for it at ``activate``) and its door too."""
@@ -462,7 +476,7 @@ class DockerProvider:
         image = self._require_egress_image() if egress.wants_egress(request.profile) else None
         proxy = self._fanout.submit(self._create_proxy, request, image) if image is not None else None
         try:
-            created = self._create_sandbox(request, areas, restore)
+            created = self._create_sandbox(request, areas, restore, hold)
             if image is not None:
                 self._create_if_absent(egress.door_spec(api, instance=name, image=image, key=key, tag=tag))
         except _RootImageMissing as exc:
@@ -530,9 +544,9 @@ class DockerProvider:
         self._create_if_absent(config)
 
     def _create_sandbox(
-        self, request: _Allocating, areas: tuple[spec.Area, ...], restore: str | None
+        self, request: _Allocating, areas: tuple[spec.Area, ...], restore: str | None, hold: bool = False
     ) -> tuple[str, dict[str, str], tuple[str, ...]]:
-        """The stager (with mounts) and the sandbox container.
+        """The stager (with mounts) and the sandbox container; with ``hold``, started and at once paused.
 
         Raises:
             _RootImageMissing: the engine has no ``root_image`` (the caller reclaims what was made).
@@ -563,6 +577,7 @@ class DockerProvider:
             tag=tag,
             restore=restore,
             targets=tuple(m.target for m in request.mounts),
+            hold=hold,
         )
         try:
             created = api.create_container(**config)
@@ -575,6 +590,11 @@ class DockerProvider:
             existing = self._inspect_blocking(name, key)
             transition(existing.state if existing is not None else "released", "provision")
             raise
+        if hold:
+            # Up and frozen: what a start costs is paid now, and nothing runs until ``activate`` thaws it. A failure
+            # leaves objects that carry the allocation key, for ``compensate``, as any failed create does.
+            api.start(created["Id"])
+            api.pause(created["Id"])
         return str(created["Id"]), dict(config["labels"]), spec.named_volumes(name, sealed)
 
     async def _allocate(self, request: _Allocating, member: Member, restore: str | None) -> None:
@@ -586,8 +606,9 @@ class DockerProvider:
         if egress.wants_egress(request.profile):
             egress.allowlist_of(request.profile)  # every destination readable by the proxy, before any create
         transition("absent", member)
+        hold = self.hold and member == "provision" and not egress.wants_egress(request.profile)
         container_id, labels, volume_names = await self.engine.run(
-            member, self._create_blocking, request, areas, restore
+            member, self._create_blocking, request, areas, restore, hold
         )
         name = L.instance_name(request.allocation_key)
         self._remember(name, container_id)
@@ -838,12 +859,20 @@ class DockerProvider:
             spool = self.spools.get(instance.name, instance.runner_tag)
             with spool.lock:
                 self._flush(spool, instance.stager)
-            try:
-                api.remove_container(instance.stager, force=True)
-            except Exception as exc:
-                if _status(exc) != 404:
-                    raise
-        api.start(instance.container_id)
+            if instance.held:  # its work is done; a held sandbox's thaw does not wait for its removal
+                self._in_background(
+                    instance.name, self._gone, functools.partial(api.remove_container, instance.stager, force=True)
+                )
+            else:
+                try:
+                    api.remove_container(instance.stager, force=True)
+                except Exception as exc:
+                    if _status(exc) != 404:
+                        raise
+        if instance.held:
+            api.unpause(instance.container_id)
+        else:
+            api.start(instance.container_id)
         if instance.proxy is None:
             self._verify_sealed(instance)
         else:

@@ -268,8 +268,9 @@ def sandbox_spec(
     tag: str,
     restore: str | None,
     targets: tuple[str, ...] | None = None,
+    hold: bool = False,
 ) -> dict[str, Any]:
-    """The sandbox container, created (not started) with every enforcement flag set.
+    """The sandbox container, created (not started) with every enforcement flag set; labelled held with ``hold``.
 
     ``mounts`` are the sealed plans (each a read-only volume); ``targets`` every mount target, the writable
     plans' (which are among ``areas``) too.
@@ -302,6 +303,8 @@ def sandbox_spec(
         extra[L.STAGER] = L.stager_name(instance)
     if restore is not None:
         extra[L.RESTORE] = restore
+    if hold:
+        extra[L.HOLD] = "1"
     environment = {"HOME": user.home}
     if egress.wants_egress(profile):
         extra[L.PROXY] = egress.proxy_name(instance)
