@@ -595,6 +595,11 @@ class DockerProvider:
             # leaves objects that carry the allocation key, for ``compensate``, as any failed create does.
             api.start(created["Id"])
             api.pause(created["Id"])
+            # The engine applied every flag at this start: checked now, so that the thaw is all ``activate`` does.
+            self._verify_sealed(
+                Instance(str(created["Id"]), name, "provisioning", running=True, labels=config["labels"], volumes=()),
+                "provision",
+            )
         return str(created["Id"]), dict(config["labels"]), spec.named_volumes(name, sealed)
 
     async def _allocate(self, request: _Allocating, member: Member, restore: str | None) -> None:
@@ -874,7 +879,8 @@ class DockerProvider:
         else:
             api.start(instance.container_id)
         if instance.proxy is None:
-            self._verify_sealed(instance)
+            if not instance.held:  # a held one's flags were checked when it was started, at provision
+                self._verify_sealed(instance)
         else:
             try:
                 self._all(lambda: self._verify_sealed(instance), lambda: egress.open_door(api, instance.name))
@@ -925,7 +931,7 @@ class DockerProvider:
             self.engine.api.kill(instance.container_id)
             raise SandboxProviderFailed(f"activate: the egress proxy is not as built: {', '.join(problems)}")
 
-    def _verify_sealed(self, instance: Instance) -> None:
+    def _verify_sealed(self, instance: Instance, member: str = "activate") -> None:
         """After start, the engine reports every flag as set; otherwise the sandbox is stopped and refused."""
         info = self.engine.api.inspect_container(instance.container_id)
         host = info.get("HostConfig", {})
@@ -948,7 +954,7 @@ class DockerProvider:
                 problems.append(f"mount {mount.get('Destination')} is writable")
         if problems:
             self.engine.api.kill(instance.container_id)
-            raise SandboxProviderFailed(f"activate: the engine did not apply the sandbox flags: {', '.join(problems)}")
+            raise SandboxProviderFailed(f"{member}: the engine did not apply the sandbox flags: {', '.join(problems)}")
 
     async def activate(self, request: ActivateRequest) -> InstanceResult:
         """Flush staged files into the mount volumes, drop the stager, start the sandbox with its mounts read-only,
