@@ -105,16 +105,16 @@ from checkfu.contract.mounts import link_problem
 from checkfu.contract.paths import is_within
 from checkfu.providers.docker import egress, files, snapshots, spec
 from checkfu.providers.docker import labels as L
-from checkfu.providers.docker.engine import DEFAULT_WORKERS, Engine
+from checkfu.providers.docker.engine import DEFAULT_WORKERS, Engine, translate
 from checkfu.providers.docker.envelope import HostFacts, build_envelope, check_target, host_facts, require_served
 from checkfu.providers.docker.materialize import BuildLine, Materializer
 from checkfu.providers.docker.process import DockerProcess, ExecOutcome, hijack, resize_exec, run_exec
 from checkfu.providers.docker.staging import (
     DIRECT_BYTES,
-    END_OF_ARCHIVE,
     INLINE_BYTES,
-    SPOOL_LIMIT,
+    SEGMENT_BYTES,
     Spool,
+    SpooledArchive,
     Spools,
     discard_writable,
     file_archive,
@@ -265,6 +265,8 @@ class DockerProvider:
     def close(self) -> None:
         """Release the engine's threads and connections. Sandboxes are left as they are."""
         self._fanout.shutdown(wait=False, cancel_futures=True)
+        self.spools.close()
+        self.rw_spools.close()
         self.engine.close()
 
     # identity and state -------------------------------------------------------------------
@@ -690,20 +692,43 @@ class DockerProvider:
 
     # writeFile, activate ----------------------------------------------------------------------
 
-    def _flush(self, spool: Spool, stager: str) -> None:
-        """Upload the spool into ``stager`` and empty it. Call with ``spool.lock`` held."""
-        size = spool.size()
-        if size == 0:
-            return
+    def _upload_segment(self, stager: str, segment: Path) -> None:
+        """Extract one sealed spool segment into ``stager``'s mount volumes (with a stated length, not chunked)."""
+        self.engine.api.put_archive(stager, "/", SpooledArchive(segment))
 
-        def body() -> Any:
-            with spool.path.open("rb") as f:
-                while chunk := f.read(1 << 20):
-                    yield chunk
-            yield END_OF_ARCHIVE
+    def _drain(self, spool: Spool, stager: str, member: Member) -> None:
+        """Upload ``spool``'s sealed segments now, in order, on this thread.
 
-        self.engine.api.put_archive(stager, "/", body())
-        spool.discard()
+        Raises:
+            SandboxProviderFailed: an upload (this one or an earlier one in the background) failed.
+        """
+        try:
+            spool.drain(functools.partial(self._upload_segment, stager))
+        except Exception as exc:
+            raise self._staging_failed(member, exc) from exc
+
+    @staticmethod
+    def _staging_failed(member: Member, exc: BaseException) -> SandboxError:
+        reason = translate(exc, "put_archive").message
+        return SandboxProviderFailed(
+            f"{member}: uploading staged files into the instance's mount volumes failed ({reason}); "
+            "the instance cannot be activated: release it and provision again"
+        )
+
+    def _drain_in_background(self, instance: Instance, spool: Spool, stager: str) -> None:
+        """Upload the spool's sealed segments in the pool while writes go on; a failure is kept on the spool, for
+        the next ``writeFile`` or ``activate`` to report (``release`` and ``compensate`` wait for it first)."""
+
+        def drain() -> None:
+            with contextlib.suppress(Exception):
+                spool.drain(functools.partial(self._upload_segment, stager))
+
+        self._in_background(instance.name, drain)
+
+    def _check_spool(self, spool: Spool) -> None:
+        failure = spool.failure
+        if failure is not None:
+            raise self._staging_failed("writeFile", failure)
 
     @staticmethod
     def _verify(instance: Instance, request: WriteFileRequest, data: bytes, target: str) -> str:
@@ -746,61 +771,57 @@ class DockerProvider:
     def _stage_blocking(self, instance: Instance, request: WriteFileRequest, target: str, data: bytes) -> None:
         stager = self._verify(instance, request, data, target)
         spool = self._spool_for(instance, target)
+        self._check_spool(spool)
         uid, gid = self.user.uid, self.user.gid
         rw = target in instance.writable
-        with spool.lock:
-            if rw or request.symlink:
-                spool.append(
-                    request.path,
-                    target,
-                    data,
-                    mode=request.mode,
-                    uid=uid,
-                    gid=gid,
-                    symlink=request.symlink,
-                    from_root=not rw,
-                )
-                if not rw and spool.size() >= SPOOL_LIMIT:
-                    self._flush(spool, stager)
-                return
-            if len(data) >= DIRECT_BYTES:
-                self._flush(spool, stager)
+        if not rw and not request.symlink and len(data) >= DIRECT_BYTES:
+            with spool.lock:
+                spool.seal()
+                self._drain(spool, stager, "writeFile")  # what was written before goes first
                 self.engine.api.put_archive(
                     stager, "/", file_archive(request.path, target, data, mode=request.mode, uid=uid, gid=gid)
                 )
-                return
-            spool.append(request.path, target, data, mode=request.mode, uid=uid, gid=gid)
-            if spool.size() >= SPOOL_LIMIT:
-                self._flush(spool, stager)
+            return
+        with spool.lock:
+            self._append(instance, spool, stager, request, target, data)
+
+    def _append(
+        self, instance: Instance, spool: Spool, stager: str, request: WriteFileRequest, target: str, data: bytes
+    ) -> None:
+        """Append to the spool (call with its lock held); a full segment of a sealed mount's spool goes to the
+        uploader."""
+        rw = target in instance.writable
+        spool.append(
+            request.path,
+            target,
+            data,
+            mode=request.mode,
+            uid=self.user.uid,
+            gid=self.user.gid,
+            symlink=request.symlink,
+            from_root=not rw,
+        )
+        if not rw and spool.size() >= SEGMENT_BYTES and spool.seal():
+            self._drain_in_background(instance, spool, stager)
 
     def _stage_inline(self, instance: Instance, request: WriteFileRequest, target: str, data: bytes) -> bool:
         """Stage a small file on the calling thread when that takes no engine call and no wait: verified, then
-        appended to the spool while its lock is free and the spool stays below its limit. Whether it did; when
-        not, ``_stage_blocking`` (in the pool) does it all, the checks included.
+        appended to the spool while its lock is free (a full segment is sealed and handed to the uploader, in the
+        pool). Whether it did; when not, ``_stage_blocking`` (in the pool) does it all, the checks included.
 
         Raises:
             SandboxDigestMismatch: the length or the digest differs.
+            SandboxProviderFailed: an earlier upload of the spool failed.
         """
         if len(data) >= INLINE_BYTES:
             return False
-        self._verify(instance, request, data, target)
+        stager = self._verify(instance, request, data, target)
         spool = self._spool_for(instance, target)
-        rw = target in instance.writable
+        self._check_spool(spool)
         if not spool.lock.acquire(blocking=False):
             return False
         try:
-            if not rw and spool.size() + len(data) + INLINE_BYTES >= SPOOL_LIMIT:
-                return False
-            spool.append(
-                request.path,
-                target,
-                data,
-                mode=request.mode,
-                uid=self.user.uid,
-                gid=self.user.gid,
-                symlink=request.symlink,
-                from_root=not rw,
-            )
+            self._append(instance, spool, stager, request, target, data)
             return True
         finally:
             spool.lock.release()
@@ -837,7 +858,8 @@ class DockerProvider:
         if instance.stager is not None:
             spool = self.spools.get(instance.name, instance.runner_tag)
             with spool.lock:
-                self._flush(spool, instance.stager)
+                spool.seal()
+                self._drain(spool, instance.stager, "activate")
             try:
                 api.remove_container(instance.stager, force=True)
             except Exception as exc:
@@ -877,14 +899,8 @@ class DockerProvider:
         with spool.lock:
             if spool.size() == 0:
                 return
-
-            def body() -> Any:
-                with spool.path.open("rb") as f:
-                    while chunk := f.read(1 << 20):
-                        yield chunk
-                yield END_OF_ARCHIVE
-
-            self.engine.api.put_archive(instance.container_id, target, body())
+            spool.close()
+            self.engine.api.put_archive(instance.container_id, target, SpooledArchive(spool.path))
             spool.discard()
 
     def _verify_proxy(self, instance: Instance) -> None:
