@@ -146,19 +146,21 @@ class Instance:
     """The volumes to remove by name after the container: its mount volumes (and, read back from the engine,
     also its anonymous areas, which the container's removal takes with it, so their removal finds nothing)."""
 
+    # ``mounts``, ``areas`` and ``writable`` are read from the labels once (each ``writeFile`` asks for them)
+
     @property
     def runner_tag(self) -> str:
         return self.labels.get(L.RUNNER_TAG, "")
 
-    @property
+    @functools.cached_property
     def mounts(self) -> tuple[str, ...]:
         return L.json_list(self.labels, L.MOUNTS)
 
-    @property
+    @functools.cached_property
     def areas(self) -> tuple[str, ...]:
         return L.json_list(self.labels, L.AREAS)
 
-    @property
+    @functools.cached_property
     def writable(self) -> tuple[str, ...]:
         """The writable mounts' targets: mount targets that are writable areas of their own."""
         areas = set(self.areas)

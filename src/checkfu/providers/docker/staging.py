@@ -287,15 +287,15 @@ class Spools:
     def __init__(self, root: Path) -> None:
         self.root = root
         self._lock = threading.Lock()
-        self._spools: dict[Path, Spool] = {}
+        self._spools: dict[str, Spool] = {}  # by file name
 
     def get(self, instance: str, runner_tag: str) -> Spool:
-        path = self.root / f"{instance}~{runner_tag}.tar"
+        name = f"{instance}~{runner_tag}.tar"
         with self._lock:
-            spool = self._spools.get(path)
+            spool = self._spools.get(name)
             if spool is None:
-                spool = Spool(path)
-                self._spools[path] = spool
+                spool = Spool(self.root / name)
+                self._spools[name] = spool
             return spool
 
     def close(self) -> None:
@@ -322,7 +322,7 @@ class Spools:
                 if spool.discard():
                     removed += 1
             with self._lock:
-                self._spools.pop(path, None)
+                self._spools.pop(path.name, None)
         return removed
 
 
