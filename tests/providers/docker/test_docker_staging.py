@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from docker_kit import LEASE, Kit, leftovers, sha
 
-from checkfu.contract.errors import SandboxProviderFailed
+from checkfu.contract.errors import SandboxDigestMismatch, SandboxProviderFailed
 from checkfu.contract.members import (
     ActivateRequest,
     CompensateRequest,
@@ -171,3 +171,63 @@ async def test_a_cold_provider_uploads_sealed_segments_in_order(kit: Kit, small_
         assert not _segments(kit, inst.instance_id)
     finally:
         await kit.provider.release(ReleaseRequest(**call))
+
+
+@pytest.fixture
+def small_direct(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(provider_module, "DIRECT_BYTES", 128 << 10)
+    monkeypatch.setattr(provider_module, "SLICE_BYTES", 64 << 10)
+
+
+async def _cat(kit: Kit, call: dict[str, Any], script: str) -> bytes:
+    ran = await kit.provider.exec(
+        ExecRequest(**call, argv=("sh", "-c", script), timeout_ms=10_000, max_output_bytes=4 << 20)
+    )
+    return ran.stdout
+
+
+async def test_large_files_keep_their_place_among_spooled_writes(kit: Kit, small_direct: None) -> None:
+    big, big2 = os.urandom(256 << 10), os.urandom(300 << 10)
+    files = {"one": big, "two": big2}
+    key, inst = await kit.provision("direct-order", mounts=(_plan("/workspace", files),))
+    call = {"target": kit.target, "lease": LEASE, "allocation_key": key, "instance_id": inst.instance_id}
+    try:
+        await _write(kit, call, "/workspace/one", b"small first")  # spooled
+        await _write(kit, call, "/workspace/one", big)  # uploaded on its own, after the spool: it wins
+        await _write(kit, call, "/workspace/two", big2)
+        await _write(kit, call, "/workspace/two", b"small last")  # spooled after the large one: it wins
+        await kit.provider.activate(ActivateRequest(**call))
+        assert (await _cat(kit, call, "sha256sum /workspace/one")).split()[0].decode() == sha(big)[7:]
+        assert await _cat(kit, call, "cat /workspace/two") == b"small last"
+    finally:
+        await kit.provider.release(ReleaseRequest(**call))
+
+
+async def test_a_large_file_with_the_wrong_digest_is_stopped_and_keeps_activate_from_starting(
+    kit: Kit, small_direct: None
+) -> None:
+    good = os.urandom(256 << 10)
+    bad = bytearray(good)
+    bad[-1] ^= 1  # the last byte differs: found only once the hash beside the upload is done
+    key, inst = await kit.provision("direct-bad", mounts=(_plan("/workspace", {"big": good}),))
+    call = {"target": kit.target, "lease": LEASE, "allocation_key": key, "instance_id": inst.instance_id}
+    try:
+        with pytest.raises(SandboxDigestMismatch) as raised:
+            await kit.provider.write_file(
+                WriteFileRequest(**call, path="/workspace/big", size=len(good), digest=sha(good)), bytes(bad)
+            )
+        assert raised.value.field == "digest"
+        with pytest.raises(SandboxProviderFailed, match="'/workspace/big' may be partly written"):
+            await kit.provider.activate(ActivateRequest(**call))
+        cold = provider_module.DockerProvider(state_dir=kit.docker.state_dir, cache_tag=kit.runner_tag, workers=4)
+        try:  # the mark is on disk: a provider built later refuses too
+            with pytest.raises(SandboxProviderFailed, match="may be partly written"):
+                await cold.activate(ActivateRequest(**call))
+        finally:
+            cold.close()
+        await _write(kit, call, "/workspace/big", good)  # written again, whole: the mark goes
+        await kit.provider.activate(ActivateRequest(**call))
+        assert (await _cat(kit, call, "sha256sum /workspace/big")).split()[0].decode() == sha(good)[7:]
+    finally:
+        await kit.provider.release(ReleaseRequest(**call))
+    assert not list((Path(kit.docker.state_dir) / "staging").glob(f"{inst.instance_id}~*"))

@@ -113,11 +113,12 @@ from checkfu.providers.docker.staging import (
     DIRECT_BYTES,
     INLINE_BYTES,
     SEGMENT_BYTES,
+    SLICE_BYTES,
+    FileArchive,
     Spool,
     SpooledArchive,
     Spools,
     discard_writable,
-    file_archive,
     writable_spool_name,
 )
 
@@ -186,6 +187,18 @@ class Instance:
     @property
     def allowlist(self) -> tuple[str, ...]:
         return L.json_list(self.labels, L.ALLOWLIST)
+
+
+def _sha256(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def _check_digest(request: WriteFileRequest, actual: str) -> None:
+    """Raises ``SandboxDigestMismatch`` when ``actual`` is not the digest ``request`` states."""
+    if actual != request.digest:
+        raise SandboxDigestMismatch(
+            f"digest: the bytes are {actual}, the request states {request.digest}", field="digest"
+        )
 
 
 class _RootImageMissing(Exception):
@@ -733,9 +746,12 @@ class DockerProvider:
             raise self._staging_failed("writeFile", failure)
 
     @staticmethod
-    def _verify(instance: Instance, request: WriteFileRequest, data: bytes, target: str) -> str:
+    def _verify(
+        instance: Instance, request: WriteFileRequest, data: bytes, target: str, *, hash_now: bool = True
+    ) -> str:
         """The stager of ``instance``, once ``data`` has the stated length and SHA-256 (and, for a symlink, a
-        UTF-8 target that stays inside the mount).
+        UTF-8 target that stays inside the mount). With ``hash_now`` false the digest is left to the caller
+        (an upload that hashes beside itself and checks before its last slice).
 
         Raises:
             SandboxDigestMismatch: the length or the digest differs.
@@ -746,11 +762,8 @@ class DockerProvider:
             raise SandboxDigestMismatch(
                 f"size: {len(data)} bytes arrived, the request states {request.size}", field="size"
             )
-        actual = "sha256:" + hashlib.sha256(data).hexdigest()
-        if actual != request.digest:
-            raise SandboxDigestMismatch(
-                f"digest: the bytes are {actual}, the request states {request.digest}", field="digest"
-            )
+        if hash_now:
+            _check_digest(request, _sha256(data))
         if request.symlink:
             try:
                 why = link_problem(request.path[len(target) + 1 :], data.decode("utf-8"))
@@ -771,21 +784,58 @@ class DockerProvider:
         return self.spools.get(instance.name, instance.runner_tag)
 
     def _stage_blocking(self, instance: Instance, request: WriteFileRequest, target: str, data: bytes) -> None:
-        stager = self._verify(instance, request, data, target)
         spool = self._spool_for(instance, target)
-        self._check_spool(spool)
-        uid, gid = self.user.uid, self.user.gid
         rw = target in instance.writable
-        if not rw and not request.symlink and len(data) >= DIRECT_BYTES:
-            with spool.lock:
-                spool.seal()
-                self._drain(spool, stager, "writeFile")  # what was written before goes first
-                self.engine.api.put_archive(
-                    stager, "/", file_archive(request.path, target, data, mode=request.mode, uid=uid, gid=gid)
-                )
-            return
+        large = not request.symlink and len(data) >= DIRECT_BYTES
+        direct = not rw and (large or request.path in spool.partial)
+        stager = self._verify(instance, request, data, target, hash_now=not (direct and large))
+        self._check_spool(spool)
         with spool.lock:
-            self._append(instance, spool, stager, request, target, data)
+            if direct:
+                self._put_direct(spool, stager, request, target, data, hashed=not large)
+            else:
+                self._append(instance, spool, stager, request, target, data)
+
+    def _put_direct(
+        self, spool: Spool, stager: str, request: WriteFileRequest, target: str, data: bytes, *, hashed: bool
+    ) -> None:
+        """Upload one file on its own, after what was written before it (call with the spool's lock held).
+
+        Unless ``hashed``, its SHA-256 is computed in the pool while the upload streams ``data`` (never copied),
+        and checked before the last slice goes: a mismatch stops the upload short. The path is marked on disk
+        for the upload's length, so a file left partly written (a mismatch, a failed upload, a crash) keeps
+        ``activate`` from starting the sandbox until a later write of the path succeeds.
+
+        Raises:
+            SandboxDigestMismatch: the bytes do not have the stated SHA-256.
+        """
+        spool.seal()
+        self._drain(spool, stager, "writeFile")  # what was written before goes first
+        digest = None if hashed else self._fanout.submit(_sha256, data)
+
+        def before_tail() -> None:
+            if digest is not None:
+                _check_digest(request, digest.result())
+
+        body = FileArchive(
+            request.path,
+            target,
+            data,
+            mode=request.mode,
+            uid=self.user.uid,
+            gid=self.user.gid,
+            symlink=request.symlink,
+            before_tail=before_tail,
+            slice_bytes=SLICE_BYTES,
+        )
+        spool.mark(request.path)
+        try:
+            self.engine.api.put_archive(stager, "/", body)
+        except BaseException:
+            if body.failure is not None:
+                raise body.failure from None
+            raise
+        spool.unmark(request.path)
 
     def _append(
         self, instance: Instance, spool: Spool, stager: str, request: WriteFileRequest, target: str, data: bytes
@@ -815,10 +865,10 @@ class DockerProvider:
             SandboxDigestMismatch: the length or the digest differs.
             SandboxProviderFailed: an earlier upload of the spool failed.
         """
-        if len(data) >= INLINE_BYTES:
+        spool = self._spool_for(instance, target)
+        if len(data) >= INLINE_BYTES or request.path in spool.partial:
             return False
         stager = self._verify(instance, request, data, target)
-        spool = self._spool_for(instance, target)
         self._check_spool(spool)
         if not spool.lock.acquire(blocking=False):
             return False
@@ -862,6 +912,12 @@ class DockerProvider:
             with spool.lock:
                 spool.seal()
                 self._drain(spool, instance.stager, "activate")
+                if spool.partial:
+                    path = sorted(spool.partial)[0]
+                    raise SandboxProviderFailed(
+                        f"activate: {path!r} may be partly written in its mount (its upload failed or its bytes did "
+                        "not match their digest); write it again, or release the instance"
+                    )
             try:
                 api.remove_container(instance.stager, force=True)
             except Exception as exc:

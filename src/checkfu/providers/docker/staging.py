@@ -10,7 +10,9 @@ straight from memory. Later writes of a path replace earlier ones, in order.
 
 from __future__ import annotations
 
+import contextlib
 import glob
+import hashlib
 import os
 import tarfile
 import threading
@@ -27,6 +29,10 @@ SEGMENT_BYTES = 1 << 20
 """A sealed mount's spool segment this large is sealed and uploaded in the background while writes go on."""
 READ_BYTES = 1 << 20
 """Bytes read from a spool file at a time while it is uploaded."""
+SLICE_BYTES = 8 << 20
+"""Bytes of a large file handed to the socket at a time."""
+PARTIAL = ".partial-"
+"""Between a spool's name and a path's hash: the mark of a path whose upload began and has not ended well."""
 INLINE_BYTES = 64 << 10
 """A file smaller than this is checked and appended to the spool on the caller's thread (no thread hand-off),
 when that needs neither a flush nor a wait for the spool's lock: a local append, never an engine call."""
@@ -89,19 +95,60 @@ def entry_names(path: str, mount_target: str, *, from_root: bool = True) -> tupl
     return dirs, f"{base}/{rel}"
 
 
-def file_archive(
-    path: str, mount_target: str, data: bytes, *, mode: int, uid: int, gid: int, chunk: int = 1 << 20
-) -> Iterator[bytes]:
-    """A complete archive of one file and its parent directories, streamed from ``data`` without a copy of it."""
-    dirs, name = entry_names(path, mount_target)
-    for d in dirs:
-        yield _header(d, size=0, mode=DIR_MODE, uid=uid, gid=gid, directory=True)
-    yield _header(name, size=len(data), mode=mode, uid=uid, gid=gid, directory=False)
-    view = memoryview(data)
-    for start in range(0, len(data), chunk):
-        yield bytes(view[start : start + chunk])
-    yield _padding(len(data))
-    yield END_OF_ARCHIVE
+class FileArchive:
+    """A complete archive of one file (and its parent directories) as an upload body, straight from ``data``.
+
+    It has a length, so the request states it and each slice of ``data`` goes to the socket as it is, never
+    copied. ``before_tail`` is called before the last slice is handed over (the digest check, while the bytes
+    were hashed beside the upload); when it raises, the upload stops short, the engine's extraction fails, and
+    the error is kept in ``failure``. A symlink is archived as a link: ``data`` is its target.
+    """
+
+    def __init__(
+        self,
+        path: str,
+        mount_target: str,
+        data: bytes,
+        *,
+        mode: int,
+        uid: int,
+        gid: int,
+        symlink: bool = False,
+        before_tail: Callable[[], None] | None = None,
+        slice_bytes: int = SLICE_BYTES,
+    ) -> None:
+        dirs, name = entry_names(path, mount_target)
+        heads = [_header(d, size=0, mode=DIR_MODE, uid=uid, gid=gid, directory=True) for d in dirs]
+        if symlink:
+            heads.append(_header(name, size=0, mode=0o777, uid=uid, gid=gid, directory=False, link=data.decode()))
+            data = b""
+        else:
+            heads.append(_header(name, size=len(data), mode=mode, uid=uid, gid=gid, directory=False))
+        self._head = b"".join(heads)
+        self._data = memoryview(data)
+        self._tail = _padding(len(data)) + END_OF_ARCHIVE
+        self._before_tail = before_tail
+        self._slice = slice_bytes
+        self.failure: BaseException | None = None
+
+    def __len__(self) -> int:
+        return len(self._head) + len(self._data) + len(self._tail)
+
+    def __iter__(self) -> Iterator[bytes | memoryview]:
+        yield self._head
+        size = len(self._data)
+        last = max(0, size - self._slice)
+        for start in range(0, last, self._slice):
+            yield self._data[start : min(start + self._slice, last)]
+        if self._before_tail is not None:
+            try:
+                self._before_tail()
+            except BaseException as exc:
+                self.failure = exc
+                raise
+        if last < size:
+            yield self._data[last:]
+        yield self._tail
 
 
 class Spool:
@@ -128,11 +175,34 @@ class Spool:
         self._next = _sequence(self._sealed[-1]) + 1 if self._sealed else 1
         self._scheduled = False
         self.failure: BaseException | None = None
+        self.partial: dict[str, Path] = {}
+        """The paths whose direct upload began and did not end well, each with its mark on disk."""
+        for mark in self._marks():
+            with contextlib.suppress(OSError, UnicodeDecodeError):
+                self.partial[mark.read_text("utf-8")] = mark
 
     def _found(self) -> list[Path]:
         if not self.path.parent.exists():
             return []
         return [p for p in self.path.parent.glob(glob.escape(self.path.name) + ".*") if p.suffix[1:].isdigit()]
+
+    def _marks(self) -> list[Path]:
+        if not self.path.parent.exists():
+            return []
+        return list(self.path.parent.glob(glob.escape(self.path.name) + PARTIAL + "*"))
+
+    def mark(self, path: str) -> None:
+        """Note on disk, before its upload begins, that ``path`` may be left partly written in the volume (until
+        ``unmark``): ``activate`` refuses an instance with such a path, a cold provider too."""
+        mark = self.path.with_name(f"{self.path.name}{PARTIAL}{hashlib.sha256(path.encode()).hexdigest()[:32]}")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        mark.write_text(path, "utf-8")
+        self.partial[path] = mark
+
+    def unmark(self, path: str) -> None:
+        mark = self.partial.pop(path, None)
+        if mark is not None:
+            mark.unlink(missing_ok=True)
 
     def size(self) -> int:
         """Bytes in the open segment."""
@@ -246,7 +316,8 @@ class Spool:
         """Remove the open segment and every sealed one; whether there was any."""
         self._close()
         with self._queue:
-            found = [p for p in (self.path, *self._sealed, *self._found()) if p.exists()]
+            found = [p for p in (self.path, *self._sealed, *self._found(), *self._marks()) if p.exists()]
+            self.partial.clear()
             for p in found:
                 p.unlink(missing_ok=True)
             self._sealed.clear()
@@ -313,7 +384,7 @@ class Spools:
         paths: set[Path] = set()
         if self.root.exists():
             paths |= set(self.root.glob(pattern))
-            paths |= {p.with_suffix("") for p in self.root.glob(pattern + ".*") if p.suffix[1:].isdigit()}
+            paths |= {p.with_suffix("") for p in self.root.glob(pattern + ".*")}  # sealed segments, marks
         if runner_tag is not None:
             paths.add(self.root / pattern)
         for path in paths:
