@@ -732,11 +732,28 @@ class DockerProvider:
 
     def _drain_in_background(self, instance: Instance, spool: Spool, stager: str) -> None:
         """Upload the spool's sealed segments in the pool while writes go on; a failure is kept on the spool, for
-        the next ``writeFile`` or ``activate`` to report (``release`` and ``compensate`` wait for it first)."""
+        the next ``writeFile`` or ``activate`` to report (``release`` and ``compensate`` wait for it first).
+
+        Once the queue is empty the uploader takes what the open segment gathered meanwhile (when it holds at
+        least ``SEGMENT_BYTES`` and no writer holds the spool): a slow writer's files go up as they come, a
+        fast writer's in few requests (each request costs the engine a mount of the stager and a fresh
+        extraction process, measured at about 60 ms).
+        """
 
         def drain() -> None:
-            with contextlib.suppress(Exception):
-                spool.drain(functools.partial(self._upload_segment, stager))
+            upload = functools.partial(self._upload_segment, stager)
+            while True:
+                try:
+                    spool.drain(upload)
+                except Exception:
+                    return
+                if not spool.lock.acquire(blocking=False):
+                    return  # a writer holds it: its next full segment is sealed and scheduled by that writer
+                try:
+                    if spool.size() < SEGMENT_BYTES or not spool.seal():
+                        return
+                finally:
+                    spool.lock.release()
 
         self._in_background(instance.name, drain)
 
@@ -853,7 +870,7 @@ class DockerProvider:
             symlink=request.symlink,
             from_root=not rw,
         )
-        if not rw and spool.size() >= SEGMENT_BYTES and spool.seal():
+        if not rw and spool.size() >= SEGMENT_BYTES and not spool.uploading() and spool.seal():
             self._drain_in_background(instance, spool, stager)
 
     def _stage_inline(self, instance: Instance, request: WriteFileRequest, target: str, data: bytes) -> bool:

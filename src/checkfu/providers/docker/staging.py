@@ -269,6 +269,11 @@ class Spool:
             self._out.close()
             self._out = None
 
+    def uploading(self) -> bool:
+        """Whether an upload of this spool is scheduled or under way (a sealed segment waits for it)."""
+        with self._queue:
+            return self._scheduled
+
     def seal(self) -> bool:
         """Close the open segment and queue it for upload; whether there was anything in it. Call with ``lock``
         held. Returns true when a drain should be scheduled (none is yet)."""
