@@ -803,12 +803,11 @@ class DockerProvider:
     def _stage_blocking(self, instance: Instance, request: WriteFileRequest, target: str, data: bytes) -> None:
         spool = self._spool_for(instance, target)
         rw = target in instance.writable
-        large = not request.symlink and len(data) >= DIRECT_BYTES
-        direct = not rw and (large or request.path in spool.partial)
-        stager = self._verify(instance, request, data, target, hash_now=not (direct and large))
+        large = not rw and not request.symlink and len(data) >= DIRECT_BYTES  # hashed beside its upload
+        stager = self._verify(instance, request, data, target, hash_now=not large)
         self._check_spool(spool)
         with spool.lock:
-            if direct:
+            if large or (not rw and request.path in spool.partial):  # a marked path goes up on its own
                 self._put_direct(spool, stager, request, target, data, hashed=not large)
             else:
                 self._append(instance, spool, stager, request, target, data)

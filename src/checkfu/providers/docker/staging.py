@@ -1,11 +1,22 @@
 """Staged writes: the bytes ``writeFile`` accepted, on their way into the mount volumes.
 
-``writeFile`` verifies the length and SHA-256 of the bytes first; only verified
-bytes are staged. Small files are appended to a per-instance tar spool under the
-state directory (named after the instance, so a cold provider finds it), and the
-spool goes into the stager in one archive upload when it grows large, when a
-large file arrives, or at ``activate``. A large file is uploaded on its own,
-straight from memory. Later writes of a path replace earlier ones, in order.
+``writeFile`` verifies the length and SHA-256 of the bytes; only bytes that match
+reach a sandbox. Small files are appended to a per-instance tar spool under the
+state directory (named after the instance, so a cold provider finds it). While
+writes go on, a background uploader puts sealed segments of the spool into the
+stager, one request at a time and in order; ``activate`` seals and uploads the
+rest before the sandbox starts. A large file is uploaded on its own, straight
+from the caller's buffer, after everything written before it; its SHA-256 is
+computed beside the upload and checked before the last slice goes, and its path
+is marked on disk until the upload ended well, so a file left partly written
+keeps ``activate`` from starting the sandbox. Later writes of a path replace
+earlier ones, in order.
+
+Measured on the 2-core bench host (B6, docker 20.10): the engine extracts about
+1 MiB of 4 KiB files in 350-450 ms and spends about 60 ms per request of its own
+(a mount of the stager and a fresh extraction process); two requests at once into
+one stager were slower than one after the other. Hence one uploader per spool,
+taking whatever gathered while it was busy (at least ``SEGMENT_BYTES``).
 """
 
 from __future__ import annotations
@@ -26,7 +37,10 @@ END_OF_ARCHIVE = b"\0" * (2 * BLOCK)
 DIRECT_BYTES = 4 << 20
 """A file at least this large skips the spool and is uploaded on its own."""
 SEGMENT_BYTES = 1 << 20
-"""A sealed mount's spool segment this large is sealed and uploaded in the background while writes go on."""
+"""The least a spool segment holds before it is sealed for the background uploader. With fixed segments,
+B6's 1000 x 4 KiB (landed, started; p50 of 5, one loaded run) took 4.1 s with 256 KiB segments, 2.5 s with
+1 MiB, 1.9 s with 4 MiB and 1.8 s with one request at activate; an uploader that takes what gathered while it
+was busy starts early and still makes few requests."""
 READ_BYTES = 1 << 20
 """Bytes read from a spool file at a time while it is uploaded."""
 SLICE_BYTES = 8 << 20
