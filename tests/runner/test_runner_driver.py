@@ -28,6 +28,7 @@ from checkfu.contract.errors import (
 )
 from checkfu.contract.process import ProcessExit, ProcessOutput
 from checkfu.contract.vocabulary import Platform
+from checkfu.runner import session as session_module
 from checkfu.runner.driver import Instance, Limits, RunSession, Snapshot
 from checkfu.runner.mounts import DirectorySource, GitSource, MountSpec, ResolvedMount, resolve_mount
 from checkfu.testing import Misbehaving, crash, hang, memory_profile, unknown_field
@@ -463,3 +464,31 @@ async def test_a_cancelled_allocation_is_compensated_before_the_cancellation_pro
     assert rig.memory.live_objects() == ()
     (row,) = rig.journal.allocations_for_run(session.run_id)
     assert row.state == "compensated"
+
+
+async def test_stage_hashes_a_directory_file_once_and_the_provider_still_checks_it(
+    rig: Any, workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Staging reads a directory file again and checks its SHA-256 against the plan; that digest goes into the
+    writeFile request as it is (the request is not hashed a second time), and the provider checks it itself."""
+    session = rig.start(mount_count=1)
+    mounts = [resolve_mount(MountSpec(DirectorySource(workspace), "/workspace"))]
+    _, image = await provisioned(session)
+    inst = await session.provision(PROFILE, AMD64, image, mounts)
+    hashed: list[int] = []
+    original = session_module.sha256_digest
+
+    def counting(data: bytes) -> str:
+        hashed.append(len(data))
+        return original(data)
+
+    monkeypatch.setattr(session_module, "sha256_digest", counting)
+    staged = await session.stage(inst, mounts)
+    assert staged == mounts[0].plan.total_bytes and hashed == []
+    await session.activate(inst)
+    out = await session.exec(inst, ["cat", "/workspace/README"], timeout=5)
+    assert out.stdout == (workspace / "README").read_bytes()
+    # a caller's digest that is not the bytes' own is still refused by the provider (the door names its code)
+    other = await session.provision(PROFILE, AMD64, image, mounts)
+    with pytest.raises(SandboxProviderFailed, match="the provider raised SandboxDigestMismatch"):
+        await session.write_file(other, "/workspace/README", b"not these", digest=mounts[0].plan.files[0].digest)

@@ -287,10 +287,20 @@ class RunSession:
     # provisioning -----------------------------------------------------------------------------
 
     async def write_file(
-        self, inst: Instance, path: str, data: bytes, *, mode: int = 0o644, symlink: bool = False
+        self,
+        inst: Instance,
+        path: str,
+        data: bytes,
+        *,
+        mode: int = 0o644,
+        symlink: bool = False,
+        digest: str | None = None,
     ) -> WriteFileResult:
         return await self._run(
-            self._plan("writeFile", lambda: self.core.write_file(inst, path, data, mode=mode, symlink=symlink))
+            self._plan(
+                "writeFile",
+                lambda: self.core.write_file(inst, path, data, mode=mode, symlink=symlink, digest=digest),
+            )
         )
 
     async def stage(
@@ -310,7 +320,11 @@ class RunSession:
             try:
                 while (item := await asyncio.to_thread(next, files, None)) is not None:
                     f, data = item
-                    await self.write_file(inst, mount.plan.absolute(f), data, mode=f.mode, symlink=f.symlink)
+                    # a directory file's sha256 digest was just checked against these bytes: not hashed again
+                    digest = f.digest if f.digest.startswith("sha256:") else None
+                    await self.write_file(
+                        inst, mount.plan.absolute(f), data, mode=f.mode, symlink=f.symlink, digest=digest
+                    )
                     done += len(data)
                     if progress is not None:
                         progress(done, total)

@@ -567,8 +567,17 @@ class SessionCore:
     # provisioning -----------------------------------------------------------------------------
 
     def write_file(
-        self, inst: Instance, path: str, data: bytes, *, mode: int = 0o644, symlink: bool = False
+        self,
+        inst: Instance,
+        path: str,
+        data: bytes,
+        *,
+        mode: int = 0o644,
+        symlink: bool = False,
+        digest: str | None = None,
     ) -> Plan[WriteFileResult]:
+        """``digest``: the bytes' ``sha256:`` digest when the caller has just computed it from ``data`` itself
+        (staging verified it against the mount plan), so the bytes are not hashed twice; computed here otherwise."""
         self._may(inst, "writeFile")
         admit_path(path, roots=inst.mount_roots, field="path")
         extra: dict[str, Any] = {"symlink": True} if symlink else {}
@@ -578,7 +587,7 @@ class SessionCore:
             path=path,
             mode=mode,
             size=len(data),
-            digest=sha256_digest(data),
+            digest=digest if digest is not None else sha256_digest(data),
             **extra,
         )
         return self._instance_plan(
