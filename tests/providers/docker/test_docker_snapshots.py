@@ -293,3 +293,58 @@ async def test_the_runner_deletes_an_expired_snapshot_and_refuses_a_provider_lyi
         assert leftovers(client, own_tag) == []
     finally:
         journal.close()
+
+
+# Every area, through one handle ------------------------------------------------------------------
+
+EVERY_AREA = (
+    "cd $HOME && mkdir -p d/e && printf h > d/e/f && printf s > setid && chmod 4755 setid && ln d/e/f hard"
+    " && mkdir -p /tmp/t1 && printf t > /tmp/t1/f && ln /tmp/t1/f /tmp/hard && printf m > /dev/shm/m"
+)
+EVERY_CHECK = (
+    "cat $HOME/d/e/f /tmp/t1/f /dev/shm/m; echo; stat -c %a $HOME/setid;"
+    " [ $HOME/d/e/f -ef $HOME/hard ] && [ /tmp/t1/f -ef /tmp/hard ] && echo linked; cat /workspace/README"
+)
+EVERY_EXPECTED = b"htm\n755\nlinked\nhello\n"
+
+
+def handles(client: Any, tag: str) -> list[Any]:
+    return list(client.containers.list(all=True, filters={"label": [f"{L.RUNNER_TAG}={tag}", f"{L.KIND}=handle"]}))
+
+
+async def test_every_area_survives_snapshot_resume_and_clone_and_no_handle_is_left(kit: Kit, client: Any) -> None:
+    """Home, /tmp and /dev/shm (hard links within an area kept, set-id bits cleared) come back whole in a
+    resumed snapshot and in a clone, the sandbox's mount is staged again rather than captured, and no handle
+    container (through which the areas are read and filled) outlives its call."""
+    source = await kit.up("every", files=FILES, profile=kit.profile(retention="durable"))
+    try:
+        assert (await source.sh(EVERY_AREA)).exit_code == 0
+        snap_key, snap_id = await snapshot(kit, source)
+        assert handles(client, kit.runner_tag) == []
+        names = client.images.get(snap_id).history()
+        assert len(names) == 1, "a snapshot is one layer"
+        request = resume_request(kit, snap_key, snap_id)
+        resumed = await kit.provider.resume(request)
+        box = await activate(kit, request.allocation_key, resumed.instance_id)
+        base = kit.provision_request(kit.key("every-clone"), mounts=plans_for(FILES))
+        clone_request = CloneRequest(
+            **base.model_dump(), source_allocation_key=source.key, source_instance_id=source.instance_id
+        )
+        cloned = await kit.provider.clone(clone_request)
+        assert handles(client, kit.runner_tag) == []
+        clone = await activate(kit, clone_request.allocation_key, cloned.instance_id)
+        try:
+            for made in (box, clone):
+                r = await made.sh(EVERY_CHECK)
+                assert r.stdout == EVERY_EXPECTED, (r.stdout, r.stderr)
+        finally:
+            await box.release()
+            await clone.release()
+        assert handles(client, kit.runner_tag) == []
+        delete = DeleteSnapshotRequest(
+            target=kit.target, lease=LEASE, snapshot_allocation_key=snap_key, snapshot_id=snap_id
+        )
+        assert (await kit.provider.delete_snapshot(delete)).deleted is True
+    finally:
+        await source.release()
+    assert [o for o in leftovers(client, kit.runner_tag) if o[2] in {source.key, snap_key}] == []

@@ -45,6 +45,7 @@ import hashlib
 import os
 import threading
 import time
+import uuid
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -644,9 +645,7 @@ class DockerProvider:
             "carrier",
             **{L.SOURCE_KEY: request.source_allocation_key},
         )
-        carrier = await self.engine.run(
-            "clone", snapshots.take, self.engine.api, source.container_id, source.areas, source.mounts, labels
-        )
+        carrier = await self.engine.run("clone", self._take_blocking, source, labels)
         await self._allocate(request, "clone", carrier)
         return CloneResult(**self._new_instance(request), source_instance_id=request.source_instance_id)
 
@@ -833,6 +832,46 @@ class DockerProvider:
         return WriteFileResult(**echo(request, path=request.path, size=request.size, digest=request.digest))
 
     def _activate_blocking(self, instance: Instance) -> None:
+        if instance.restore is None:
+            self._start_blocking(instance)
+            return
+        # A clone or a resumed snapshot: its image is read back and a writable handle on its areas made while
+        # the sandbox starts; then the areas are filled in one upload.
+        api = self.engine.api
+        loaded = self._fanout.submit(snapshots.load, api, instance.restore, instance.areas, instance.mounts)
+        made = self._fanout.submit(self._make_handle, instance)
+        kind = self._fanout.submit(self._snapshot_labels, instance.restore)
+        try:
+            self._start_blocking(instance)
+            data, _ = loaded.result()
+            with data:
+                snapshots.fill(api, made.result(), data)
+        finally:
+            self._in_background(instance.name, self._drop_handle, made)
+            with contextlib.suppress(BaseException):
+                loaded.result()[0].close()
+        labels = kind.result() or {}
+        if L.kind_of(labels) == "carrier" and labels.get(L.ALLOCATION_KEY) == instance.labels.get(L.ALLOCATION_KEY):
+            api.remove_image(instance.restore)
+        for target in instance.writable:
+            self._fill_writable(instance, target)
+
+    def _make_handle(self, instance: Instance) -> str:
+        """Create a writable handle on ``instance``'s area volumes; its name."""
+        _, handle = self._handle(instance, read_only=False)
+        self.engine.api.create_container(**handle)
+        return str(handle["name"])
+
+    def _drop_handle(self, made: Future[str]) -> None:
+        """Remove the handle ``made`` created (its create failed: nothing to remove)."""
+        try:
+            name = made.result()
+        except BaseException:
+            return
+        snapshots.remove_handle(self.engine.api, name)
+
+    def _start_blocking(self, instance: Instance) -> None:
+        """Flush the staged files into the mount volumes, drop the stager, start the sandbox and verify it."""
         api = self.engine.api
         if instance.stager is not None:
             spool = self.spools.get(instance.name, instance.runner_tag)
@@ -862,13 +901,9 @@ class DockerProvider:
             self._verify_proxy(instance)
             door = egress.door_name(instance.name)
             self._in_background(instance.name, self._gone, functools.partial(api.remove_container, door, force=True))
-        if instance.restore is not None:
-            snapshots.restore(api, instance.restore, instance.container_id, instance.areas, instance.mounts)
-            labels = self._snapshot_labels(instance.restore) or {}
-            if L.kind_of(labels) == "carrier" and labels.get(L.ALLOCATION_KEY) == instance.labels.get(L.ALLOCATION_KEY):
-                api.remove_image(instance.restore)
-        for target in instance.writable:
-            self._fill_writable(instance, target)
+        if instance.restore is None:
+            for target in instance.writable:
+                self._fill_writable(instance, target)
 
     def _fill_writable(self, instance: Instance, target: str) -> None:
         """Extract a writable mount's spool into its area of the started sandbox (the engine writes into the
@@ -1083,13 +1118,8 @@ class DockerProvider:
         if request.keep_seconds is not None:  # from before the capture: never later than asked
             expires_at = format_timestamp(self.wall() + request.keep_seconds)
             extra[L.EXPIRES_AT] = expires_at
-        root = await self.engine.run("snapshot", self._image_of, instance.container_id)
-        if root:
-            extra[L.ROOT_IMAGE] = root
         labels = L.object_labels(request.snapshot_allocation_key, instance.runner_tag, "snapshot", **extra)
-        snapshot_id = await self.engine.run(
-            "snapshot", snapshots.take, self.engine.api, instance.container_id, instance.areas, instance.mounts, labels
-        )
+        snapshot_id = await self.engine.run("snapshot", self._take_blocking, instance, labels)
         return SnapshotResult(
             **echo(
                 request,
@@ -1099,9 +1129,28 @@ class DockerProvider:
             )
         )
 
-    def _image_of(self, container: str) -> str:
-        """The id of the image ``container`` runs (empty when the engine does not say)."""
-        return str(self.engine.api.inspect_container(container).get("Image") or "")
+    def _handle(self, instance: Instance, *, read_only: bool) -> tuple[str, dict[str, Any]]:
+        """The image ``instance`` runs, and the create configuration of a handle on its area volumes
+        (``snapshots.handle_spec``), labelled with its allocation key and named after it."""
+        api = self.engine.api
+        info = api.inspect_container(instance.container_id)
+        image = str(info.get("Image") or "")
+        spec_ = snapshots.handle_spec(
+            api,
+            name=f"{instance.name}-h{uuid.uuid4().hex[:12]}",
+            image=image,
+            volumes=snapshots.area_volumes(info, instance.areas),
+            labels=L.object_labels(instance.labels.get(L.ALLOCATION_KEY, ""), instance.runner_tag, "handle"),
+            read_only=read_only,
+        )
+        return image, spec_
+
+    def _take_blocking(self, instance: Instance, labels: dict[str, str]) -> str:
+        """Capture ``instance``'s areas as an image labelled ``labels`` (a snapshot's also with its root image)."""
+        root, handle = self._handle(instance, read_only=True)
+        if root and L.kind_of(labels) == "snapshot":
+            labels = {**labels, L.ROOT_IMAGE: root}
+        return snapshots.take(self.engine.api, instance.container_id, instance.areas, instance.mounts, labels, handle)
 
     # expiry -----------------------------------------------------------------------------------
 

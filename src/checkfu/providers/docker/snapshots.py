@@ -2,18 +2,30 @@
 
 With a read-only root, everything a sandbox can change lives in its writable
 areas; committing the container's layer would capture nothing. So a snapshot
-reads every area through the archive API while the sandbox is paused (as
+reads the areas through the archive API while the sandbox is paused (as
 ``docker commit`` pauses), re-roots the entries under the area's path, and
 imports them as one single-layer image labelled with the snapshot's allocation
 key and runner tag, the allocation it came from, and ``checkfu.kind=snapshot``.
 Entries under a mount target are left out: mounts are staged again by the runner.
 
+One archive request, not one per area: the engine holds a container's lock for
+the whole of an archive request (until its body is read) and starts a helper
+process for each, so requests for several areas of one container run one after
+another. Instead, a *handle* is created for the call: a container that is never
+started, labelled ``checkfu.kind=handle`` with the sandbox's allocation key,
+which mounts each area's volume (read-only when reading) below one directory,
+``HANDLE_ROOT/<index>``. One archive of that directory holds every area. The
+sandbox's own mounts are not on the handle, so nothing of a mount can be read
+or written through it. The handle is removed when the call is done (or, at
+activation, in the background, which ``release`` and ``compensate`` wait for).
+
 A clone uses the same capture as a ``carrier`` image labelled with the clone's
 own allocation key, consumed (deleted) when the clone is activated.
 
-Restore reads the image back (``docker save``), splits its layer by area and
-uploads each part into the started sandbox's area. Device nodes are dropped and
-set-id bits cleared on the way in.
+Restore reads the image back (``docker save``), takes its one layer, keeps
+what belongs in an area (device nodes dropped, set-id bits cleared, hard links
+kept only within their area) and uploads it in one request into a handle on the
+started sandbox's area volumes.
 """
 
 from __future__ import annotations
@@ -23,9 +35,11 @@ import json
 import shutil
 import tarfile
 import tempfile
-from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import IO, Any
+
+import docker.types
 
 from checkfu.contract.errors import SandboxNotFound, SandboxProviderFailed
 from checkfu.contract.paths import is_within
@@ -33,31 +47,64 @@ from checkfu.providers.docker.archive import open_path
 
 SPOOL_BYTES = 32 << 20
 SETID = 0o6000
+HANDLE_ROOT = "/.checkfu-areas"
+"""Where a handle mounts the areas: area ``i`` (in the instance's order) at ``HANDLE_ROOT/i``."""
 
 
-@contextlib.contextmanager
-def paused(api: Any, container: str) -> Iterator[None]:
-    """Freeze every process of ``container`` for the duration; thaw it whatever happens."""
-    api.pause(container)
+def area_volumes(info: Mapping[str, Any], areas: tuple[str, ...]) -> tuple[str, ...]:
+    """The names of the volumes the container (its ``inspect``) mounts at ``areas``, in that order.
+
+    Raises:
+        SandboxProviderFailed: an area has no volume on the container.
+    """
+    by_target = {m.get("Destination"): m.get("Name") for m in info.get("Mounts") or [] if m.get("Type") == "volume"}
+    names = []
+    for area in areas:
+        name = by_target.get(area)
+        if not name:
+            raise SandboxProviderFailed(f"snapshot: writable area {area!r} has no volume on the sandbox")
+        names.append(str(name))
+    return tuple(names)
+
+
+def handle_spec(
+    api: Any, *, name: str, image: str, volumes: tuple[str, ...], labels: dict[str, str], read_only: bool
+) -> dict[str, Any]:
+    """A container that is never started: the area volumes ``volumes`` below ``HANDLE_ROOT``, nothing else."""
+    mounts = [
+        docker.types.Mount(target=f"{HANDLE_ROOT}/{i}", source=v, type="volume", read_only=read_only, no_copy=True)
+        for i, v in enumerate(volumes)
+    ]
+    host_config = api.create_host_config(
+        mounts=mounts, network_mode="none", log_config=docker.types.LogConfig(type="none")
+    )
+    return {
+        "image": image,
+        "command": ["true"],
+        "name": name,
+        "labels": labels,
+        "host_config": host_config,
+        "network_disabled": True,
+    }
+
+
+def remove_handle(api: Any, handle: str) -> None:
+    """Remove a handle container; one already gone is fine."""
     try:
-        yield
-    finally:
-        api.unpause(container)
+        api.remove_container(handle, force=True)
+    except Exception as exc:
+        if getattr(exc, "status_code", None) != 404:
+            raise
 
 
 def _excluded(path: str, excluded: tuple[str, ...]) -> bool:
     return any(is_within(path, root) for root in excluded)
 
 
-def _fetch(api: Any, container: str, area: str) -> IO[bytes]:
-    """The engine's archive of ``area``, spooled."""
-    opened = open_path(api, container, area)
-    if opened is None:
-        raise SandboxProviderFailed(f"snapshot: writable area {area!r} is missing from the sandbox")
-    _, response = opened
+def _spool(response: Any) -> IO[bytes]:
     spool = tempfile.SpooledTemporaryFile(max_size=SPOOL_BYTES)  # noqa: SIM115 (returned to the caller)
     try:
-        shutil.copyfileobj(response.raw, spool)
+        shutil.copyfileobj(response.raw, spool, 1 << 20)
     except BaseException:
         spool.close()
         raise
@@ -67,42 +114,48 @@ def _fetch(api: Any, container: str, area: str) -> IO[bytes]:
     return spool
 
 
-def fetch_all(api: Any, container: str, areas: tuple[str, ...]) -> list[IO[bytes]]:
-    """The archives of every area, fetched at once (each archive request costs the engine a helper process)."""
-    with ThreadPoolExecutor(max_workers=max(1, len(areas))) as pool:
-        futures = [pool.submit(_fetch, api, container, area) for area in areas]
-        done: list[IO[bytes]] = []
-        try:
-            for future in futures:
-                done.append(future.result())
-        except BaseException:
-            for f in done:
-                f.close()
-            for future in futures:
-                if future.done() and not future.exception():
-                    future.result().close()
-            raise
-    return done
+def _read(api: Any, handle: str) -> IO[bytes]:
+    """The archive of every area mounted on ``handle``, spooled."""
+    opened = open_path(api, handle, HANDLE_ROOT)
+    if opened is None:
+        raise SandboxProviderFailed("snapshot: the writable areas are missing from the sandbox")
+    return _spool(opened[1])
 
 
-def combine(archives: list[IO[bytes]], areas: tuple[str, ...], excluded: tuple[str, ...], out: IO[bytes]) -> int:
-    """Write one archive of every area (names re-rooted at ``/``, mounts left out) to ``out``; the entry count."""
+def _area_of(name: str, areas: tuple[str, ...]) -> tuple[str, str] | None:
+    """``(area, rel)`` of a handle archive entry ``.checkfu-areas/<i>/<rel>``; ``None`` for an area's root."""
+    parts = name.strip("/").split("/", 2)
+    if len(parts) < 3 or not parts[1].isdigit() or int(parts[1]) >= len(areas) or not parts[2]:
+        return None
+    return areas[int(parts[1])], parts[2]
+
+
+def combine(archive: IO[bytes], areas: tuple[str, ...], excluded: tuple[str, ...], out: IO[bytes]) -> int:
+    """Write one archive of every area (names re-rooted at ``/``, mounts left out) to ``out``; the entry count.
+
+    ``archive`` is a handle's archive of ``HANDLE_ROOT`` (area ``i`` under ``<i>/``).
+    """
     count = 0
-    with tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT) as writer:
-        for area, archive in zip(areas, archives, strict=True):
-            prefix = area.lstrip("/")
-            with tarfile.open(fileobj=archive, mode="r|") as reader:
-                for member in reader:
-                    _, sep, rel = member.name.rstrip("/").partition("/")
-                    if not sep or not rel or _excluded(f"{area}/{rel}", excluded):
-                        continue
-                    member.name = f"{prefix}/{rel}"
-                    if member.islnk():
-                        _, _, target = member.linkname.partition("/")
-                        member.linkname = f"{prefix}/{target}"
-                    data = reader.extractfile(member) if member.isreg() else None
-                    writer.addfile(member, data)
-                    count += 1
+    with (
+        tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT) as writer,
+        tarfile.open(fileobj=archive, mode="r|") as reader,
+    ):
+        for member in reader:
+            found = _area_of(member.name, areas)
+            if found is None:
+                continue
+            area, rel = found
+            if _excluded(f"{area}/{rel}", excluded):
+                continue
+            member.name = f"{area.lstrip('/')}/{rel}"
+            if member.islnk():
+                link = _area_of(member.linkname, areas)
+                if link is None or link[0] != area:
+                    continue
+                member.linkname = f"{area.lstrip('/')}/{link[1]}"
+            data = reader.extractfile(member) if member.isreg() else None
+            writer.addfile(member, data)
+            count += 1
     return count
 
 
@@ -120,20 +173,56 @@ def import_image(api: Any, data: IO[bytes], labels: dict[str, str]) -> str:
     raise SandboxProviderFailed("snapshot: the engine did not report the imported image's id")
 
 
-def take(api: Any, container: str, areas: tuple[str, ...], excluded: tuple[str, ...], labels: dict[str, str]) -> str:
-    """Capture the areas of ``container`` (paused while they are read) as an image labelled ``labels``; its id."""
-    with contextlib.ExitStack() as stack:
-        with paused(api, container):
-            archives = fetch_all(api, container, areas)
-        for archive in archives:
-            stack.callback(archive.close)
+def take(
+    api: Any,
+    container: str,
+    areas: tuple[str, ...],
+    excluded: tuple[str, ...],
+    labels: dict[str, str],
+    handle: dict[str, Any],
+) -> str:
+    """Capture the areas of ``container`` (paused while they are read) as an image labelled ``labels``; its id.
+
+    ``handle`` is the create configuration of a read-only handle on the container's area volumes
+    (``handle_spec``): it is created while the sandbox is being paused, read once, and removed while the
+    image is imported (as the sandbox is thawed).
+    """
+    with ThreadPoolExecutor(max_workers=2) as pool, contextlib.ExitStack() as stack:
+        created: Future[Any] = pool.submit(api.create_container, **handle)
+
+        def drop_handle() -> None:
+            with contextlib.suppress(BaseException):
+                created.result()
+            remove_handle(api, handle["name"])
+
+        removal: list[Future[None]] = []
+        stack.callback(lambda: [f.result() for f in removal])
+        thawed: list[Future[Any]] = []
+        stack.callback(lambda: [f.result() for f in thawed])  # raises when the sandbox could not be thawed
+        try:
+            api.pause(container)
+        except BaseException:
+            removal.append(pool.submit(drop_handle))
+            raise
+        try:
+            archive = stack.enter_context(_read(api, str(created.result()["Id"])))
+        finally:
+            thawed.append(pool.submit(api.unpause, container))
+            removal.append(pool.submit(drop_handle))
         spool = stack.enter_context(tempfile.SpooledTemporaryFile(max_size=SPOOL_BYTES))
-        combine(archives, areas, excluded, spool)
+        combine(archive, areas, excluded, spool)
         spool.seek(0)
-        return import_image(api, spool, labels)
+        image = import_image(api, spool, labels)
+        try:
+            thawed[0].result()
+        except BaseException:
+            with contextlib.suppress(Exception):
+                api.remove_image(image)
+            raise
+        return image
 
 
-def _copy_layer(saved: IO[bytes], out: IO[bytes]) -> None:
+def _layer(saved: IO[bytes], out: IO[bytes]) -> None:
     """Copy the one layer of a saved single-layer image (legacy or OCI layout) to ``out``."""
     with tarfile.open(fileobj=saved, mode="r:") as outer:
         manifest_file = outer.extractfile("manifest.json")
@@ -146,21 +235,22 @@ def _copy_layer(saved: IO[bytes], out: IO[bytes]) -> None:
         layer = outer.extractfile(layers[0])
         if layer is None:
             raise SandboxProviderFailed("restore: the saved image's layer is not a file")
-        shutil.copyfileobj(layer, out)
+        shutil.copyfileobj(layer, out, 1 << 20)
     out.seek(0)
 
 
-def restore(api: Any, image: str, container: str, areas: tuple[str, ...], excluded: tuple[str, ...]) -> int:
-    """Fill the areas of running ``container`` from image ``image``; the number of entries restored.
+def load(api: Any, image: str, areas: tuple[str, ...], excluded: tuple[str, ...]) -> tuple[IO[bytes], int]:
+    """The archive to upload into a handle's ``HANDLE_ROOT`` to fill ``areas`` from image ``image`` (area ``i``
+    under ``<i>/``; mounts, device nodes, area roots and links out of their area left out, set-id bits cleared),
+    and its entry count. The caller closes it.
 
     Raises:
         SandboxNotFound: the image is gone.
     """
-    count = 0
     with contextlib.ExitStack() as stack:
         saved = stack.enter_context(tempfile.SpooledTemporaryFile(max_size=SPOOL_BYTES))
         try:
-            for chunk in api.get_image(image):
+            for chunk in api.get_image(image, chunk_size=1 << 20):
                 saved.write(chunk)
         except Exception as exc:
             if getattr(exc, "status_code", None) == 404:
@@ -168,33 +258,37 @@ def restore(api: Any, image: str, container: str, areas: tuple[str, ...], exclud
             raise
         saved.seek(0)
         layer = stack.enter_context(tempfile.SpooledTemporaryFile(max_size=SPOOL_BYTES))
-        _copy_layer(saved, layer)
-        parts = {area: stack.enter_context(tempfile.SpooledTemporaryFile(max_size=SPOOL_BYTES)) for area in areas}
-        writers = {
-            area: stack.enter_context(tarfile.open(fileobj=f, mode="w|", format=tarfile.PAX_FORMAT))
-            for area, f in parts.items()
-        }
-        with tarfile.open(fileobj=layer, mode="r|") as reader:
+        _layer(saved, layer)
+        saved.close()
+        out = tempfile.SpooledTemporaryFile(max_size=SPOOL_BYTES)  # noqa: SIM115 (returned to the caller)
+        closing = stack.enter_context(contextlib.ExitStack())  # out is closed here unless it is returned
+        closing.callback(out.close)
+        count = 0
+        with (
+            tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT) as writer,
+            tarfile.open(fileobj=layer, mode="r|") as reader,
+        ):
             for member in reader:
                 name = "/" + member.name.rstrip("/").removeprefix("./")
-                area = next((a for a in areas if is_within(name, a) and name != a), None)
-                if area is None or _excluded(name, excluded) or member.isdev():
+                index = next((i for i, a in enumerate(areas) if is_within(name, a) and name != a), None)
+                if index is None or _excluded(name, excluded) or member.isdev():
                     continue
-                member.name = name[len(area) + 1 :]
+                area = areas[index]
+                member.name = f"{index}/{name[len(area) + 1 :]}"
                 member.mode &= ~SETID
                 if member.islnk():
                     link = "/" + member.linkname.removeprefix("./")
-                    if not is_within(link, area):
+                    if not is_within(link, area) or link == area:
                         continue
-                    member.linkname = link[len(area) + 1 :]
+                    member.linkname = f"{index}/{link[len(area) + 1 :]}"
                 data = reader.extractfile(member) if member.isreg() else None
-                writers[area].addfile(member, data)
+                writer.addfile(member, data)
                 count += 1
-        for writer in writers.values():
-            writer.close()
-        for part in parts.values():
-            part.seek(0)
-        with ThreadPoolExecutor(max_workers=max(1, len(areas))) as pool:
-            for future in [pool.submit(api.put_archive, container, area, parts[area]) for area in areas]:
-                future.result()
-    return count
+        out.seek(0)
+        closing.pop_all()
+        return out, count
+
+
+def fill(api: Any, handle: str, data: IO[bytes]) -> None:
+    """Upload ``load``'s archive into a writable handle's areas."""
+    api.put_archive(handle, HANDLE_ROOT, data)
