@@ -839,7 +839,8 @@ class DockerProvider:
         # the sandbox starts; then the areas are filled in one upload.
         api = self.engine.api
         loaded = self._fanout.submit(snapshots.load, api, instance.restore, instance.areas, instance.mounts)
-        made = self._fanout.submit(self._make_handle, instance)
+        _, handle = self._handle(instance, read_only=False)  # inspected before the start, which locks the container
+        made = self._fanout.submit(self._make_handle, handle)
         kind = self._fanout.submit(self._snapshot_labels, instance.restore)
         try:
             self._start_blocking(instance)
@@ -856,9 +857,8 @@ class DockerProvider:
         for target in instance.writable:
             self._fill_writable(instance, target)
 
-    def _make_handle(self, instance: Instance) -> str:
-        """Create a writable handle on ``instance``'s area volumes; its name."""
-        _, handle = self._handle(instance, read_only=False)
+    def _make_handle(self, handle: dict[str, Any]) -> str:
+        """Create the handle ``handle`` configures; its name."""
         self.engine.api.create_container(**handle)
         return str(handle["name"])
 
