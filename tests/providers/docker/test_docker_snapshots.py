@@ -20,6 +20,7 @@ from checkfu.contract.members import (
     CompensateRequest,
     DeleteSnapshotRequest,
     ListAllocationsRequest,
+    ReleaseRequest,
     ResumeRequest,
     SnapshotRequest,
 )
@@ -314,13 +315,25 @@ def handles(client: Any, tag: str) -> list[Any]:
 
 async def test_every_area_survives_snapshot_resume_and_clone_and_no_handle_is_left(kit: Kit, client: Any) -> None:
     """Home, /tmp and /dev/shm (hard links within an area kept, set-id bits cleared) come back whole in a
-    resumed snapshot and in a clone, the sandbox's mount is staged again rather than captured, and no handle
-    container (through which the areas are read and filled) outlives its call."""
+    resumed snapshot and in a clone, and the sandbox's mount is staged again rather than captured. The handle
+    (a never-started container on the area volumes alone, through which they are read and filled) is kept for
+    the next capture and goes with its instance, its areas with it."""
     source = await kit.up("every", files=FILES, profile=kit.profile(retention="durable"))
     try:
         assert (await source.sh(EVERY_AREA)).exit_code == 0
         snap_key, snap_id = await snapshot(kit, source)
-        assert handles(client, kit.runner_tag) == []
+        (handle,) = handles(client, kit.runner_tag)
+        assert handle.labels[L.ALLOCATION_KEY] == source.key and handle.status == "created", "never started"
+        mounts = {m["Destination"]: m for m in handle.attrs["Mounts"]}
+        assert sorted(mounts) == [f"/.checkfu-areas/{i}" for i in range(3)], "the areas alone, not the mount"
+        areas = {m["Destination"]: m["Name"] for m in source.container().attrs["Mounts"]}
+        assert [mounts[f"/.checkfu-areas/{i}"]["Name"] for i in range(3)] == [
+            areas["/home/sandbox"],
+            areas["/tmp"],
+            areas["/dev/shm"],
+        ]
+        again = await snapshot(kit, source)  # the next capture reads through the same handle
+        assert [h.id for h in handles(client, kit.runner_tag)] == [handle.id]
         names = client.images.get(snap_id).history()
         assert len(names) == 1, "a snapshot is one layer"
         request = resume_request(kit, snap_key, snap_id)
@@ -331,8 +344,9 @@ async def test_every_area_survives_snapshot_resume_and_clone_and_no_handle_is_le
             **base.model_dump(), source_allocation_key=source.key, source_instance_id=source.instance_id
         )
         cloned = await kit.provider.clone(clone_request)
-        assert handles(client, kit.runner_tag) == []
         clone = await activate(kit, clone_request.allocation_key, cloned.instance_id)
+        owners = sorted(h.labels[L.ALLOCATION_KEY] for h in handles(client, kit.runner_tag))
+        assert owners == sorted([source.key, box.key, clone.key]), "a restored instance keeps its filling handle"
         try:
             for made in (box, clone):
                 r = await made.sh(EVERY_CHECK)
@@ -340,11 +354,31 @@ async def test_every_area_survives_snapshot_resume_and_clone_and_no_handle_is_le
         finally:
             await box.release()
             await clone.release()
-        assert handles(client, kit.runner_tag) == []
-        delete = DeleteSnapshotRequest(
-            target=kit.target, lease=LEASE, snapshot_allocation_key=snap_key, snapshot_id=snap_id
-        )
-        assert (await kit.provider.delete_snapshot(delete)).deleted is True
+        assert [h.labels[L.ALLOCATION_KEY] for h in handles(client, kit.runner_tag)] == [source.key]
+        for key, sid in ((snap_key, snap_id), again):
+            delete = DeleteSnapshotRequest(target=kit.target, lease=LEASE, snapshot_allocation_key=key, snapshot_id=sid)
+            assert (await kit.provider.delete_snapshot(delete)).deleted is True
     finally:
         await source.release()
-    assert [o for o in leftovers(client, kit.runner_tag) if o[2] in {source.key, snap_key}] == []
+    assert handles(client, kit.runner_tag) == []
+    gone = {source.key, snap_key, box.key, clone.key}
+    assert [o for o in leftovers(client, kit.runner_tag) if o[2] in gone] == [], "no handle, area or image left"
+
+
+async def test_a_release_by_another_provider_removes_the_handle_and_the_areas_it_holds(
+    kit: Kit, client: Any, runner_tag: str, tmp_path: Path
+) -> None:
+    """A provider that did not make the handle (another process, or one restarted) still removes it, and the
+    areas it mounts, when it releases the instance."""
+    box = await kit.up("elsewhere", files=FILES)
+    _, snap_id = await snapshot(kit, box)
+    assert [h.labels[L.ALLOCATION_KEY] for h in handles(client, kit.runner_tag)] == [box.key]
+    other = DockerProvider(state_dir=tmp_path, cache_tag=runner_tag, workers=4)
+    try:
+        await other.release(ReleaseRequest(**box.call))
+    finally:
+        other.close()
+    assert [o for o in leftovers(client, kit.runner_tag) if o[2] == box.key] == []
+    assert not client.images.list(filters={"label": f"{L.SOURCE_KEY}={box.key}"}), "ephemeral: its snapshot goes"
+    with pytest.raises(Exception, match="No such image"):
+        client.images.get(snap_id)

@@ -45,7 +45,6 @@ import hashlib
 import os
 import threading
 import time
-import uuid
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -187,6 +186,19 @@ class Instance:
         return L.json_list(self.labels, L.ALLOWLIST)
 
 
+@dataclass(frozen=True)
+class _Handle:
+    """An instance's handle on its area volumes (``snapshots``): its name, the image the instance runs, the
+    area volumes it mounts, and its create configuration."""
+
+    name: str
+    container: str
+    """The id of the instance's container (a later container of the same name is another instance)."""
+    image: str
+    volumes: tuple[str, ...]
+    config: dict[str, Any]
+
+
 class _RootImageMissing(Exception):
     """The engine has no image by the request's ``root_image`` (404 on a create)."""
 
@@ -259,6 +271,7 @@ class DockerProvider:
         self._released: set[str] = set()
         self._background: dict[str, list[Future[Any]]] = {}
         self._unstarted: dict[str, str] = {}  # a proxy whose background start failed: the engine's reason
+        self._handles: dict[str, _Handle] = {}  # instance name -> its handle, once made (removed with it)
         self._swept: dict[str, float] = {}  # runner tag -> when its expired snapshots were last swept in passing
         self.wall: Callable[[], float] = time.time
         """The wall clock expiries are stated and judged by."""
@@ -280,6 +293,7 @@ class DockerProvider:
             self._ids.pop(name, None)
             self._staging.pop(name, None)
             self._active.pop(name, None)
+            self._handles.pop(name, None)
             self._released.add(name)
 
     def _check_identity(self, request: InstanceCall) -> str:
@@ -835,40 +849,35 @@ class DockerProvider:
         if instance.restore is None:
             self._start_blocking(instance)
             return
-        # A clone or a resumed snapshot: its image is read back and a writable handle on its areas made while
-        # the sandbox starts; then the areas are filled in one upload.
+        # A clone or a resumed snapshot: while the sandbox starts, its image is read back and the handle on its
+        # areas made (the inspect for that comes first: an inspect waits for a start's container lock); then the
+        # areas are filled in one upload. The handle is kept for the instance's own snapshots.
         api = self.engine.api
         loaded = self._fanout.submit(snapshots.load, api, instance.restore, instance.areas, instance.mounts)
-        _, handle = self._handle(instance, read_only=False)  # inspected before the start, which locks the container
-        made = self._fanout.submit(self._make_handle, handle)
         kind = self._fanout.submit(self._snapshot_labels, instance.restore)
         try:
-            self._start_blocking(instance)
+            handle = self._plan_handle(instance)
+            made = self._fanout.submit(snapshots.create_handle, api, handle.config)
+            try:
+                self._start_blocking(instance)
+            finally:
+                made.exception()
             data, _ = loaded.result()
             with data:
-                snapshots.fill(api, made.result(), data)
-        finally:
-            self._in_background(instance.name, self._drop_handle, made)
+                made.result()
+                snapshots.fill(api, handle.name, data)
+        except BaseException:
+            self._drop_handle(instance)
             with contextlib.suppress(BaseException):
                 loaded.result()[0].close()
+            raise
+        with self._guard:
+            self._handles[instance.name] = handle
         labels = kind.result() or {}
         if L.kind_of(labels) == "carrier" and labels.get(L.ALLOCATION_KEY) == instance.labels.get(L.ALLOCATION_KEY):
             api.remove_image(instance.restore)
         for target in instance.writable:
             self._fill_writable(instance, target)
-
-    def _make_handle(self, handle: dict[str, Any]) -> str:
-        """Create the handle ``handle`` configures; its name."""
-        self.engine.api.create_container(**handle)
-        return str(handle["name"])
-
-    def _drop_handle(self, made: Future[str]) -> None:
-        """Remove the handle ``made`` created (its create failed: nothing to remove)."""
-        try:
-            name = made.result()
-        except BaseException:
-            return
-        snapshots.remove_handle(self.engine.api, name)
 
     def _start_blocking(self, instance: Instance) -> None:
         """Flush the staged files into the mount volumes, drop the stager, start the sandbox and verify it."""
@@ -1129,28 +1138,50 @@ class DockerProvider:
             )
         )
 
-    def _handle(self, instance: Instance, *, read_only: bool) -> tuple[str, dict[str, Any]]:
-        """The image ``instance`` runs, and the create configuration of a handle on its area volumes
-        (``snapshots.handle_spec``), labelled with its allocation key and named after it."""
+    def _plan_handle(self, instance: Instance) -> _Handle:
+        """The handle ``instance`` would have (``snapshots.handle_spec``), from the engine's inspect of it."""
         api = self.engine.api
         info = api.inspect_container(instance.container_id)
         image = str(info.get("Image") or "")
-        spec_ = snapshots.handle_spec(
-            api,
-            name=f"{instance.name}-h{uuid.uuid4().hex[:12]}",
-            image=image,
-            volumes=snapshots.area_volumes(info, instance.areas),
-            labels=L.object_labels(instance.labels.get(L.ALLOCATION_KEY, ""), instance.runner_tag, "handle"),
-            read_only=read_only,
-        )
-        return image, spec_
+        volumes = snapshots.area_volumes(info, instance.areas)
+        name = snapshots.handle_name(instance.name)
+        labels = L.object_labels(instance.labels.get(L.ALLOCATION_KEY, ""), instance.runner_tag, "handle")
+        config = snapshots.handle_spec(api, name=name, image=image, volumes=volumes, labels=labels, read_only=False)
+        return _Handle(name=name, container=instance.container_id, image=image, volumes=volumes, config=config)
+
+    def _drop_handle(self, instance: Instance) -> None:
+        """Forget ``instance``'s handle and remove it in the background (``release`` and ``compensate`` wait)."""
+        with self._guard:
+            self._handles.pop(instance.name, None)
+        remove = functools.partial(snapshots.remove_handle, self.engine.api, snapshots.handle_name(instance.name))
+        self._in_background(instance.name, remove)
 
     def _take_blocking(self, instance: Instance, labels: dict[str, str]) -> str:
-        """Capture ``instance``'s areas as an image labelled ``labels`` (a snapshot's also with its root image)."""
-        root, handle = self._handle(instance, read_only=True)
-        if root and L.kind_of(labels) == "snapshot":
-            labels = {**labels, L.ROOT_IMAGE: root}
-        return snapshots.take(self.engine.api, instance.container_id, instance.areas, instance.mounts, labels, handle)
+        """Capture ``instance``'s areas as an image labelled ``labels`` (a snapshot's also with its root image),
+        through its handle (made now, while the sandbox is paused, at its first capture)."""
+        with self._guard:
+            handle = self._handles.get(instance.name)
+        fresh = handle is None or handle.container != instance.container_id
+        if handle is None or fresh:
+            handle = self._plan_handle(instance)
+        if handle.image and L.kind_of(labels) == "snapshot":
+            labels = {**labels, L.ROOT_IMAGE: handle.image}
+        try:
+            image = snapshots.take(
+                self.engine.api,
+                instance.container_id,
+                instance.areas,
+                instance.mounts,
+                labels,
+                handle.config,
+                fresh,
+            )
+        except BaseException:
+            self._drop_handle(instance)  # made again at the next capture
+            raise
+        with self._guard:
+            self._handles[instance.name] = handle
+        return image
 
     # expiry -----------------------------------------------------------------------------------
 
@@ -1241,6 +1272,8 @@ class DockerProvider:
         from the allocation. The number of objects removed."""
         api = self.engine.api
         self._settle(L.instance_name(allocation_key))
+        with self._guard:
+            self._handles.pop(L.instance_name(allocation_key), None)  # a container of the key: removed below
         count = 0
         selector = L.label_filter(allocation_key=allocation_key, runner_tag=runner_tag)
         for container in api.containers(all=True, filters=selector):
@@ -1305,14 +1338,18 @@ class DockerProvider:
             raise error
         return results
 
-    def _release_blocking(self, instance: Instance, zdr: bool) -> None:
+    def _release_blocking(self, instance: Instance, zdr: bool, read_back: bool = False) -> None:
         """Remove what ``instance`` is made of, found from the container itself; with ``zdr``, its snapshots too.
 
         Two rounds of engine calls, each issued at once: the containers (and the look-ups of the images to
-        remove), then the volumes they mounted and those images.
+        remove), then the volumes they mounted and those images. An instance ``read_back`` from the engine
+        (not made by this provider) may have a handle this provider does not know of: it is removed by name,
+        and its areas (among the volumes read back) by name after it.
         """
         api = self.engine.api
         self._settle(instance.name)
+        with self._guard:
+            handle = self._handles.pop(instance.name, None)
         key = instance.labels.get(L.ALLOCATION_KEY, "")
         stager, restore = instance.stager, instance.restore
         first: list[Callable[[], Any]] = [
@@ -1323,6 +1360,12 @@ class DockerProvider:
         if instance.proxy is not None:
             for helper in (instance.proxy, egress.door_name(instance.name)):
                 first.append(functools.partial(self._gone, functools.partial(api.remove_container, helper, force=True)))
+        # A handle mounts the areas too: the sandbox's removal cannot take them while it is there, so they are
+        # removed by name after it (they are among the volumes of an instance read back from the engine).
+        has_handle = handle is not None or read_back
+        if has_handle:
+            remove = functools.partial(snapshots.remove_handle, api, snapshots.handle_name(instance.name))
+            first.append(remove)
         if restore is not None:
             first.append(lambda: self._snapshot_labels(restore) or {})
         if zdr:
@@ -1330,11 +1373,13 @@ class DockerProvider:
             first.append(lambda: api.images(filters=selector))
         found = self._all(*first)
         volumes = instance.volumes + ((egress.socket_volume(instance.name),) if instance.proxy is not None else ())
+        if handle is not None:
+            volumes += tuple(v for v in handle.volumes if v not in volumes)
         second: list[Callable[[], int]] = [
             functools.partial(self._gone, functools.partial(api.remove_volume, v, force=True)) for v in volumes
         ]
         if restore is not None:
-            labels = found[1 + (stager is not None) + 2 * (instance.proxy is not None)]
+            labels = found[1 + (stager is not None) + 2 * (instance.proxy is not None) + has_handle]
             if L.kind_of(labels) == "carrier" and labels.get(L.ALLOCATION_KEY) == key:
                 second.append(functools.partial(self._gone, functools.partial(api.remove_image, restore)))
         if zdr:
@@ -1360,7 +1405,7 @@ class DockerProvider:
         if found is not None:
             transition(found.state, "release")
             zdr = found.retention != "durable"
-            await self.engine.run("release", self._release_blocking, found, zdr)
+            await self.engine.run("release", self._release_blocking, found, zdr, known is None)
         else:
             # Gone already (a second release, or released elsewhere): sweep what still carries the key.
             # Snapshots carry their own keys and are left alone: a durable release keeps them.

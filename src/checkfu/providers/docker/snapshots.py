@@ -13,11 +13,12 @@ the whole of an archive request (until its body is read) and starts a helper
 process for each, so requests for several areas of one container run one after
 another. Instead, a *handle* is created for the call: a container that is never
 started, labelled ``checkfu.kind=handle`` with the sandbox's allocation key,
-which mounts each area's volume (read-only when reading) below one directory,
+which mounts each area's volume below one directory,
 ``HANDLE_ROOT/<index>``. One archive of that directory holds every area. The
 sandbox's own mounts are not on the handle, so nothing of a mount can be read
-or written through it. The handle is removed when the call is done (or, at
-activation, in the background, which ``release`` and ``compensate`` wait for).
+or written through it. An instance has at most one handle (``handle_name``),
+made at its first snapshot or clone, or at the activation that restores it, and
+kept for the next: it is removed with the instance (``release``, ``compensate``).
 
 A clone uses the same capture as a ``carrier`` image labelled with the clone's
 own allocation key, consumed (deleted) when the clone is activated.
@@ -36,7 +37,7 @@ import shutil
 import tarfile
 import tempfile
 from collections.abc import Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from typing import IO, Any
 
 import docker.types
@@ -88,6 +89,31 @@ def handle_spec(
     }
 
 
+def handle_name(instance: str) -> str:
+    """The name of ``instance``'s handle (one per instance, so a retried or concurrent create lands on it)."""
+    return f"{instance}-areas"
+
+
+def _mounted(info: Mapping[str, Any]) -> list[tuple[str, str]]:
+    return sorted((str(m.get("Destination")), str(m.get("Name"))) for m in info.get("Mounts") or [])
+
+
+def create_handle(api: Any, config: dict[str, Any]) -> None:
+    """Create a handle from ``handle_spec``'s configuration. One of that name already there (a concurrent
+    capture's) is kept when it mounts the same volumes, and otherwise (one left by a crash) made again."""
+    try:
+        api.create_container(**config)
+        return
+    except Exception as exc:
+        if getattr(exc, "status_code", None) != 409:
+            raise
+    wanted = sorted((m["Target"], m["Source"]) for m in config["host_config"]["Mounts"])
+    if _mounted(api.inspect_container(config["name"])) == wanted:
+        return
+    remove_handle(api, config["name"])
+    api.create_container(**config)
+
+
 def remove_handle(api: Any, handle: str) -> None:
     """Remove a handle container; one already gone is fine."""
     try:
@@ -114,9 +140,12 @@ def _spool(response: Any) -> IO[bytes]:
     return spool
 
 
-def _read(api: Any, handle: str) -> IO[bytes]:
-    """The archive of every area mounted on ``handle``, spooled."""
+def _read(api: Any, handle: str, config: dict[str, Any]) -> IO[bytes]:
+    """The archive of every area mounted on ``handle``, spooled; a handle found gone is made again (once)."""
     opened = open_path(api, handle, HANDLE_ROOT)
+    if opened is None:
+        create_handle(api, config)
+        opened = open_path(api, handle, HANDLE_ROOT)
     if opened is None:
         raise SandboxProviderFailed("snapshot: the writable areas are missing from the sandbox")
     return _spool(opened[1])
@@ -180,41 +209,30 @@ def take(
     excluded: tuple[str, ...],
     labels: dict[str, str],
     handle: dict[str, Any],
+    fresh: bool = True,
 ) -> str:
     """Capture the areas of ``container`` (paused while they are read) as an image labelled ``labels``; its id.
 
-    ``handle`` is the create configuration of a read-only handle on the container's area volumes
-    (``handle_spec``): it is created while the sandbox is being paused, read once, and removed while the
-    image is imported (as the sandbox is thawed).
+    ``handle`` is the ``handle_spec`` configuration of the container's handle; a ``fresh`` one is created
+    first, while the sandbox is being paused (and one found gone is made again). The sandbox is thawed while
+    the image is imported; a failure to thaw it fails the call (and the image is removed).
     """
-    with ThreadPoolExecutor(max_workers=2) as pool, contextlib.ExitStack() as stack:
-        created: Future[Any] = pool.submit(api.create_container, **handle)
-
-        def drop_handle() -> None:
-            with contextlib.suppress(BaseException):
+    with ThreadPoolExecutor(max_workers=1) as pool, contextlib.ExitStack() as stack:
+        created = pool.submit(create_handle, api, handle) if fresh else None
+        api.pause(container)
+        try:
+            if created is not None:
                 created.result()
-            remove_handle(api, handle["name"])
-
-        removal: list[Future[None]] = []
-        stack.callback(lambda: [f.result() for f in removal])
-        thawed: list[Future[Any]] = []
-        stack.callback(lambda: [f.result() for f in thawed])  # raises when the sandbox could not be thawed
-        try:
-            api.pause(container)
-        except BaseException:
-            removal.append(pool.submit(drop_handle))
-            raise
-        try:
-            archive = stack.enter_context(_read(api, str(created.result()["Id"])))
+            archive = stack.enter_context(_read(api, handle["name"], handle))
         finally:
-            thawed.append(pool.submit(api.unpause, container))
-            removal.append(pool.submit(drop_handle))
+            thawed = pool.submit(api.unpause, container)
+            stack.callback(thawed.exception)  # waited for, whatever happens
         spool = stack.enter_context(tempfile.SpooledTemporaryFile(max_size=SPOOL_BYTES))
         combine(archive, areas, excluded, spool)
         spool.seek(0)
         image = import_image(api, spool, labels)
         try:
-            thawed[0].result()
+            thawed.result()
         except BaseException:
             with contextlib.suppress(Exception):
                 api.remove_image(image)
