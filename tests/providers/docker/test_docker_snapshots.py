@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import tarfile
 import time
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +28,7 @@ from checkfu.contract.members import (
 )
 from checkfu.contract.profile import SandboxProfile
 from checkfu.contract.vocabulary import Platform
-from checkfu.providers.docker import DockerProvider
+from checkfu.providers.docker import DockerProvider, snapshots
 from checkfu.providers.docker import labels as L
 from checkfu.providers.docker.envelope import host_facts
 from checkfu.runner.clock import ManualClock
@@ -116,6 +118,10 @@ async def test_clone_is_independent(kit: Kit, client: Any) -> None:
         assert len(carriers) == 1
         clone = await activate(kit, request.allocation_key, cloned.instance_id)
         try:
+            for _ in range(100):  # consumed at activation, removed in the background
+                if not client.images.list(filters={"label": f"{L.ALLOCATION_KEY}={request.allocation_key}"}):
+                    break
+                await asyncio.sleep(0.1)
             assert not client.images.list(filters={"label": f"{L.ALLOCATION_KEY}={request.allocation_key}"})
             assert (await clone.sh(CHECK)).stdout == EXPECTED
             await clone.sh("printf c > $HOME/only-clone; printf x > /tmp/t")
@@ -382,3 +388,22 @@ async def test_a_release_by_another_provider_removes_the_handle_and_the_areas_it
     assert not client.images.list(filters={"label": f"{L.SOURCE_KEY}={box.key}"}), "ephemeral: its snapshot goes"
     with pytest.raises(Exception, match="No such image"):
         client.images.get(snap_id)
+
+
+def test_a_capture_cut_short_makes_no_image(client: Any, runner_tag: str) -> None:
+    """The archive streams into the import: when reading it fails halfway, the import's body is cut short and
+    the engine makes no image of what arrived (a truncated archive is never taken for a whole snapshot)."""
+    key = f"{runner_tag}-cut-{uuid.uuid4().hex[:8]}"
+    labels = L.object_labels(key, runner_tag, "snapshot")
+    pipe = snapshots._Pipe()
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        importing = pool.submit(snapshots._import_from, client.api, pipe, labels)
+        member = tarfile.TarInfo("home/sandbox/f")
+        member.size = 1024
+        pipe.write(member.tobuf(format=tarfile.PAX_FORMAT))
+        pipe.write(b"x" * 1024)  # a whole entry: a body that merely ended here would be imported as an image
+        pipe.fail(OSError("the archive stopped"))
+        with pytest.raises(Exception) as caught:
+            importing.result(timeout=60)
+    assert "stopped" in repr(caught.value) + repr(caught.value.__cause__) + repr(caught.value.__context__)
+    assert client.images.list(filters={"label": f"{L.ALLOCATION_KEY}={key}"}) == []

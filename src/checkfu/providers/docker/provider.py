@@ -875,7 +875,9 @@ class DockerProvider:
             self._handles[instance.name] = handle
         labels = kind.result() or {}
         if L.kind_of(labels) == "carrier" and labels.get(L.ALLOCATION_KEY) == instance.labels.get(L.ALLOCATION_KEY):
-            api.remove_image(instance.restore)
+            # Consumed: removed in the background (an image removal waits for the engine's layer store, which
+            # every other image operation on the host holds at times); release and compensate wait for it.
+            self._in_background(instance.name, self._gone, functools.partial(api.remove_image, instance.restore))
         for target in instance.writable:
             self._fill_writable(instance, target)
 

@@ -33,12 +33,14 @@ from __future__ import annotations
 
 import contextlib
 import json
+import queue
 import shutil
 import tarfile
 import tempfile
-from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
-from typing import IO, Any
+import threading
+from collections.abc import Iterable, Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import IO, Any, cast
 
 import docker.types
 
@@ -127,28 +129,67 @@ def _excluded(path: str, excluded: tuple[str, ...]) -> bool:
     return any(is_within(path, root) for root in excluded)
 
 
-def _spool(response: Any) -> IO[bytes]:
-    spool = tempfile.SpooledTemporaryFile(max_size=SPOOL_BYTES)  # noqa: SIM115 (returned to the caller)
-    try:
-        shutil.copyfileobj(response.raw, spool, 1 << 20)
-    except BaseException:
-        spool.close()
-        raise
-    finally:
-        response.close()
-    spool.seek(0)
-    return spool
-
-
-def _read(api: Any, handle: str, config: dict[str, Any]) -> IO[bytes]:
-    """The archive of every area mounted on ``handle``, spooled; a handle found gone is made again (once)."""
-    opened = open_path(api, handle, HANDLE_ROOT)
+def _open(api: Any, config: dict[str, Any]) -> Any:
+    """The open response streaming the archive of every area on the handle ``config`` makes; a handle found
+    gone is made again (once). The caller closes it."""
+    opened = open_path(api, config["name"], HANDLE_ROOT)
     if opened is None:
         create_handle(api, config)
-        opened = open_path(api, handle, HANDLE_ROOT)
+        opened = open_path(api, config["name"], HANDLE_ROOT)
     if opened is None:
         raise SandboxProviderFailed("snapshot: the writable areas are missing from the sandbox")
-    return _spool(opened[1])
+    return opened[1]
+
+
+class _Pipe:
+    """Bytes written in one thread and read, as an iterable of chunks, in another (a chunked request body).
+
+    ``fail`` ends the reading side with the writer's error (so the request is cut short, never sent as if
+    complete); ``abandon`` (the reading side gone) makes the next write raise ``BrokenPipeError``.
+    """
+
+    def __init__(self) -> None:
+        self._queue: queue.Queue[bytes | BaseException | None] = queue.Queue(maxsize=64)
+        self._abandoned = threading.Event()
+
+    def _put(self, item: bytes | BaseException | None) -> None:
+        while not self._abandoned.is_set():
+            try:
+                self._queue.put(item, timeout=0.05)
+                return
+            except queue.Full:
+                continue
+        raise BrokenPipeError("the reader of the pipe is gone")
+
+    def write(self, data: bytes) -> int:
+        self._put(bytes(data))
+        return len(data)
+
+    def close(self) -> None:
+        self._put(None)
+
+    def fail(self, exc: BaseException) -> None:
+        with contextlib.suppress(BrokenPipeError):
+            self._put(exc)
+
+    def abandon(self) -> None:
+        self._abandoned.set()
+
+    def __iter__(self) -> Iterator[bytes]:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            if isinstance(item, BaseException):
+                raise SandboxProviderFailed("snapshot: reading the writable areas failed") from item
+            yield item
+
+
+def _import_from(api: Any, pipe: _Pipe, labels: dict[str, str]) -> str:
+    try:
+        return import_image(api, pipe, labels)
+    finally:
+        pipe.abandon()
 
 
 def _area_of(name: str, areas: tuple[str, ...]) -> tuple[str, str] | None:
@@ -188,7 +229,7 @@ def combine(archive: IO[bytes], areas: tuple[str, ...], excluded: tuple[str, ...
     return count
 
 
-def import_image(api: Any, data: IO[bytes], labels: dict[str, str]) -> str:
+def import_image(api: Any, data: IO[bytes] | Iterable[bytes], labels: dict[str, str]) -> str:
     """Import ``data`` as a single-layer image with ``labels``; its id."""
     changes = [f"LABEL {key}={json.dumps(value)}" for key, value in sorted(labels.items())]
     answer = api.import_image_from_data(data, changes=changes)
@@ -214,23 +255,39 @@ def take(
     """Capture the areas of ``container`` (paused while they are read) as an image labelled ``labels``; its id.
 
     ``handle`` is the ``handle_spec`` configuration of the container's handle; a ``fresh`` one is created
-    first, while the sandbox is being paused (and one found gone is made again). The sandbox is thawed while
-    the image is imported; a failure to thaw it fails the call (and the image is removed).
+    first, while the sandbox is being paused (and one found gone is made again). The archive streams into
+    the import as it is read and re-rooted (the engine builds the layer meanwhile, rather than after); the
+    sandbox is thawed once it is read, while the import finishes. A failure to thaw it fails the call (and
+    the image is removed); a read cut short cuts the import's body short, so no image is made of it.
     """
-    with ThreadPoolExecutor(max_workers=1) as pool, contextlib.ExitStack() as stack:
+    with ThreadPoolExecutor(max_workers=2) as pool:
         created = pool.submit(create_handle, api, handle) if fresh else None
         api.pause(container)
+        importing: Future[str] | None = None
         try:
             if created is not None:
                 created.result()
-            archive = stack.enter_context(_read(api, handle["name"], handle))
+            response = _open(api, handle)
+            pipe = _Pipe()
+            importing = pool.submit(_import_from, api, pipe, labels)
+            try:
+                combine(response.raw, areas, excluded, cast(IO[bytes], pipe))  # tarfile only writes to it
+                pipe.close()
+            except BaseException as exc:
+                pipe.fail(exc)  # the import's body is cut short: it fails, and makes no image
+                if isinstance(exc, BrokenPipeError):
+                    importing.result()  # the import stopped reading: its own error is the one to tell
+                raise
+            finally:
+                response.close()
         finally:
-            thawed = pool.submit(api.unpause, container)
-            stack.callback(thawed.exception)  # waited for, whatever happens
-        spool = stack.enter_context(tempfile.SpooledTemporaryFile(max_size=SPOOL_BYTES))
-        combine(archive, areas, excluded, spool)
-        spool.seek(0)
-        image = import_image(api, spool, labels)
+            thawed = pool.submit(api.unpause, container)  # the pool's exit waits for it and for the import
+        assert importing is not None
+        try:
+            image = importing.result()
+        except BaseException:
+            thawed.exception()
+            raise
         try:
             thawed.result()
         except BaseException:
