@@ -114,15 +114,12 @@ async def test_clone_is_independent(kit: Kit, client: Any) -> None:
         cloned = await kit.provider.clone(request)
         assert cloned.source_instance_id == source.instance_id and cloned.state == "provisioning"
         check_new_identity("instance_id", cloned.instance_id, {source.instance_id})
-        carriers = client.images.list(filters={"label": f"{L.ALLOCATION_KEY}={request.allocation_key}"})
-        assert len(carriers) == 1
+        assert not client.images.list(filters={"label": f"{L.ALLOCATION_KEY}={request.allocation_key}"})
+        carrier = kit.docker.carriers.get(cloned.instance_id, kit.runner_tag).path
+        assert carrier.is_file(), "the source's areas wait in the clone's carrier file"
         clone = await activate(kit, request.allocation_key, cloned.instance_id)
         try:
-            for _ in range(100):  # consumed at activation, removed in the background
-                if not client.images.list(filters={"label": f"{L.ALLOCATION_KEY}={request.allocation_key}"}):
-                    break
-                await asyncio.sleep(0.1)
-            assert not client.images.list(filters={"label": f"{L.ALLOCATION_KEY}={request.allocation_key}"})
+            assert not carrier.exists(), "consumed at activation"
             assert (await clone.sh(CHECK)).stdout == EXPECTED
             await clone.sh("printf c > $HOME/only-clone; printf x > /tmp/t")
             await source.sh("printf s > $HOME/only-source")

@@ -43,13 +43,15 @@ import dataclasses
 import functools
 import hashlib
 import os
+import shutil
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn, TypeVar
+from typing import IO, Any, NoReturn, TypeVar
 
 from checkfu.contract.envelope import Member
 from checkfu.contract.errors import (
@@ -260,6 +262,8 @@ class DockerProvider:
         self.state_dir = Path(state_dir) if state_dir is not None else default_state_dir()
         self.spools = Spools(self.state_dir / "staging")
         self.rw_spools = Spools(self.state_dir / "staging-rw")
+        self.carriers = Spools(self.state_dir / "carriers")
+        """A clone's carrier file (``snapshots.capture``), from ``clone`` until its ``activate``."""
         self.cache_tag = cache_tag
         self._progress = progress
         self._materializer = Materializer(self.engine.api, lambda: self.engine.build_client().api, self.user, cache_tag)
@@ -653,15 +657,41 @@ class DockerProvider:
         require_served(self.envelope, request.profile, request.platform, request.mounts)
         source = await self._resolve(source_call, "clone")
         self._require_running(source)
-        labels = L.object_labels(
-            request.allocation_key,
-            request.runner_tag,
-            "carrier",
-            **{L.SOURCE_KEY: request.source_allocation_key},
-        )
-        carrier = await self.engine.run("clone", self._take_blocking, source, labels)
-        await self._allocate(request, "clone", carrier)
+        # The source's areas are read while the clone's container is created; they are written to the
+        # carrier file only once that container exists, so reclaiming the clone's key always finds the file.
+        captured = asyncio.ensure_future(self.engine.run("clone", self._capture_blocking, source))
+        try:
+            await self._allocate(request, "clone", snapshots.CARRIER)
+        except BaseException:
+            with contextlib.suppress(BaseException):
+                (await captured).close()
+            raise
+        name = L.instance_name(request.allocation_key)
+        try:
+            data = await captured
+            await self.engine.run("clone", self._keep_carrier, data, name, request.runner_tag)
+        except BaseException:
+            with contextlib.suppress(BaseException):
+                await self.engine.run(
+                    "clone",
+                    self._reclaim_blocking,
+                    allocation_key=request.allocation_key,
+                    runner_tag=request.runner_tag,
+                    snapshots_of=False,
+                )
+                self._forget(name)
+            raise
         return CloneResult(**self._new_instance(request), source_instance_id=request.source_instance_id)
+
+    def _keep_carrier(self, data: IO[bytes], instance: str, runner_tag: str) -> None:
+        """Write a clone's captured areas to its carrier file (whole, or not at all)."""
+        path = self.carriers.get(instance, runner_tag).path
+        part = path.with_suffix(".part")
+        with data:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with part.open("wb") as out:
+                shutil.copyfileobj(data, out, 1 << 20)
+            part.replace(path)
 
     def _snapshot_labels(self, snapshot_id: str) -> Mapping[str, str] | None:
         try:
@@ -853,8 +883,12 @@ class DockerProvider:
         # areas made (the inspect for that comes first: an inspect waits for a start's container lock); then the
         # areas are filled in one upload. The handle is kept for the instance's own snapshots.
         api = self.engine.api
-        loaded = self._fanout.submit(snapshots.load, api, instance.restore, instance.areas, instance.mounts)
-        kind = self._fanout.submit(self._snapshot_labels, instance.restore)
+        restore, carrier = instance.restore, self.carriers.get(instance.name, instance.runner_tag)
+        if restore == snapshots.CARRIER:
+            loaded = self._fanout.submit(snapshots.load_carrier, carrier.path, instance.areas, instance.mounts)
+        else:
+            loaded = self._fanout.submit(snapshots.load, api, restore, instance.areas, instance.mounts)
+        kind = self._fanout.submit(lambda: None if restore == snapshots.CARRIER else self._snapshot_labels(restore))
         try:
             handle = self._plan_handle(instance)
             made = self._fanout.submit(snapshots.create_handle, api, handle.config)
@@ -873,6 +907,7 @@ class DockerProvider:
             raise
         with self._guard:
             self._handles[instance.name] = handle
+        carrier.discard()  # consumed (a clone's carrier file)
         labels = kind.result() or {}
         if L.kind_of(labels) == "carrier" and labels.get(L.ALLOCATION_KEY) == instance.labels.get(L.ALLOCATION_KEY):
             # Consumed: removed in the background (an image removal waits for the engine's layer store, which
@@ -1158,32 +1193,52 @@ class DockerProvider:
         remove = functools.partial(snapshots.remove_handle, self.engine.api, snapshots.handle_name(instance.name))
         self._in_background(instance.name, remove)
 
-    def _take_blocking(self, instance: Instance, labels: dict[str, str]) -> str:
-        """Capture ``instance``'s areas as an image labelled ``labels`` (a snapshot's also with its root image),
-        through its handle (made now, while the sandbox is paused, at its first capture)."""
+    def _through_handle(self, instance: Instance, capture: Callable[[_Handle, bool], T]) -> T:
+        """``capture(handle, fresh)`` through ``instance``'s handle (``fresh``: not made yet, ``capture`` makes
+        it while the sandbox is being paused), which is kept for the next capture, or dropped if it failed."""
         with self._guard:
             handle = self._handles.get(instance.name)
         fresh = handle is None or handle.container != instance.container_id
         if handle is None or fresh:
             handle = self._plan_handle(instance)
-        if handle.image and L.kind_of(labels) == "snapshot":
-            labels = {**labels, L.ROOT_IMAGE: handle.image}
         try:
-            image = snapshots.take(
-                self.engine.api,
-                instance.container_id,
-                instance.areas,
-                instance.mounts,
-                labels,
-                handle.config,
-                fresh,
-            )
+            result = capture(handle, fresh)
         except BaseException:
             self._drop_handle(instance)  # made again at the next capture
             raise
         with self._guard:
             self._handles[instance.name] = handle
-        return image
+        return result
+
+    def _take_blocking(self, instance: Instance, labels: dict[str, str]) -> str:
+        """Capture ``instance``'s areas as a snapshot image labelled ``labels`` and with its root image."""
+        api = self.engine.api
+
+        def take(handle: _Handle, fresh: bool) -> str:
+            tagged = {**labels, L.ROOT_IMAGE: handle.image} if handle.image else labels
+            return snapshots.take(
+                api, instance.container_id, instance.areas, instance.mounts, tagged, handle.config, fresh
+            )
+
+        return self._through_handle(instance, take)
+
+    def _capture_blocking(self, instance: Instance) -> IO[bytes]:
+        """Capture ``instance``'s areas into a spool (a clone's carrier, before it is kept)."""
+        api = self.engine.api
+
+        def capture(handle: _Handle, fresh: bool) -> IO[bytes]:
+            spool = tempfile.SpooledTemporaryFile(max_size=snapshots.SPOOL_BYTES)  # noqa: SIM115 (returned)
+            try:
+                snapshots.capture(
+                    api, instance.container_id, instance.areas, instance.mounts, handle.config, fresh, spool
+                )
+            except BaseException:
+                spool.close()
+                raise
+            spool.seek(0)
+            return spool
+
+        return self._through_handle(instance, capture)
 
     # expiry -----------------------------------------------------------------------------------
 
@@ -1293,7 +1348,12 @@ class DockerProvider:
         for image in images:
             count += self._gone(lambda i=image: api.remove_image(i["Id"], force=False, noprune=False))
         name = L.instance_name(allocation_key)
-        return count + self.spools.discard(name, runner_tag) + discard_writable(self.rw_spools, name, runner_tag)
+        return (
+            count
+            + self.spools.discard(name, runner_tag)
+            + self.carriers.discard(name, runner_tag)
+            + discard_writable(self.rw_spools, name, runner_tag)
+        )
 
     @staticmethod
     def _gone(remove: Any) -> int:
@@ -1369,7 +1429,7 @@ class DockerProvider:
             remove = functools.partial(snapshots.remove_handle, api, snapshots.handle_name(instance.name))
             first.append(remove)
         if restore is not None:
-            first.append(lambda: self._snapshot_labels(restore) or {})
+            first.append(lambda: {} if restore == snapshots.CARRIER else self._snapshot_labels(restore) or {})
         if zdr:
             selector = L.label_filter(runner_tag=instance.runner_tag, kind="snapshot", **{L.SOURCE_KEY: key})
             first.append(lambda: api.images(filters=selector))
@@ -1389,6 +1449,7 @@ class DockerProvider:
         if second:
             self._all(*second)
         self.spools.discard(instance.name, instance.runner_tag)
+        self.carriers.discard(instance.name, instance.runner_tag)
         discard_writable(self.rw_spools, instance.name, instance.runner_tag)
 
     async def release(self, request: ReleaseRequest) -> ReleaseResult:

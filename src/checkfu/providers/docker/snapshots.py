@@ -20,8 +20,13 @@ or written through it. An instance has at most one handle (``handle_name``),
 made at its first snapshot or clone, or at the activation that restores it, and
 kept for the next: it is removed with the instance (``release``, ``compensate``).
 
-A clone uses the same capture as a ``carrier`` image labelled with the clone's
-own allocation key, consumed (deleted) when the clone is activated.
+A clone uses the same capture, kept as a *carrier* file in the provider's state
+directory, named after the clone's instance and runner tag (as staged writes are),
+written once the clone's container exists (so reclaiming its allocation key
+finds and removes it) and consumed (deleted) when the clone is activated. It
+never becomes an image: importing it only to read it back at activation cost
+an import, a ``docker save`` and an image removal. (A clone made before this
+carries an image labelled ``checkfu.kind=carrier``; such a clone still activates.)
 
 Restore reads the image back (``docker save``), takes its one layer, keeps
 what belongs in an area (device nodes dropped, set-id bits cleared, hard links
@@ -40,6 +45,7 @@ import tempfile
 import threading
 from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
 from typing import IO, Any, cast
 
 import docker.types
@@ -49,6 +55,8 @@ from checkfu.contract.paths import is_within
 from checkfu.providers.docker.archive import open_path
 
 SPOOL_BYTES = 32 << 20
+CARRIER = "carrier-file"
+"""The ``checkfu.restore`` label of a clone whose areas come from its carrier file, not from an image."""
 SETID = 0o6000
 HANDLE_ROOT = "/.checkfu-areas"
 """Where a handle mounts the areas: area ``i`` (in the instance's order) at ``HANDLE_ROOT/i``."""
@@ -297,6 +305,32 @@ def take(
         return image
 
 
+def capture(
+    api: Any,
+    container: str,
+    areas: tuple[str, ...],
+    excluded: tuple[str, ...],
+    handle: dict[str, Any],
+    fresh: bool,
+    out: IO[bytes],
+) -> int:
+    """Capture the areas of ``container`` (paused while they are read) into ``out``, as ``take`` into an
+    image's layer; the entry count. (A clone's carrier, which never needs to be an image.)"""
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        created = pool.submit(create_handle, api, handle) if fresh else None
+        api.pause(container)
+        try:
+            if created is not None:
+                created.result()
+            response = _open(api, handle)
+            try:
+                return combine(response.raw, areas, excluded, out)
+            finally:
+                response.close()
+        finally:
+            api.unpause(container)
+
+
 def _layer(saved: IO[bytes], out: IO[bytes]) -> None:
     """Copy the one layer of a saved single-layer image (legacy or OCI layout) to ``out``."""
     with tarfile.open(fileobj=saved, mode="r:") as outer:
@@ -314,30 +348,12 @@ def _layer(saved: IO[bytes], out: IO[bytes]) -> None:
     out.seek(0)
 
 
-def load(api: Any, image: str, areas: tuple[str, ...], excluded: tuple[str, ...]) -> tuple[IO[bytes], int]:
-    """The archive to upload into a handle's ``HANDLE_ROOT`` to fill ``areas`` from image ``image`` (area ``i``
-    under ``<i>/``; mounts, device nodes, area roots and links out of their area left out, set-id bits cleared),
-    and its entry count. The caller closes it.
-
-    Raises:
-        SandboxNotFound: the image is gone.
-    """
-    with contextlib.ExitStack() as stack:
-        saved = stack.enter_context(tempfile.SpooledTemporaryFile(max_size=SPOOL_BYTES))
-        try:
-            for chunk in api.get_image(image, chunk_size=1 << 20):
-                saved.write(chunk)
-        except Exception as exc:
-            if getattr(exc, "status_code", None) == 404:
-                raise SandboxNotFound(f"restore: image {image[:19]} is gone") from exc
-            raise
-        saved.seek(0)
-        layer = stack.enter_context(tempfile.SpooledTemporaryFile(max_size=SPOOL_BYTES))
-        _layer(saved, layer)
-        saved.close()
-        out = tempfile.SpooledTemporaryFile(max_size=SPOOL_BYTES)  # noqa: SIM115 (returned to the caller)
-        closing = stack.enter_context(contextlib.ExitStack())  # out is closed here unless it is returned
-        closing.callback(out.close)
+def split(layer: IO[bytes], areas: tuple[str, ...], excluded: tuple[str, ...]) -> tuple[IO[bytes], int]:
+    """The archive to upload into a handle's ``HANDLE_ROOT`` to fill ``areas`` from ``layer`` (an archive of
+    entries under the areas' paths: area ``i`` goes under ``<i>/``; mounts, device nodes, area roots and links
+    out of their area left out, set-id bits cleared), and its entry count. The caller closes it."""
+    out = tempfile.SpooledTemporaryFile(max_size=SPOOL_BYTES)  # noqa: SIM115 (returned to the caller)
+    try:
         count = 0
         with (
             tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT) as writer,
@@ -360,8 +376,46 @@ def load(api: Any, image: str, areas: tuple[str, ...], excluded: tuple[str, ...]
                 writer.addfile(member, data)
                 count += 1
         out.seek(0)
-        closing.pop_all()
         return out, count
+    except BaseException:
+        out.close()
+        raise
+
+
+def load(api: Any, image: str, areas: tuple[str, ...], excluded: tuple[str, ...]) -> tuple[IO[bytes], int]:
+    """``split`` of the one layer of image ``image`` (``docker save``). The caller closes what it returns.
+
+    Raises:
+        SandboxNotFound: the image is gone.
+    """
+    with contextlib.ExitStack() as stack:
+        saved = stack.enter_context(tempfile.SpooledTemporaryFile(max_size=SPOOL_BYTES))
+        try:
+            for chunk in api.get_image(image, chunk_size=1 << 20):
+                saved.write(chunk)
+        except Exception as exc:
+            if getattr(exc, "status_code", None) == 404:
+                raise SandboxNotFound(f"restore: image {image[:19]} is gone") from exc
+            raise
+        saved.seek(0)
+        layer = stack.enter_context(tempfile.SpooledTemporaryFile(max_size=SPOOL_BYTES))
+        _layer(saved, layer)
+        saved.close()
+        return split(layer, areas, excluded)
+
+
+def load_carrier(path: Path, areas: tuple[str, ...], excluded: tuple[str, ...]) -> tuple[IO[bytes], int]:
+    """``split`` of a clone's carrier file (``capture``).
+
+    Raises:
+        SandboxNotFound: the file is gone (the clone was reclaimed, or made on another host's state).
+    """
+    try:
+        f = path.open("rb")
+    except FileNotFoundError as exc:
+        raise SandboxNotFound(f"restore: the clone's carrier {path.name} is gone") from exc
+    with f:
+        return split(f, areas, excluded)
 
 
 def fill(api: Any, handle: str, data: IO[bytes]) -> None:
