@@ -44,7 +44,7 @@ import tarfile
 import tempfile
 import threading
 from collections.abc import Iterable, Iterator, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import IO, Any, cast
 
@@ -268,29 +268,30 @@ def take(
     sandbox is thawed once it is read, while the import finishes. A failure to thaw it fails the call (and
     the image is removed); a read cut short cuts the import's body short, so no image is made of it.
     """
-    with ThreadPoolExecutor(max_workers=2) as pool:
+    pipe = _Pipe()
+    if areas:  # the first bytes go at once, so the engine sets the import up while the areas are being read
+        pipe.write(_area_entry(areas[0]))
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        importing = pool.submit(_import_from, api, pipe, labels)
         created = pool.submit(create_handle, api, handle) if fresh else None
-        api.pause(container)
-        importing: Future[str] | None = None
         try:
-            if created is not None:
-                created.result()
-            response = _open(api, handle)
-            pipe = _Pipe()
-            importing = pool.submit(_import_from, api, pipe, labels)
+            api.pause(container)
             try:
-                combine(response.raw, areas, excluded, cast(IO[bytes], pipe))  # tarfile only writes to it
-                pipe.close()
-            except BaseException as exc:
-                pipe.fail(exc)  # the import's body is cut short: it fails, and makes no image
-                if isinstance(exc, BrokenPipeError):
-                    importing.result()  # the import stopped reading: its own error is the one to tell
-                raise
+                if created is not None:
+                    created.result()
+                response = _open(api, handle)
+                try:
+                    combine(response.raw, areas, excluded, cast(IO[bytes], pipe))  # tarfile only writes to it
+                finally:
+                    response.close()
             finally:
-                response.close()
-        finally:
-            thawed = pool.submit(api.unpause, container)  # the pool's exit waits for it and for the import
-        assert importing is not None
+                thawed = pool.submit(api.unpause, container)  # the pool's exit waits for it
+            pipe.close()
+        except BaseException as exc:
+            pipe.fail(exc)  # the import's body is cut short: it fails, and makes no image
+            if isinstance(exc, BrokenPipeError):
+                importing.result()  # the import stopped reading: its own error is the one to tell
+            raise
         try:
             image = importing.result()
         except BaseException:
@@ -303,6 +304,15 @@ def take(
                 api.remove_image(image)
             raise
         return image
+
+
+def _area_entry(area: str) -> bytes:
+    """The archive entry of an area's own directory (which a restore leaves alone, as every area's root)."""
+    info = tarfile.TarInfo(area.strip("/"))
+    info.type = tarfile.DIRTYPE
+    info.mode = 0o755
+    info.mtime = 0
+    return info.tobuf(format=tarfile.PAX_FORMAT)
 
 
 def capture(
