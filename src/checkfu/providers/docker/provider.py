@@ -11,7 +11,11 @@ What an instance is on the engine (all labelled ``checkfu.allocation_key`` and
   stager container (never started) through which ``writeFile`` fills them
   before activation; the stager is removed at ``activate``; the stager's create
   creates the mount volumes;
-- for a clone, a carrier image with the source's areas, consumed at ``activate``;
+- for a clone, a carrier file with the source's areas in the state directory (beside the
+  staging spools, named after the instance and runner tag), consumed at ``activate``;
+- once it is snapshotted or cloned, or activated from a snapshot or a clone, a handle:
+  a container never started, named ``<instance>-areas``, that mounts the area volumes
+  alone, through which they are read and filled in one archive request (``snapshots.py``);
 - for an ``allowlist`` profile, its way out (``egress.py``): an egress proxy
   container created and started at ``provision``, a door container that joins
   the sandbox's network namespace at ``activate`` only to open ``127.0.0.1:3128``
@@ -30,8 +34,8 @@ State is the container's real state: ``created`` is ``provisioning``, started is
 The only in-memory state is a cache of verified container ids, of the instances
 this object provisioned or activated (so ``writeFile``, ``activate`` and
 ``release`` need not ask the engine first; the engine's answer to the call
-itself still decides, and every other member reads the real state), and the set
-of names this object released. A freshly built provider (cold) finds everything again by name
+itself still decides, and every other member reads the real state), the handles
+it made, and the set of names this object released. A freshly built provider (cold) finds everything again by name
 and label.
 """
 
