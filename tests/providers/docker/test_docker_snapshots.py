@@ -404,3 +404,27 @@ def test_a_capture_cut_short_makes_no_image(client: Any, runner_tag: str) -> Non
             importing.result(timeout=60)
     assert "stopped" in repr(caught.value) + repr(caught.value.__cause__) + repr(caught.value.__context__)
     assert client.images.list(filters={"label": f"{L.ALLOCATION_KEY}={key}"}) == []
+
+
+async def test_a_clone_never_activated_leaves_no_carrier_after_compensate(kit: Kit, client: Any) -> None:
+    source = await kit.up("unactivated-source", files=FILES)
+    try:
+        assert (await source.sh(WRITE)).exit_code == 0
+        base = kit.provision_request(kit.key("unactivated"), mounts=plans_for(FILES))
+        request = CloneRequest(
+            **base.model_dump(), source_allocation_key=source.key, source_instance_id=source.instance_id
+        )
+        cloned = await kit.provider.clone(request)
+        carrier = kit.docker.carriers.get(cloned.instance_id, kit.runner_tag).path
+        assert carrier.is_file()
+        assert b"a/b/f" in carrier.read_bytes(), "the carrier holds the source's areas"
+        reclaimed = await kit.provider.compensate(
+            CompensateRequest(
+                target=kit.target, lease=LEASE, allocation_key=request.allocation_key, runner_tag=kit.runner_tag
+            )
+        )
+        assert reclaimed.reclaimed >= 2  # its container (with its areas) and its carrier file
+        assert not carrier.exists() and not list(carrier.parent.glob(f"{cloned.instance_id}~*"))
+        assert [o for o in leftovers(client, kit.runner_tag) if o[2] == request.allocation_key] == []
+    finally:
+        await source.release()

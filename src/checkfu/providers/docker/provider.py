@@ -687,10 +687,19 @@ class DockerProvider:
             raise
         return CloneResult(**self._new_instance(request), source_instance_id=request.source_instance_id)
 
+    def _discard_carrier(self, instance: str, runner_tag: str | None) -> int:
+        """Remove ``instance``'s carrier file (of ``runner_tag`` only, when given), and any half-written one;
+        how many whole ones were there."""
+        removed = self.carriers.discard(instance, runner_tag)
+        if self.carriers.root.exists():
+            for part in self.carriers.root.glob(f"{instance}~{runner_tag or '*'}.tar.part"):
+                part.unlink(missing_ok=True)
+        return removed
+
     def _keep_carrier(self, data: IO[bytes], instance: str, runner_tag: str) -> None:
         """Write a clone's captured areas to its carrier file (whole, or not at all)."""
         path = self.carriers.get(instance, runner_tag).path
-        part = path.with_suffix(".part")
+        part = path.with_name(path.name + ".part")
         with data:
             path.parent.mkdir(parents=True, exist_ok=True)
             with part.open("wb") as out:
@@ -1355,7 +1364,7 @@ class DockerProvider:
         return (
             count
             + self.spools.discard(name, runner_tag)
-            + self.carriers.discard(name, runner_tag)
+            + self._discard_carrier(name, runner_tag)
             + discard_writable(self.rw_spools, name, runner_tag)
         )
 
@@ -1453,7 +1462,7 @@ class DockerProvider:
         if second:
             self._all(*second)
         self.spools.discard(instance.name, instance.runner_tag)
-        self.carriers.discard(instance.name, instance.runner_tag)
+        self._discard_carrier(instance.name, instance.runner_tag)
         discard_writable(self.rw_spools, instance.name, instance.runner_tag)
 
     async def release(self, request: ReleaseRequest) -> ReleaseResult:
