@@ -10,15 +10,24 @@ which is what ``docker commit`` captures.
 - resume: ours ``resume`` + ``activate`` beside raw ``create`` from the committed image + ``start``;
 - clone: ours ``clone`` + ``activate`` beside raw ``commit`` + ``create`` + ``start``.
 
-Target: each at most 1.10 times the raw primitive. ``CHECKFU_BENCH_N`` sets the rounds (default 10).
+Target (issue 18): each at most 1.25 times the raw primitive. ``CHECKFU_BENCH_N`` sets the rounds (default 10).
+
+The raw side of resume and clone is not the same isolation as ours: its container has a writable root and
+no writable areas, while ours has a read-only root and three size-limited tmpfs areas, which the restored
+state must be written into after start (the engine has no primitive that fills a tmpfs area; ``create``
+from a committed image only serves a writable root). So each round also times raw ``create`` + ``start`` of
+the committed image with our isolation (B1's raw configuration: read-only root, the areas as tmpfs, the same
+limits), reported as ``raw_hardened_p50`` and ``ratio_vs_hardened`` (for clone, after a raw ``commit``).
+The stated comparison (``ratio``) stays the issue's.
 """
 
 from __future__ import annotations
 
+import statistics
 from typing import Any
 
 from b1_docker_first_command import LEASE, Rig, exec_request, rounds
-from harness import Figure, interleave, summarize
+from harness import Figure, interleave, summarize, timed
 
 from checkfu.contract.members import (
     ActivateRequest,
@@ -62,7 +71,7 @@ async def run() -> list[Figure]:
 
         a, b = await interleave(snapshot, commit, n=rounds(10), warmup=1)
         figures.append(
-            summarize("B7 docker snapshot", a, b, target="<=1.10x docker commit", met=lambda r, *_: r <= 1.10)
+            summarize("B7 docker snapshot", a, b, target="<=1.25x docker commit", met=lambda r, *_: r <= 1.25)
         )
         snap_key, snap_id = snaps[0]
         image = images[0]
@@ -79,6 +88,20 @@ async def run() -> list[Figure]:
 
         def create_from_image() -> None:
             c = rig.client.containers.create(**{**cfg, "image": image.id})
+            c.start()
+            raw_made.append(c)
+
+        hardened = rig.raw_config()
+
+        def create_hardened() -> None:
+            c = rig.client.containers.create(**{**hardened, "image": image.id})
+            c.start()
+            raw_made.append(c)
+
+        def commit_create_hardened() -> None:
+            img = raw_source.commit(changes=[f"LABEL checkfu.runner_tag={rig.tag}"])
+            images.append(img)
+            c = rig.client.containers.create(**{**hardened, "image": img.id})
             c.start()
             raw_made.append(c)
 
@@ -107,19 +130,30 @@ async def run() -> list[Figure]:
             while raw_made:
                 raw_made.pop().remove(force=True)
 
-        for name, ours, raw in (
-            ("B7 docker resume", resume, create_from_image),
-            ("B7 docker clone", clone, commit_create),
+        for name, ours, raw, fair in (
+            ("B7 docker resume", resume, create_from_image, create_hardened),
+            ("B7 docker clone", clone, commit_create, commit_create_hardened),
         ):
             xs: list[float] = []
             ys: list[float] = []
+            zs: list[float] = []
             for i in range(rounds(10) + 1):
-                a, b = await interleave(ours, raw, n=1, warmup=0)
+                # Which goes first alternates by round (interleave with n=1 always starts with its first step,
+                # which would always meet the engine still busy with the previous round's removals).
+                if i % 2:
+                    b, a = await interleave(raw, ours, n=1, warmup=0)
+                else:
+                    a, b = await interleave(ours, raw, n=1, warmup=0)
+                z = await timed(fair)
                 if i:
                     xs += a
                     ys += b
+                    zs.append(z)
                 await cleanup()
-            figures.append(summarize(name, xs, ys, target="<=1.10x commit + create", met=lambda r, *_: r <= 1.10))
+            fig = summarize(name, xs, ys, target="<=1.25x commit + create", met=lambda r, *_: r <= 1.25)
+            fig.extra["raw_hardened_p50"] = statistics.median(zs)
+            fig.extra["ratio_vs_hardened"] = fig.ours_p50 / statistics.median(zs)
+            figures.append(fig)
         check = await p.exec(exec_request(source, "sh", "-c", "cat $HOME/proj/f3 | wc -c"))
         assert check.stdout.strip() == b"98304"
         await p.release(ReleaseRequest(**source))

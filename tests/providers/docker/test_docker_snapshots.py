@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import tarfile
 import time
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -20,12 +22,13 @@ from checkfu.contract.members import (
     CompensateRequest,
     DeleteSnapshotRequest,
     ListAllocationsRequest,
+    ReleaseRequest,
     ResumeRequest,
     SnapshotRequest,
 )
 from checkfu.contract.profile import SandboxProfile
 from checkfu.contract.vocabulary import Platform
-from checkfu.providers.docker import DockerProvider
+from checkfu.providers.docker import DockerProvider, snapshots
 from checkfu.providers.docker import labels as L
 from checkfu.providers.docker.envelope import host_facts
 from checkfu.runner.clock import ManualClock
@@ -111,11 +114,12 @@ async def test_clone_is_independent(kit: Kit, client: Any) -> None:
         cloned = await kit.provider.clone(request)
         assert cloned.source_instance_id == source.instance_id and cloned.state == "provisioning"
         check_new_identity("instance_id", cloned.instance_id, {source.instance_id})
-        carriers = client.images.list(filters={"label": f"{L.ALLOCATION_KEY}={request.allocation_key}"})
-        assert len(carriers) == 1
+        assert not client.images.list(filters={"label": f"{L.ALLOCATION_KEY}={request.allocation_key}"})
+        carrier = kit.docker.carriers.get(cloned.instance_id, kit.runner_tag).path
+        assert carrier.is_file(), "the source's areas wait in the clone's carrier file"
         clone = await activate(kit, request.allocation_key, cloned.instance_id)
         try:
-            assert not client.images.list(filters={"label": f"{L.ALLOCATION_KEY}={request.allocation_key}"})
+            assert not carrier.exists(), "consumed at activation"
             assert (await clone.sh(CHECK)).stdout == EXPECTED
             await clone.sh("printf c > $HOME/only-clone; printf x > /tmp/t")
             await source.sh("printf s > $HOME/only-source")
@@ -293,3 +297,134 @@ async def test_the_runner_deletes_an_expired_snapshot_and_refuses_a_provider_lyi
         assert leftovers(client, own_tag) == []
     finally:
         journal.close()
+
+
+# Every area, through one handle ------------------------------------------------------------------
+
+EVERY_AREA = (
+    "cd $HOME && mkdir -p d/e && printf h > d/e/f && printf s > setid && chmod 4755 setid && ln d/e/f hard"
+    " && mkdir -p /tmp/t1 && printf t > /tmp/t1/f && ln /tmp/t1/f /tmp/hard && printf m > /dev/shm/m"
+)
+EVERY_CHECK = (
+    "cat $HOME/d/e/f /tmp/t1/f /dev/shm/m; echo; stat -c %a $HOME/setid;"
+    " [ $HOME/d/e/f -ef $HOME/hard ] && [ /tmp/t1/f -ef /tmp/hard ] && echo linked; cat /workspace/README"
+)
+EVERY_EXPECTED = b"htm\n755\nlinked\nhello\n"
+
+
+def handles(client: Any, tag: str) -> list[Any]:
+    return list(client.containers.list(all=True, filters={"label": [f"{L.RUNNER_TAG}={tag}", f"{L.KIND}=handle"]}))
+
+
+async def test_every_area_survives_snapshot_resume_and_clone_and_no_handle_is_left(kit: Kit, client: Any) -> None:
+    """Home, /tmp and /dev/shm (hard links within an area kept, set-id bits cleared) come back whole in a
+    resumed snapshot and in a clone, and the sandbox's mount is staged again rather than captured. The handle
+    (a never-started container on the area volumes alone, through which they are read and filled) is kept for
+    the next capture and goes with its instance, its areas with it."""
+    source = await kit.up("every", files=FILES, profile=kit.profile(retention="durable"))
+    try:
+        assert (await source.sh(EVERY_AREA)).exit_code == 0
+        snap_key, snap_id = await snapshot(kit, source)
+        (handle,) = handles(client, kit.runner_tag)
+        assert handle.labels[L.ALLOCATION_KEY] == source.key and handle.status == "created", "never started"
+        mounts = {m["Destination"]: m for m in handle.attrs["Mounts"]}
+        assert sorted(mounts) == [f"/.checkfu-areas/{i}" for i in range(3)], "the areas alone, not the mount"
+        areas = {m["Destination"]: m["Name"] for m in source.container().attrs["Mounts"]}
+        assert [mounts[f"/.checkfu-areas/{i}"]["Name"] for i in range(3)] == [
+            areas["/home/sandbox"],
+            areas["/tmp"],
+            areas["/dev/shm"],
+        ]
+        again = await snapshot(kit, source)  # the next capture reads through the same handle
+        assert [h.id for h in handles(client, kit.runner_tag)] == [handle.id]
+        names = client.images.get(snap_id).history()
+        assert len(names) == 1, "a snapshot is one layer"
+        request = resume_request(kit, snap_key, snap_id)
+        resumed = await kit.provider.resume(request)
+        box = await activate(kit, request.allocation_key, resumed.instance_id)
+        base = kit.provision_request(kit.key("every-clone"), mounts=plans_for(FILES))
+        clone_request = CloneRequest(
+            **base.model_dump(), source_allocation_key=source.key, source_instance_id=source.instance_id
+        )
+        cloned = await kit.provider.clone(clone_request)
+        clone = await activate(kit, clone_request.allocation_key, cloned.instance_id)
+        owners = sorted(h.labels[L.ALLOCATION_KEY] for h in handles(client, kit.runner_tag))
+        assert owners == sorted([source.key, box.key, clone.key]), "a restored instance keeps its filling handle"
+        try:
+            for made in (box, clone):
+                r = await made.sh(EVERY_CHECK)
+                assert r.stdout == EVERY_EXPECTED, (r.stdout, r.stderr)
+        finally:
+            await box.release()
+            await clone.release()
+        assert [h.labels[L.ALLOCATION_KEY] for h in handles(client, kit.runner_tag)] == [source.key]
+        for key, sid in ((snap_key, snap_id), again):
+            delete = DeleteSnapshotRequest(target=kit.target, lease=LEASE, snapshot_allocation_key=key, snapshot_id=sid)
+            assert (await kit.provider.delete_snapshot(delete)).deleted is True
+    finally:
+        await source.release()
+    assert handles(client, kit.runner_tag) == []
+    gone = {source.key, snap_key, box.key, clone.key}
+    assert [o for o in leftovers(client, kit.runner_tag) if o[2] in gone] == [], "no handle, area or image left"
+
+
+async def test_a_release_by_another_provider_removes_the_handle_and_the_areas_it_holds(
+    kit: Kit, client: Any, runner_tag: str, tmp_path: Path
+) -> None:
+    """A provider that did not make the handle (another process, or one restarted) still removes it, and the
+    areas it mounts, when it releases the instance."""
+    box = await kit.up("elsewhere", files=FILES)
+    _, snap_id = await snapshot(kit, box)
+    assert [h.labels[L.ALLOCATION_KEY] for h in handles(client, kit.runner_tag)] == [box.key]
+    other = DockerProvider(state_dir=tmp_path, cache_tag=runner_tag, workers=4)
+    try:
+        await other.release(ReleaseRequest(**box.call))
+    finally:
+        other.close()
+    assert [o for o in leftovers(client, kit.runner_tag) if o[2] == box.key] == []
+    assert not client.images.list(filters={"label": f"{L.SOURCE_KEY}={box.key}"}), "ephemeral: its snapshot goes"
+    with pytest.raises(Exception, match="No such image"):
+        client.images.get(snap_id)
+
+
+def test_a_capture_cut_short_makes_no_image(client: Any, runner_tag: str) -> None:
+    """The archive streams into the import: when reading it fails halfway, the import's body is cut short and
+    the engine makes no image of what arrived (a truncated archive is never taken for a whole snapshot)."""
+    key = f"{runner_tag}-cut-{uuid.uuid4().hex[:8]}"
+    labels = L.object_labels(key, runner_tag, "snapshot")
+    pipe = snapshots._Pipe()
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        importing = pool.submit(snapshots._import_from, client.api, pipe, labels)
+        member = tarfile.TarInfo("home/sandbox/f")
+        member.size = 1024
+        pipe.write(member.tobuf(format=tarfile.PAX_FORMAT))
+        pipe.write(b"x" * 1024)  # a whole entry: a body that merely ended here would be imported as an image
+        pipe.fail(OSError("the archive stopped"))
+        with pytest.raises(Exception) as caught:
+            importing.result(timeout=60)
+    assert "stopped" in repr(caught.value) + repr(caught.value.__cause__) + repr(caught.value.__context__)
+    assert client.images.list(filters={"label": f"{L.ALLOCATION_KEY}={key}"}) == []
+
+
+async def test_a_clone_never_activated_leaves_no_carrier_after_compensate(kit: Kit, client: Any) -> None:
+    source = await kit.up("unactivated-source", files=FILES)
+    try:
+        assert (await source.sh(WRITE)).exit_code == 0
+        base = kit.provision_request(kit.key("unactivated"), mounts=plans_for(FILES))
+        request = CloneRequest(
+            **base.model_dump(), source_allocation_key=source.key, source_instance_id=source.instance_id
+        )
+        cloned = await kit.provider.clone(request)
+        carrier = kit.docker.carriers.get(cloned.instance_id, kit.runner_tag).path
+        assert carrier.is_file()
+        assert b"a/b/f" in carrier.read_bytes(), "the carrier holds the source's areas"
+        reclaimed = await kit.provider.compensate(
+            CompensateRequest(
+                target=kit.target, lease=LEASE, allocation_key=request.allocation_key, runner_tag=kit.runner_tag
+            )
+        )
+        assert reclaimed.reclaimed >= 2  # its container (with its areas) and its carrier file
+        assert not carrier.exists() and not list(carrier.parent.glob(f"{cloned.instance_id}~*"))
+        assert [o for o in leftovers(client, kit.runner_tag) if o[2] == request.allocation_key] == []
+    finally:
+        await source.release()

@@ -47,7 +47,9 @@ PROXY = "checkfu.proxy"
 ALLOWLIST = "checkfu.allowlist"
 """On an ``allowlist`` instance and its proxy: the JSON list of the destinations it may reach."""
 
-Kind = Literal["instance", "stager", "area", "mount", "snapshot", "carrier", "image", "proxy", "companion", "egress"]
+Kind = Literal[
+    "instance", "stager", "area", "mount", "snapshot", "carrier", "image", "proxy", "companion", "egress", "handle"
+]
 KINDS: tuple[Kind, ...] = (
     "instance",
     "stager",
@@ -59,6 +61,7 @@ KINDS: tuple[Kind, ...] = (
     "proxy",
     "companion",
     "egress",
+    "handle",
 )
 
 

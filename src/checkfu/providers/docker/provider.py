@@ -11,7 +11,11 @@ What an instance is on the engine (all labelled ``checkfu.allocation_key`` and
   stager container (never started) through which ``writeFile`` fills them
   before activation; the stager is removed at ``activate``; the stager's create
   creates the mount volumes;
-- for a clone, a carrier image with the source's areas, consumed at ``activate``;
+- for a clone, a carrier file with the source's areas in the state directory (beside the
+  staging spools, named after the instance and runner tag), consumed at ``activate``;
+- once it is snapshotted or cloned, or activated from a snapshot or a clone, a handle:
+  a container never started, named ``<instance>-areas``, that mounts the area volumes
+  alone, through which they are read and filled in one archive request (``snapshots.py``);
 - for an ``allowlist`` profile, its way out (``egress.py``): an egress proxy
   container created and started at ``provision``, a door container that joins
   the sandbox's network namespace at ``activate`` only to open ``127.0.0.1:3128``
@@ -30,8 +34,8 @@ State is the container's real state: ``created`` is ``provisioning``, started is
 The only in-memory state is a cache of verified container ids, of the instances
 this object provisioned or activated (so ``writeFile``, ``activate`` and
 ``release`` need not ask the engine first; the engine's answer to the call
-itself still decides, and every other member reads the real state), and the set
-of names this object released. A freshly built provider (cold) finds everything again by name
+itself still decides, and every other member reads the real state), the handles
+it made, and the set of names this object released. A freshly built provider (cold) finds everything again by name
 and label.
 """
 
@@ -43,13 +47,15 @@ import dataclasses
 import functools
 import hashlib
 import os
+import shutil
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn, TypeVar
+from typing import IO, Any, NoReturn, TypeVar
 
 from checkfu.contract.envelope import Member
 from checkfu.contract.errors import (
@@ -206,6 +212,19 @@ def _check_digest(request: WriteFileRequest, actual: str) -> None:
         )
 
 
+@dataclass(frozen=True)
+class _Handle:
+    """An instance's handle on its area volumes (``snapshots``): its name, the image the instance runs, the
+    area volumes it mounts, and its create configuration."""
+
+    name: str
+    container: str
+    """The id of the instance's container (a later container of the same name is another instance)."""
+    image: str
+    volumes: tuple[str, ...]
+    config: dict[str, Any]
+
+
 class _RootImageMissing(Exception):
     """The engine has no image by the request's ``root_image`` (404 on a create)."""
 
@@ -273,6 +292,8 @@ class DockerProvider:
         self.state_dir = Path(state_dir) if state_dir is not None else default_state_dir()
         self.spools = Spools(self.state_dir / "staging")
         self.rw_spools = Spools(self.state_dir / "staging-rw")
+        self.carriers = Spools(self.state_dir / "carriers")
+        """A clone's carrier file (``snapshots.capture``), from ``clone`` until its ``activate``."""
         self.cache_tag = cache_tag
         self._progress = progress
         self._materializer = Materializer(self.engine.api, lambda: self.engine.build_client().api, self.user, cache_tag)
@@ -284,6 +305,7 @@ class DockerProvider:
         self._released: set[str] = set()
         self._background: dict[str, list[Future[Any]]] = {}
         self._unstarted: dict[str, str] = {}  # a proxy whose background start failed: the engine's reason
+        self._handles: dict[str, _Handle] = {}  # instance name -> its handle, once made (removed with it)
         self._swept: dict[str, float] = {}  # runner tag -> when its expired snapshots were last swept in passing
         self.wall: Callable[[], float] = time.time
         """The wall clock expiries are stated and judged by."""
@@ -307,6 +329,7 @@ class DockerProvider:
             self._ids.pop(name, None)
             self._staging.pop(name, None)
             self._active.pop(name, None)
+            self._handles.pop(name, None)
             self._released.add(name)
 
     def _check_identity(self, request: InstanceCall) -> str:
@@ -681,17 +704,50 @@ class DockerProvider:
         require_served(self.envelope, request.profile, request.platform, request.mounts)
         source = await self._resolve(source_call, "clone")
         self._require_running(source)
-        labels = L.object_labels(
-            request.allocation_key,
-            request.runner_tag,
-            "carrier",
-            **{L.SOURCE_KEY: request.source_allocation_key},
-        )
-        carrier = await self.engine.run(
-            "clone", snapshots.take, self.engine.api, source.container_id, source.areas, source.mounts, labels
-        )
-        await self._allocate(request, "clone", carrier)
+        # The source's areas are read while the clone's container is created; they are written to the
+        # carrier file only once that container exists, so reclaiming the clone's key always finds the file.
+        captured = asyncio.ensure_future(self.engine.run("clone", self._capture_blocking, source))
+        try:
+            await self._allocate(request, "clone", snapshots.CARRIER)
+        except BaseException:
+            with contextlib.suppress(BaseException):
+                (await captured).close()
+            raise
+        name = L.instance_name(request.allocation_key)
+        try:
+            data = await captured
+            await self.engine.run("clone", self._keep_carrier, data, name, request.runner_tag)
+        except BaseException:
+            with contextlib.suppress(BaseException):
+                await self.engine.run(
+                    "clone",
+                    self._reclaim_blocking,
+                    allocation_key=request.allocation_key,
+                    runner_tag=request.runner_tag,
+                    snapshots_of=False,
+                )
+                self._forget(name)
+            raise
         return CloneResult(**self._new_instance(request), source_instance_id=request.source_instance_id)
+
+    def _discard_carrier(self, instance: str, runner_tag: str | None) -> int:
+        """Remove ``instance``'s carrier file (of ``runner_tag`` only, when given), and any half-written one;
+        how many whole ones were there."""
+        removed = self.carriers.discard(instance, runner_tag)
+        if self.carriers.root.exists():
+            for part in self.carriers.root.glob(f"{instance}~{runner_tag or '*'}.tar.part"):
+                part.unlink(missing_ok=True)
+        return removed
+
+    def _keep_carrier(self, data: IO[bytes], instance: str, runner_tag: str) -> None:
+        """Write a clone's captured areas to its carrier file (whole, or not at all)."""
+        path = self.carriers.get(instance, runner_tag).path
+        part = path.with_name(path.name + ".part")
+        with data:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with part.open("wb") as out:
+                shutil.copyfileobj(data, out, 1 << 20)
+            part.replace(path)
 
     def _snapshot_labels(self, snapshot_id: str) -> Mapping[str, str] | None:
         try:
@@ -948,6 +1004,48 @@ class DockerProvider:
         return WriteFileResult(**echo(request, path=request.path, size=request.size, digest=request.digest))
 
     def _activate_blocking(self, instance: Instance) -> None:
+        if instance.restore is None:
+            self._start_blocking(instance)
+            return
+        # A clone or a resumed snapshot: while the sandbox starts, its image is read back and the handle on its
+        # areas made (the inspect for that comes first: an inspect waits for a start's container lock); then the
+        # areas are filled in one upload. The handle is kept for the instance's own snapshots.
+        api = self.engine.api
+        restore, carrier = instance.restore, self.carriers.get(instance.name, instance.runner_tag)
+        if restore == snapshots.CARRIER:
+            loaded = self._fanout.submit(snapshots.load_carrier, carrier.path, instance.areas, instance.mounts)
+        else:
+            loaded = self._fanout.submit(snapshots.load, api, restore, instance.areas, instance.mounts)
+        kind = self._fanout.submit(lambda: None if restore == snapshots.CARRIER else self._snapshot_labels(restore))
+        try:
+            handle = self._plan_handle(instance)
+            made = self._fanout.submit(snapshots.create_handle, api, handle.config)
+            try:
+                self._start_blocking(instance)
+            finally:
+                made.exception()
+            data, _ = loaded.result()
+            with data:
+                made.result()
+                snapshots.fill(api, handle.name, data)
+        except BaseException:
+            self._drop_handle(instance)
+            with contextlib.suppress(BaseException):
+                loaded.result()[0].close()
+            raise
+        with self._guard:
+            self._handles[instance.name] = handle
+        carrier.discard()  # consumed (a clone's carrier file)
+        labels = kind.result() or {}
+        if L.kind_of(labels) == "carrier" and labels.get(L.ALLOCATION_KEY) == instance.labels.get(L.ALLOCATION_KEY):
+            # Consumed: removed in the background (an image removal waits for the engine's layer store, which
+            # every other image operation on the host holds at times); release and compensate wait for it.
+            self._in_background(instance.name, self._gone, functools.partial(api.remove_image, instance.restore))
+        for target in instance.writable:
+            self._fill_writable(instance, target)
+
+    def _start_blocking(self, instance: Instance) -> None:
+        """Flush the staged files into the mount volumes, drop the stager, start the sandbox and verify it."""
         api = self.engine.api
         if instance.stager is not None:
             spool = self.spools.get(instance.name, instance.runner_tag)
@@ -993,13 +1091,9 @@ class DockerProvider:
             self._verify_proxy(instance)
             door = egress.door_name(instance.name)
             self._in_background(instance.name, self._gone, functools.partial(api.remove_container, door, force=True))
-        if instance.restore is not None:
-            snapshots.restore(api, instance.restore, instance.container_id, instance.areas, instance.mounts)
-            labels = self._snapshot_labels(instance.restore) or {}
-            if L.kind_of(labels) == "carrier" and labels.get(L.ALLOCATION_KEY) == instance.labels.get(L.ALLOCATION_KEY):
-                api.remove_image(instance.restore)
-        for target in instance.writable:
-            self._fill_writable(instance, target)
+        if instance.restore is None:
+            for target in instance.writable:
+                self._fill_writable(instance, target)
 
     def _fill_writable(self, instance: Instance, target: str) -> None:
         """Extract a writable mount's spool into its area of the started sandbox (the engine writes into the
@@ -1208,13 +1302,8 @@ class DockerProvider:
         if request.keep_seconds is not None:  # from before the capture: never later than asked
             expires_at = format_timestamp(self.wall() + request.keep_seconds)
             extra[L.EXPIRES_AT] = expires_at
-        root = await self.engine.run("snapshot", self._image_of, instance.container_id)
-        if root:
-            extra[L.ROOT_IMAGE] = root
         labels = L.object_labels(request.snapshot_allocation_key, instance.runner_tag, "snapshot", **extra)
-        snapshot_id = await self.engine.run(
-            "snapshot", snapshots.take, self.engine.api, instance.container_id, instance.areas, instance.mounts, labels
-        )
+        snapshot_id = await self.engine.run("snapshot", self._take_blocking, instance, labels)
         return SnapshotResult(
             **echo(
                 request,
@@ -1224,9 +1313,70 @@ class DockerProvider:
             )
         )
 
-    def _image_of(self, container: str) -> str:
-        """The id of the image ``container`` runs (empty when the engine does not say)."""
-        return str(self.engine.api.inspect_container(container).get("Image") or "")
+    def _plan_handle(self, instance: Instance) -> _Handle:
+        """The handle ``instance`` would have (``snapshots.handle_spec``), from the engine's inspect of it."""
+        api = self.engine.api
+        info = api.inspect_container(instance.container_id)
+        image = str(info.get("Image") or "")
+        volumes = snapshots.area_volumes(info, instance.areas)
+        name = snapshots.handle_name(instance.name)
+        labels = L.object_labels(instance.labels.get(L.ALLOCATION_KEY, ""), instance.runner_tag, "handle")
+        config = snapshots.handle_spec(api, name=name, image=image, volumes=volumes, labels=labels, read_only=False)
+        return _Handle(name=name, container=instance.container_id, image=image, volumes=volumes, config=config)
+
+    def _drop_handle(self, instance: Instance) -> None:
+        """Forget ``instance``'s handle and remove it in the background (``release`` and ``compensate`` wait)."""
+        with self._guard:
+            self._handles.pop(instance.name, None)
+        remove = functools.partial(snapshots.remove_handle, self.engine.api, snapshots.handle_name(instance.name))
+        self._in_background(instance.name, remove)
+
+    def _through_handle(self, instance: Instance, capture: Callable[[_Handle, bool], T]) -> T:
+        """``capture(handle, fresh)`` through ``instance``'s handle (``fresh``: not made yet, ``capture`` makes
+        it while the sandbox is being paused), which is kept for the next capture, or dropped if it failed."""
+        with self._guard:
+            handle = self._handles.get(instance.name)
+        fresh = handle is None or handle.container != instance.container_id
+        if handle is None or fresh:
+            handle = self._plan_handle(instance)
+        try:
+            result = capture(handle, fresh)
+        except BaseException:
+            self._drop_handle(instance)  # made again at the next capture
+            raise
+        with self._guard:
+            self._handles[instance.name] = handle
+        return result
+
+    def _take_blocking(self, instance: Instance, labels: dict[str, str]) -> str:
+        """Capture ``instance``'s areas as a snapshot image labelled ``labels`` and with its root image."""
+        api = self.engine.api
+
+        def take(handle: _Handle, fresh: bool) -> str:
+            tagged = {**labels, L.ROOT_IMAGE: handle.image} if handle.image else labels
+            return snapshots.take(
+                api, instance.container_id, instance.areas, instance.mounts, tagged, handle.config, fresh
+            )
+
+        return self._through_handle(instance, take)
+
+    def _capture_blocking(self, instance: Instance) -> IO[bytes]:
+        """Capture ``instance``'s areas into a spool (a clone's carrier, before it is kept)."""
+        api = self.engine.api
+
+        def capture(handle: _Handle, fresh: bool) -> IO[bytes]:
+            spool = tempfile.SpooledTemporaryFile(max_size=snapshots.SPOOL_BYTES)  # noqa: SIM115 (returned)
+            try:
+                snapshots.capture(
+                    api, instance.container_id, instance.areas, instance.mounts, handle.config, fresh, spool
+                )
+            except BaseException:
+                spool.close()
+                raise
+            spool.seek(0)
+            return spool
+
+        return self._through_handle(instance, capture)
 
     # expiry -----------------------------------------------------------------------------------
 
@@ -1317,6 +1467,8 @@ class DockerProvider:
         from the allocation. The number of objects removed."""
         api = self.engine.api
         self._settle(L.instance_name(allocation_key))
+        with self._guard:
+            self._handles.pop(L.instance_name(allocation_key), None)  # a container of the key: removed below
         count = 0
         selector = L.label_filter(allocation_key=allocation_key, runner_tag=runner_tag)
         for container in api.containers(all=True, filters=selector):
@@ -1334,7 +1486,12 @@ class DockerProvider:
         for image in images:
             count += self._gone(lambda i=image: api.remove_image(i["Id"], force=False, noprune=False))
         name = L.instance_name(allocation_key)
-        return count + self.spools.discard(name, runner_tag) + discard_writable(self.rw_spools, name, runner_tag)
+        return (
+            count
+            + self.spools.discard(name, runner_tag)
+            + self._discard_carrier(name, runner_tag)
+            + discard_writable(self.rw_spools, name, runner_tag)
+        )
 
     @staticmethod
     def _gone(remove: Any) -> int:
@@ -1381,14 +1538,18 @@ class DockerProvider:
             raise error
         return results
 
-    def _release_blocking(self, instance: Instance, zdr: bool) -> None:
+    def _release_blocking(self, instance: Instance, zdr: bool, read_back: bool = False) -> None:
         """Remove what ``instance`` is made of, found from the container itself; with ``zdr``, its snapshots too.
 
         Two rounds of engine calls, each issued at once: the containers (and the look-ups of the images to
-        remove), then the volumes they mounted and those images.
+        remove), then the volumes they mounted and those images. An instance ``read_back`` from the engine
+        (not made by this provider) may have a handle this provider does not know of: it is removed by name,
+        and its areas (among the volumes read back) by name after it.
         """
         api = self.engine.api
         self._settle(instance.name)
+        with self._guard:
+            handle = self._handles.pop(instance.name, None)
         key = instance.labels.get(L.ALLOCATION_KEY, "")
         stager, restore = instance.stager, instance.restore
         first: list[Callable[[], Any]] = [
@@ -1399,18 +1560,26 @@ class DockerProvider:
         if instance.proxy is not None:
             for helper in (instance.proxy, egress.door_name(instance.name)):
                 first.append(functools.partial(self._gone, functools.partial(api.remove_container, helper, force=True)))
+        # A handle mounts the areas too: the sandbox's removal cannot take them while it is there, so they are
+        # removed by name after it (they are among the volumes of an instance read back from the engine).
+        has_handle = handle is not None or read_back
+        if has_handle:
+            remove = functools.partial(snapshots.remove_handle, api, snapshots.handle_name(instance.name))
+            first.append(remove)
         if restore is not None:
-            first.append(lambda: self._snapshot_labels(restore) or {})
+            first.append(lambda: {} if restore == snapshots.CARRIER else self._snapshot_labels(restore) or {})
         if zdr:
             selector = L.label_filter(runner_tag=instance.runner_tag, kind="snapshot", **{L.SOURCE_KEY: key})
             first.append(lambda: api.images(filters=selector))
         found = self._all(*first)
         volumes = instance.volumes + ((egress.socket_volume(instance.name),) if instance.proxy is not None else ())
+        if handle is not None:
+            volumes += tuple(v for v in handle.volumes if v not in volumes)
         second: list[Callable[[], int]] = [
             functools.partial(self._gone, functools.partial(api.remove_volume, v, force=True)) for v in volumes
         ]
         if restore is not None:
-            labels = found[1 + (stager is not None) + 2 * (instance.proxy is not None)]
+            labels = found[1 + (stager is not None) + 2 * (instance.proxy is not None) + has_handle]
             if L.kind_of(labels) == "carrier" and labels.get(L.ALLOCATION_KEY) == key:
                 second.append(functools.partial(self._gone, functools.partial(api.remove_image, restore)))
         if zdr:
@@ -1418,6 +1587,7 @@ class DockerProvider:
         if second:
             self._all(*second)
         self.spools.discard(instance.name, instance.runner_tag)
+        self._discard_carrier(instance.name, instance.runner_tag)
         discard_writable(self.rw_spools, instance.name, instance.runner_tag)
 
     async def release(self, request: ReleaseRequest) -> ReleaseResult:
@@ -1436,7 +1606,7 @@ class DockerProvider:
         if found is not None:
             transition(found.state, "release")
             zdr = found.retention != "durable"
-            await self.engine.run("release", self._release_blocking, found, zdr)
+            await self.engine.run("release", self._release_blocking, found, zdr, known is None)
         else:
             # Gone already (a second release, or released elsewhere): sweep what still carries the key.
             # Snapshots carry their own keys and are left alone: a durable release keeps them.
