@@ -6,6 +6,7 @@ were imported; ``bench/run B15`` measures the time.
 
 from __future__ import annotations
 
+import inspect
 import subprocess
 import sys
 from importlib.metadata import version
@@ -42,3 +43,41 @@ def test_version_is_the_installed_distributions() -> None:
     out = subprocess.run([str(CHECKFU), "--version"], capture_output=True, check=True, text=True).stdout
     assert out == f"checkfu {version('checkfu')}\n"
     assert checkfu.__version__ == version("checkfu")
+
+
+def test_help_loads_no_subcommand_module() -> None:
+    """``checkfu --help`` lists every command from the group's own table, so no command's module (nor docker-py,
+    SQLAlchemy, pydantic or the wire) is imported for it."""
+    names = imported("--help")
+    assert not {n for n in names if n.startswith("checkfu.cli.") and n != "checkfu.cli.commands"}, sorted(names)
+    assert not top_level(names) & {"pydantic", "docker", "sqlalchemy", "starlette", "uvicorn", "websockets"}
+
+
+def test_run_loads_neither_the_wire_server_nor_other_commands() -> None:
+    """``checkfu run`` (here refused before any work) loads its own module, not the provider service's server,
+    the conformance suite or the other commands."""
+    names = imported("run", "--provider", "no-such-provider", "--", "true")
+    assert "checkfu.cli.run" in names
+    for absent in ("checkfu.cli.provider", "checkfu.cli.images", "checkfu.cli.fleet", "checkfu.cli.evidence"):
+        assert absent not in names, absent
+    assert not top_level(names) & {"starlette", "uvicorn"}
+    assert "checkfu.conformance" not in names and "checkfu.wire.server" not in names
+
+
+def test_the_lazy_table_says_what_each_command_says() -> None:
+    """Each line ``checkfu --help`` lists from the table is the first paragraph of that command's own help, and the
+    table names every command its modules add, so the lazy listing cannot drift from the commands."""
+    from typer import _click  # noqa: PLC0415
+
+    from checkfu.cli.commands import COMMANDS, REGISTER, load  # noqa: PLC0415
+
+    listed: set[str] = set()
+    for module in REGISTER:
+        for name, command in load(module).items():
+            listed.add(name)
+            assert name in COMMANDS and COMMANDS[name].module == module, name
+            first = inspect.cleandoc(command.short_help or command.help or "").split("\n\n")[0]
+            assert COMMANDS[name].summary == first, name
+            assert not command.hidden and not command.deprecated and not getattr(command, "rich_help_panel", None), name
+            assert isinstance(command, _click.Command)
+    assert listed == set(COMMANDS)

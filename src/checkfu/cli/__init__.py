@@ -44,43 +44,53 @@ def main() -> None:
     if sys.argv[1:] == ["--version"]:
         print(version_text())
         return
-    from rich.console import Console  # noqa: PLC0415
-    from rich.markup import escape  # noqa: PLC0415
-
-    from checkfu.cli import run  # noqa: PLC0415
-    from checkfu.cli.commands import app  # noqa: PLC0415
-    from checkfu.contract.errors import SandboxError  # noqa: PLC0415
-    from checkfu.runner.journal import JournalError  # noqa: PLC0415
+    from checkfu.cli.commands import app  # noqa: PLC0415 - the tree; each command's module loads when it runs
 
     running = len(sys.argv) > 1 and sys.argv[1] in ("run", "exec")  # docker's 125 for its own failures
-    err = Console(stderr=True, soft_wrap=True)
     try:
         app()
     except SystemExit as exc:
         # A usage error of `checkfu run` (click's 2) is checkfu's own failure: 125, as docker's is;
         # the command's own status 2 (it ran: run.FINISHED says so) passes through.
-        if running and exc.code == EXIT_USAGE and not run.FINISHED:
+        if running and exc.code == EXIT_USAGE and not _finished():
             sys.exit(EXIT_RUN_REFUSED)
         raise
-    except SandboxError as exc:
-        err.print(f"[bold red]{escape(exc.code)}[/]: {escape(exc.message)}", highlight=False, markup=True)
-        sys.exit(EXIT_RUN_REFUSED if running else EXIT_REFUSED)
-    except JournalError as exc:
-        err.print(
-            f"[bold red]journal unavailable[/]: {escape(str(exc))}. Nothing was asked of a provider without its "
-            "record; run `checkfu runner reconcile` once the journal answers to settle what it could not record",
-            highlight=False,
-        )
-        sys.exit(EXIT_RUN_REFUSED if running else EXIT_REFUSED)
     except KeyboardInterrupt:
-        err.print("interrupted")
+        _err().print("interrupted")
         sys.exit(EXIT_INTERRUPTED)
     except Exception as exc:
+        # The contract's errors and the journal's are told by their classes, looked up only where their modules
+        # were loaded (an exception of a module that was never imported cannot be one of its classes).
+        from rich.markup import escape  # noqa: PLC0415
+
+        errors, journal = sys.modules.get("checkfu.contract.errors"), sys.modules.get("checkfu.runner.journal")
+        if errors is not None and isinstance(exc, errors.SandboxError):
+            _err().print(f"[bold red]{escape(exc.code)}[/]: {escape(exc.message)}", highlight=False, markup=True)
+            sys.exit(EXIT_RUN_REFUSED if running else EXIT_REFUSED)
+        if journal is not None and isinstance(exc, journal.JournalError):
+            _err().print(
+                f"[bold red]journal unavailable[/]: {escape(str(exc))}. Nothing was asked of a provider without its "
+                "record; run `checkfu runner reconcile` once the journal answers to settle what it could not record",
+                highlight=False,
+            )
+            sys.exit(EXIT_RUN_REFUSED if running else EXIT_REFUSED)
         if os.environ.get("CHECKFU_DEBUG") == "1":
             raise
-        err.print(
+        _err().print(
             f"checkfu: internal error: {type(exc).__name__}: {exc} (set CHECKFU_DEBUG=1 for a traceback)",
             highlight=False,
             markup=False,
         )
         sys.exit(EXIT_RUN_REFUSED if running else EXIT_INTERNAL)
+
+
+def _err() -> Any:
+    from rich.console import Console  # noqa: PLC0415
+
+    return Console(stderr=True, soft_wrap=True)
+
+
+def _finished() -> bool:
+    """Whether the command ran (``checkfu run``/``exec`` record its status in ``checkfu.cli.run.FINISHED``)."""
+    run = sys.modules.get("checkfu.cli.run")
+    return run is not None and bool(run.FINISHED)
