@@ -53,7 +53,7 @@ def test_help_loads_no_subcommand_module() -> None:
     assert not top_level(names) & {"pydantic", "docker", "sqlalchemy", "starlette", "uvicorn", "websockets"}
 
 
-def test_run_loads_neither_the_wire_server_nor_other_commands() -> None:
+def test_run_loads_only_what_it_uses() -> None:
     """``checkfu run`` (here refused before any work) loads its own module, not the provider service's server,
     the conformance suite or the other commands."""
     names = imported("run", "--provider", "no-such-provider", "--", "true")
@@ -62,6 +62,9 @@ def test_run_loads_neither_the_wire_server_nor_other_commands() -> None:
         assert absent not in names, absent
     assert not top_level(names) & {"starlette", "uvicorn"}
     assert "checkfu.conformance" not in names and "checkfu.wire.server" not in names
+    # nor, for an installed provider, the wire client, the terminal or the progress bars
+    assert not {"checkfu.wire.client", "checkfu.cli.terminal", "rich.progress"} & names
+    assert "websockets" not in top_level(names)
 
 
 def test_the_lazy_table_says_what_each_command_says() -> None:
