@@ -10,6 +10,10 @@ Every figure times whole processes (wall time, ``subprocess.run``), interleaved 
   (``providers/docker/spec.py``: read-only root, user 1000:1000, every capability dropped, no-new-privileges,
   network none, private IPC, an init, the profile's memory (swap not extra), CPU and pids limits, no message
   queues, no logging, and its writable paths as tmpfs of the same sizes). Target: ours p50 at most 1.5 times raw.
+  Extra: ``deps_import_p50``, a process that only imports the libraries any such Run needs (``DEPS_FLOOR``), and
+  its ratio to raw: the part of the start no lazy import of checkfu's can remove; ``ours_phases_p50``, the Run's
+  own phases as ``checkfu run`` reports them (the sandbox's work, journaled), and ``ours_outside_phases_p50``, the
+  rest of its wall time (start-up, opening the journal, exit).
 
 The state directory (``XDG_STATE_HOME``) is a temporary one and the runner tag (``CHECKFU_RUNNER_TAG``) the
 benchmark's own; ``left_behind`` counts only Docker objects labelled with that tag. checkfu's own modules are
@@ -19,6 +23,7 @@ byte-compiled first, as an installed package's are. Set ``CHECKFU_BENCH_N`` to c
 from __future__ import annotations
 
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -37,6 +42,9 @@ IMAGE = "checkfu/busybox:1"
 CHECKFU = Path(sys.executable).with_name("checkfu")
 VERSION_TARGET = 0.100
 RUN_TARGET = 1.5
+DEPS_FLOOR = "import sqlalchemy, docker, pydantic, typer, rich.console"
+"""What any ``checkfu run`` on the Docker tier imports before its own code: its journal (SQLAlchemy), the engine's
+client (docker-py), the contract's models (pydantic) and the command line (typer, rich)."""
 
 
 def rounds() -> int:
@@ -109,6 +117,15 @@ def importtime_top(argv: list[str], env: dict[str, str], k: int = 10) -> str:
     return ",".join(f"{name}={us}us" for us, name in rows[:k])
 
 
+def phase_seconds(said: str) -> float:
+    """The sum of the phases ``checkfu run`` reports (``phases     resolve 0 ms, select 8 ms, ...``): the Run's own
+    work, from resolving mounts to releasing the sandbox; the rest of its wall time is start-up and exit."""
+    for line in said.splitlines():
+        if line.startswith("phases"):
+            return sum(float(m) for m in re.findall(r" ([0-9.]+) ms", line)) / 1000
+    raise SystemExit(f"checkfu run printed no phases: {said[-400:]}")
+
+
 def leftovers(tag: str) -> int:
     """Containers, volumes and images labelled with the benchmark's runner tag."""
     label = f"label=checkfu.runner_tag={tag}"
@@ -136,10 +153,11 @@ async def run() -> list[Figure]:
         env = {**os.environ, "XDG_STATE_HOME": home, "CHECKFU_RUNNER_TAG": tag}
         env.pop("CHECKFU_DEBUG", None)
 
-        def call(argv: list[str]) -> None:
+        def call(argv: list[str]) -> str:
             done = subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, check=False)
             if done.returncode != 0:
                 raise SystemExit(f"{' '.join(argv[:3])} ... exited {done.returncode}: {done.stderr.decode()[-400:]}")
+            return done.stderr.decode(errors="replace")
 
         def version() -> None:
             call([str(CHECKFU), "--version"])
@@ -147,8 +165,14 @@ async def run() -> list[Figure]:
         def floor() -> None:
             call([sys.executable, "-c", "pass"])
 
+        def deps() -> None:
+            call([sys.executable, "-c", DEPS_FLOOR])
+
+        phases: list[float] = []
+
         def ours() -> None:
-            call([str(CHECKFU), "run", "--profile", str(PROFILE), "--", "true"])
+            said = call([str(CHECKFU), "run", "--profile", str(PROFILE), "--", "true"])
+            phases.append(phase_seconds(said))
 
         raw_argv = docker_run_argv(tag)
 
@@ -164,6 +188,7 @@ async def run() -> list[Figure]:
             met=lambda _r, xs, _b: statistics.median(xs) <= VERSION_TARGET,
         )
         first.extra["importtime_top10"] = importtime_top([str(CHECKFU), "--version"], env)
+        e, f = await interleave(deps, floor, n=n, warmup=1)
         try:
             c, d = await interleave(ours, raw, n=n, warmup=2)
         finally:
@@ -177,6 +202,11 @@ async def run() -> list[Figure]:
         )
         second.met = second.met and left == 0
         first.extra["left_behind"] = second.extra["left_behind"] = left
-        second.extra["python_floor_p50"] = first.raw_p50
+        phased = phases[-len(c) :]  # the timed rounds' (the first were warm-up)
+        second.extra["ours_phases_p50"] = statistics.median(phased)
+        second.extra["ours_outside_phases_p50"] = statistics.median(w - p for w, p in zip(c, phased, strict=True))
+        second.extra["python_floor_p50"] = statistics.median(f)
+        second.extra["deps_import_p50"] = statistics.median(e)
+        second.extra["deps_import_over_raw"] = statistics.median(e) / statistics.median(d)
         second.extra["profile"] = str(PROFILE.relative_to(ROOT))
         return [first, second]

@@ -84,3 +84,21 @@ def test_the_lazy_table_says_what_each_command_says() -> None:
             assert not command.hidden and not command.deprecated and not getattr(command, "rich_help_panel", None), name
             assert isinstance(command, _click.Command)
     assert listed == set(COMMANDS)
+
+
+def test_the_collector_runs_again_once_the_command_is_loaded() -> None:
+    """``main`` holds the garbage collector off while start-up makes its long-lived objects, then freezes them and
+    turns it back on as the command's module is loaded, so a long-running command (``provider serve``, ``runner
+    serve``) collects as any program does."""
+    code = (
+        "import gc, sys\n"
+        "from checkfu.cli import main\n"
+        "sys.argv = ['checkfu', 'kit', 'export', '--help']\n"
+        "try:\n"
+        "    main()\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "print(gc.isenabled(), gc.get_freeze_count() > 10000, 'checkfu.cli.kit' in sys.modules)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, check=True, text=True)
+    assert done.stdout.splitlines()[-1] == "True True True", done.stdout[-500:]

@@ -134,6 +134,11 @@ REGISTER: dict[str, Callable[[typer.Typer, Any], None]] = {
 """How each module's commands join the tree (as ``app.command``/``app.add_typer`` would add them eagerly)."""
 
 
+ON_LOAD: list[Callable[[], None]] = []
+"""Called once, after the first command's module is loaded (``checkfu.cli.main`` settles the garbage collector
+there)."""
+
+
 class LazyGroup(typer.core.TyperGroup):
     """The root group: a subcommand's module is imported when that subcommand is looked up to run (or completed),
     and the help lists ``COMMANDS`` without importing any of them."""
@@ -171,6 +176,8 @@ def load(module: str) -> dict[str, _click.Command]:
         REGISTER[module](holder, loaded)
         done = dict(typer.main.get_group(holder).commands)
         LazyGroup._loaded[module] = done
+        while ON_LOAD:
+            ON_LOAD.pop()()
     return done
 
 
