@@ -7,11 +7,13 @@ end (``checkfu.fleet``); they load the runner only when first used.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
+TYPE_CHECKING = False  # not `typing`'s: `import checkfu` (and `checkfu --version`) stays as light as Python's start-up
 __version__ = "0.1.0"
+"""The version ``checkfu --version`` prints; a test holds it equal to the installed distribution's."""
 
 if TYPE_CHECKING:
+    from typing import Any
+
     from checkfu.fleet import RunResult, submit, wait
     from checkfu.sandbox import AsyncSandbox, Sandbox
 

@@ -15,13 +15,11 @@ import time
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import DownloadColumn, Progress, TaskID
-from rich.table import Table
 from rich.text import Text
 
 from checkfu.cli.engines import EngineCertsOpt, EngineOpt, engine_sites
@@ -35,7 +33,6 @@ from checkfu.cli.state import (
     runner_tag,
     state_dir,
 )
-from checkfu.cli.terminal import feed, raw_mode, stdin_is_terminal, window_size
 from checkfu.contract.codec import decode_value
 from checkfu.contract.errors import (
     SandboxAdapterUnavailable,
@@ -66,8 +63,15 @@ from checkfu.runner.output import CAP_ENV, output_cap
 from checkfu.runner.reconcile import describe_owner, reconcile, run_status
 from checkfu.runner.registry import ENTRY_POINT_GROUP, Registry, adapter_from_factory, load_registry
 from checkfu.runner.runner import Attempt, Runner
-from checkfu.wire.client import RemoteProvider
-from checkfu.wire.credentials import Credential
+
+if TYPE_CHECKING:
+    from rich.progress import Progress, TaskID
+
+    from checkfu.wire.credentials import Credential
+
+# Loaded where used, so that `checkfu run` on an installed provider starts without them: the wire client (a
+# provider service's URL), rich's progress bars (mounts to hash or stage), the terminal (-i/-t) and the tables of
+# `checkfu runs`.
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
@@ -145,6 +149,8 @@ class ConsoleObserver:
             return
         bar = self.bars.get(label)
         if bar is None:
+            from rich.progress import DownloadColumn, Progress  # noqa: PLC0415
+
             progress = Progress(
                 *Progress.get_default_columns(),
                 DownloadColumn(binary_units=True),
@@ -210,6 +216,13 @@ def _pin_image(read: ReadProfile, provider: str, quiet: bool) -> SandboxProfile:
     if not quiet:
         err.print(f"[dim]• pinned      {escape(read.tag)} → {escape(image_id)}[/]")
     return pinned(read, image_id)
+
+
+def _terminal() -> Any:
+    """``checkfu.cli.terminal``, loaded only for -i/-t."""
+    from checkfu.cli import terminal  # noqa: PLC0415
+
+    return terminal
 
 
 def _choose(registry: Registry, provider: str, explicit: bool) -> Any:
@@ -415,7 +428,7 @@ def check_run_inputs(
                 )
             )
         )
-    if interactive and use_tty and not stdin_is_terminal():
+    if interactive and use_tty and not _terminal().stdin_is_terminal():
         problems.append(
             Problem(
                 SandboxProfileInvalid(
@@ -678,7 +691,7 @@ def _admit_and_run(
         if not quiet:
             err.print(f"[dim]• profile     {escape(read.name)}[/]")
         prof: SandboxProfile | ReadProfile = read if remote else _allowing(_pin_image(read, name, quiet), allow)
-        size = window_size() if use_tty else None
+        size = _terminal().window_size() if use_tty else None
         return asyncio.run(
             _run(
                 prof,
@@ -713,6 +726,8 @@ async def _registry(
     """The adapters to choose from: the named installed provider, or the provider service at a URL. With ``hold``
     (a warm pool's filler), the Docker tier provisions held sandboxes: started and paused, thawed at activation."""
     if is_url(name):
+        from checkfu.wire.client import RemoteProvider  # noqa: PLC0415
+
         registry = Registry()
         registry.add(await adapter_from_factory(lambda: RemoteProvider(name, credential), name, {}, recorder=journal))
         return registry
@@ -775,10 +790,11 @@ async def _run(
     if interactive or tty is not None:
 
         async def interact(proc: Any) -> None:
-            with raw_mode(tty is not None and interactive and stdin_is_terminal()):
+            terminal = _terminal()
+            with terminal.raw_mode(tty is not None and interactive and terminal.stdin_is_terminal()):
                 observer.raw = tty is not None and interactive
                 try:
-                    await feed(proc, stdin=interactive, resize=tty is not None)
+                    await terminal.feed(proc, stdin=interactive, resize=tty is not None)
                 finally:
                     observer.raw = False
 
@@ -956,6 +972,8 @@ def runs_list(
             )
         )
         return
+    from rich.table import Table  # noqa: PLC0415
+
     table = Table("run", "status", "exit", "adapter", "command")
     for r in rows:  # everything recorded is data, never markup: each cell is plain Text
         status = run_status(r)
@@ -1050,6 +1068,8 @@ def runs_show(
         out.print(Text(f"settled {(r.summary or {}).get('settled_by', '')}: {reason}"))
     elif run_status(r) != r.status:
         out.print(Text("orphaned: its owner process is gone; the next checkfu command reclaims what it holds"))
+    from rich.table import Table  # noqa: PLC0415
+
     table = Table("member", "duration", "outcome", "allocation", "detail")
     for e in events:
         table.add_row(

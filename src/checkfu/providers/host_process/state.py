@@ -152,13 +152,21 @@ def mount_points_below(path: Path) -> list[str]:
         text = Path("/proc/self/mountinfo").read_text()
     except OSError:
         return found
+    needle = _mountinfo_escape(root)  # escaping is per character, so a point below ``root`` contains it
     for line in text.splitlines():
+        if needle not in line:
+            continue
         fields = line.split()
         if len(fields) > 4:
             point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[4])
             if point == root or point.startswith(root + "/"):
                 found.append(point)
     return found
+
+
+def _mountinfo_escape(path: str) -> str:
+    """``path`` as ``/proc/self/mountinfo`` spells it (the kernel escapes these four as octal)."""
+    return path.replace("\\", "\\134").replace(" ", "\\040").replace("\t", "\\011").replace("\n", "\\012")
 
 
 def remove_tree(path: Path) -> None:
@@ -173,6 +181,11 @@ def remove_tree(path: Path) -> None:
     """
     if not os.path.lexists(path):
         return
+    try:
+        os.rmdir(path)  # an empty directory (a working directory after most Runs) holds no files and no mounts
+        return
+    except OSError:
+        pass  # not empty, a mount point itself (EBUSY), or not a directory: the checks below decide
     mounts = mount_points_below(path)
     if mounts:
         raise OSError(errno.EBUSY, "a mount point lies inside the directory", mounts[0])

@@ -1,0 +1,212 @@
+"""B15: how fast the ``checkfu`` command starts, beside the floors it cannot go below.
+
+Every figure times whole processes (wall time, ``subprocess.run``), interleaved in one run:
+
+- ``B15 checkfu --version``: the installed console script, beside ``python -c pass`` (the interpreter's own
+  start-up, the floor). Target: p50 at most 100 ms. Extra: the ten largest imports of ``-X importtime``.
+- ``B15 checkfu run -- true``: ``checkfu run --profile examples/profiles/busybox-none.toml -- true`` (the shipped
+  Docker profile; a Run journaled, its sandbox provisioned, ``true`` run in it, the sandbox released), beside
+  ``docker run --rm`` of ``true`` on the same image with the same hardening the Docker tier sets
+  (``providers/docker/spec.py``: read-only root, user 1000:1000, every capability dropped, no-new-privileges,
+  network none, private IPC, an init, the profile's memory (swap not extra), CPU and pids limits, no message
+  queues, no logging, and its writable paths as tmpfs of the same sizes). Target: ours p50 at most 1.5 times raw.
+  Extra: ``deps_import_p50``, a process that only imports the libraries any such Run needs (``DEPS_FLOOR``), and
+  its ratio to raw: the part of the start no lazy import of checkfu's can remove; ``ours_phases_p50``, the Run's
+  own phases as ``checkfu run`` reports them (the sandbox's work, journaled), and ``ours_outside_phases_p50``, the
+  rest of its wall time (start-up, opening the journal, exit).
+
+The state directory (``XDG_STATE_HOME``) is a temporary one and the runner tag (``CHECKFU_RUNNER_TAG``) the
+benchmark's own; ``left_behind`` counts only Docker objects labelled with that tag. checkfu's own modules are
+byte-compiled first, as an installed package's are. Set ``CHECKFU_BENCH_N`` to change the rounds (default 20).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import uuid
+from pathlib import Path
+
+from harness import Figure, interleave, summarize
+
+import checkfu
+
+NAMES = ["B15"]
+ROOT = Path(__file__).resolve().parents[1]
+PROFILE = ROOT / "examples" / "profiles" / "busybox-none.toml"
+IMAGE = "checkfu/busybox:1"
+CHECKFU = Path(sys.executable).with_name("checkfu")
+VERSION_TARGET = 0.100
+RUN_TARGET = 1.5
+DEPS_FLOOR = "import sqlalchemy, docker, pydantic, typer, rich.console"
+"""What any ``checkfu run`` on the Docker tier imports before its own code: its journal (SQLAlchemy), the engine's
+client (docker-py), the contract's models (pydantic) and the command line (typer, rich)."""
+
+
+def rounds() -> int:
+    return int(os.environ.get("CHECKFU_BENCH_N", "20"))
+
+
+def docker_run_argv(tag: str) -> list[str]:
+    """``docker run`` of ``true`` as isolated as the Docker tier makes a sandbox of ``PROFILE``
+    (cpu_millis 500, memory_mib 128, disk_mib 64 split as ``spec.split_disk`` splits it, pids 64)."""
+    disk_kib = 64 * 1024
+    shm, tmp = disk_kib // 16, disk_kib // 4
+    home = disk_kib - shm - tmp
+    return [
+        "docker",
+        "run",
+        "--rm",
+        "--read-only",
+        "--user",
+        "1000:1000",
+        "--workdir",
+        "/home/sandbox",
+        "--hostname",
+        "sandbox",
+        "--env",
+        "HOME=/home/sandbox",
+        "--network",
+        "none",
+        "--ipc",
+        "private",
+        "--init",
+        "--cap-drop",
+        "ALL",
+        "--security-opt",
+        "no-new-privileges",
+        "--memory",
+        "128m",
+        "--memory-swap",
+        "128m",
+        "--cpus",
+        "0.5",
+        "--pids-limit",
+        "64",
+        "--ulimit",
+        "msgqueue=0:0",
+        "--log-driver",
+        "none",
+        "--tmpfs",
+        f"/home/sandbox:size={home}k,uid=1000,gid=1000,mode=755,nosuid,nodev",
+        "--tmpfs",
+        f"/tmp:size={tmp}k,mode=1777,nosuid,nodev",
+        "--tmpfs",
+        f"/dev/shm:size={shm}k,mode=1777,nosuid,nodev,noexec",
+        "--label",
+        f"checkfu.runner_tag={tag}",
+        IMAGE,
+        "true",
+    ]
+
+
+def importtime_top(argv: list[str], env: dict[str, str], k: int = 10) -> str:
+    """The ``k`` largest imports (cumulative microseconds) of one ``python -X importtime`` run of ``argv``."""
+    done = subprocess.run([sys.executable, "-X", "importtime", *argv], env=env, capture_output=True, check=True)
+    rows: list[tuple[int, str]] = []
+    for line in done.stderr.decode().splitlines():
+        if not line.startswith("import time:") or "self [us]" in line:
+            continue
+        _, cumulative, name = line.split(":", 1)[1].split("|")
+        rows.append((int(cumulative), name.strip()))
+    rows.sort(reverse=True)
+    return ",".join(f"{name}={us}us" for us, name in rows[:k])
+
+
+def phase_seconds(said: str) -> float:
+    """The sum of the phases ``checkfu run`` reports (``phases     resolve 0 ms, select 8 ms, ...``): the Run's own
+    work, from resolving mounts to releasing the sandbox; the rest of its wall time is start-up and exit."""
+    for line in said.splitlines():
+        if line.startswith("phases"):
+            return sum(float(m) for m in re.findall(r" ([0-9.]+) ms", line)) / 1000
+    raise SystemExit(f"checkfu run printed no phases: {said[-400:]}")
+
+
+def leftovers(tag: str) -> int:
+    """Containers, volumes and images labelled with the benchmark's runner tag."""
+    label = f"label=checkfu.runner_tag={tag}"
+    count = 0
+    for kind in (["ps", "-a"], ["volume", "ls"], ["images"]):
+        out = subprocess.run(["docker", *kind, "-q", "--filter", label], capture_output=True, check=True, text=True)
+        count += len(out.stdout.split())
+    return count
+
+
+async def run() -> list[Figure]:
+    if not CHECKFU.exists():
+        raise SystemExit(f"no installed checkfu command at {CHECKFU} (run scripts/setup)")
+    probe = subprocess.run(["docker", "image", "inspect", IMAGE], capture_output=True, check=False)
+    if probe.returncode != 0:
+        raise SystemExit(f"no Docker Engine or no {IMAGE} image: {probe.stderr.decode().strip()[:200]}")
+    # checkfu's modules byte-compiled, as an installed package's are (a checkout run under PYTHONDONTWRITEBYTECODE
+    # would otherwise compile them from source on every start)
+    subprocess.run(
+        [sys.executable, "-m", "compileall", "-q", str(Path(checkfu.__file__).parent)], check=False, capture_output=True
+    )
+    tag = f"bench-b15-{uuid.uuid4().hex[:8]}"
+    n = rounds()
+    with tempfile.TemporaryDirectory(prefix="checkfu-b15-") as home:
+        env = {**os.environ, "XDG_STATE_HOME": home, "CHECKFU_RUNNER_TAG": tag}
+        env.pop("CHECKFU_DEBUG", None)
+
+        def call(argv: list[str]) -> str:
+            done = subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, check=False)
+            if done.returncode != 0:
+                raise SystemExit(f"{' '.join(argv[:3])} ... exited {done.returncode}: {done.stderr.decode()[-400:]}")
+            return done.stderr.decode(errors="replace")
+
+        def version() -> None:
+            call([str(CHECKFU), "--version"])
+
+        def floor() -> None:
+            call([sys.executable, "-c", "pass"])
+
+        def deps() -> None:
+            call([sys.executable, "-c", DEPS_FLOOR])
+
+        phases: list[float] = []
+
+        def ours() -> None:
+            said = call([str(CHECKFU), "run", "--profile", str(PROFILE), "--", "true"])
+            phases.append(phase_seconds(said))
+
+        raw_argv = docker_run_argv(tag)
+
+        def raw() -> None:
+            call(raw_argv)
+
+        a, b = await interleave(version, floor, n=n, warmup=2)
+        first = summarize(
+            "B15 checkfu --version",
+            a,
+            b,
+            target=f"<={VERSION_TARGET * 1000:.0f}ms p50 (raw: python -c pass)",
+            met=lambda _r, xs, _b: statistics.median(xs) <= VERSION_TARGET,
+        )
+        first.extra["importtime_top10"] = importtime_top([str(CHECKFU), "--version"], env)
+        e, f = await interleave(deps, floor, n=n, warmup=1)
+        try:
+            c, d = await interleave(ours, raw, n=n, warmup=2)
+        finally:
+            left = leftovers(tag)
+        second = summarize(
+            "B15 checkfu run -- true",
+            c,
+            d,
+            target=f"<={RUN_TARGET}x hardened docker run",
+            met=lambda r, _a, _b: r <= RUN_TARGET,
+        )
+        second.met = second.met and left == 0
+        first.extra["left_behind"] = second.extra["left_behind"] = left
+        phased = phases[-len(c) :]  # the timed rounds' (the first were warm-up)
+        second.extra["ours_phases_p50"] = statistics.median(phased)
+        second.extra["ours_outside_phases_p50"] = statistics.median(w - p for w, p in zip(c, phased, strict=True))
+        second.extra["python_floor_p50"] = statistics.median(f)
+        second.extra["deps_import_p50"] = statistics.median(e)
+        second.extra["deps_import_over_raw"] = statistics.median(e) / statistics.median(d)
+        second.extra["profile"] = str(PROFILE.relative_to(ROOT))
+        return [first, second]
