@@ -8,6 +8,8 @@ its writable areas work, and release and cold compensation leave nothing of it.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -16,7 +18,7 @@ import pytest
 from docker_kit import LEASE, Box, Kit, leftovers, plans_for
 
 from checkfu.contract.errors import SandboxAdapterUnavailable, SandboxStateConflict
-from checkfu.contract.members import ActivateRequest, CompensateRequest, InspectRequest
+from checkfu.contract.members import ActivateRequest, CompensateRequest, InspectRequest, SnapshotRequest
 from checkfu.providers.docker import DockerProvider, create
 from checkfu.providers.docker import labels as L
 
@@ -98,3 +100,48 @@ def test_the_hold_option_is_yes_or_no(tmp_path: Any) -> None:
     with pytest.raises(SandboxAdapterUnavailable) as refused:
         create(state_dir=str(tmp_path), hold="maybe")
     assert refused.value.field == "hold"
+
+
+async def test_a_thawed_held_sandbox_paused_by_a_snapshot_still_reads_active(
+    held: Kit, adopter: Kit, client: Any
+) -> None:
+    key, made = await held.provision("held-thawed")
+    box = Box(adopter, key, made.instance_id)
+    try:
+        await adopter.provider.activate(ActivateRequest(**box.call))
+        client.api.pause(made.instance_id)  # what a snapshot does for the moment it reads the areas
+        try:
+            cold = DockerProvider(state_dir=adopter.docker.state_dir, cache_tag=adopter.runner_tag, workers=2)
+            try:
+                assert (await cold.inspect(InspectRequest(**box.call))).state == "active"
+            finally:
+                cold.close()
+        finally:
+            client.api.unpause(made.instance_id)
+    finally:
+        await box.release()
+    assert not [o for o in leftovers(client, adopter.runner_tag) if o[2] == key]
+
+
+async def test_a_release_waits_for_a_snapshot_whose_call_was_cancelled(adopter: Kit, client: Any) -> None:
+    # The snapshot's await is cancelled (a deadline) while its thread goes on reading the areas through a handle
+    # it makes; the release that follows must still take the handle and the areas it holds.
+    box = await adopter.up("cut-snapshot")
+    await box.sh("head -c 200000 /dev/urandom > ~/blob")
+    snap_key = adopter.key("cut-snap")
+    task = asyncio.ensure_future(
+        adopter.provider.snapshot(SnapshotRequest(**box.call, snapshot_allocation_key=snap_key))
+    )
+    await asyncio.sleep(0.02)
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    await box.release()
+    try:
+        assert not [o for o in leftovers(client, adopter.runner_tag) if o[2] == box.key]
+    finally:
+        await adopter.provider.compensate(
+            CompensateRequest(
+                target=adopter.target, lease=LEASE, allocation_key=snap_key, runner_tag=adopter.runner_tag
+            )
+        )

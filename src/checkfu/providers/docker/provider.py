@@ -303,6 +303,7 @@ class DockerProvider:
         self._staging: dict[str, Instance] = {}
         self._active: dict[str, Instance] = {}
         self._released: set[str] = set()
+        self._releasing: set[str] = set()  # names whose release began (late writes are refused, never staged)
         self._background: dict[str, list[Future[Any]]] = {}
         self._unstarted: dict[str, str] = {}  # a proxy whose background start failed: the engine's reason
         self._handles: dict[str, _Handle] = {}  # instance name -> its handle, once made (removed with it)
@@ -353,9 +354,13 @@ class DockerProvider:
         if labels.get(L.ALLOCATION_KEY) != allocation_key or L.kind_of(labels) != "instance":
             raise SandboxNotFound(f"instance_id: {name!r} is not an instance of allocation {allocation_key!r}")
         status = info.get("State", {}).get("Status", "")
-        # A held sandbox waits paused until ``activate`` thaws it. (An activated one is paused again only for the
-        # moment a snapshot reads it; a cold look in that moment reads it as not yet activated.)
-        provisioning = status == "created" or (status == "paused" and labels.get(L.HOLD) == "1")
+        # A held sandbox waits paused until ``activate`` thaws it; an activated one is paused again only for the
+        # moment a snapshot reads it, and its thaw mark (written before the thaw) tells the two apart.
+        provisioning = status == "created" or (
+            status == "paused"
+            and labels.get(L.HOLD) == "1"
+            and not self._thaw_mark(name, labels.get(L.RUNNER_TAG, "")).exists()
+        )
         return Instance(
             container_id=str(info["Id"]),
             name=name,
@@ -545,12 +550,16 @@ class DockerProvider:
             self._background.setdefault(instance, []).append(future)
 
     def _settle(self, instance: str) -> None:
-        """Wait for what ``_in_background`` started for ``instance``; its outcome does not matter here."""
-        with self._guard:
-            futures = self._background.pop(instance, [])
-        for future in futures:
-            with contextlib.suppress(BaseException):
-                future.result()
+        """Wait for what ``_in_background`` started for ``instance`` (and for a capture of its areas still
+        running, ``_through_handle``), and for what those started in turn; its outcome does not matter here."""
+        while True:
+            with self._guard:
+                futures = self._background.pop(instance, [])
+            if not futures:
+                return
+            for future in futures:
+                with contextlib.suppress(BaseException):
+                    future.result()
 
     def _start_proxy(self, container: str) -> None:
         """Start the proxy ``container`` in the background; a failure is kept, for ``activate`` to report when the
@@ -730,6 +739,17 @@ class DockerProvider:
             raise
         return CloneResult(**self._new_instance(request), source_instance_id=request.source_instance_id)
 
+    def _thaw_mark(self, instance: str, runner_tag: str) -> Path:
+        """The file that says held ``instance`` was activated (thawed): a paused held sandbox without it is one
+        that waits for its Run; with it, one an activated sandbox's snapshot has paused for a moment."""
+        return self.state_dir / "thawed" / f"{instance}~{runner_tag}"
+
+    def _unmark_thawed(self, instance: str, runner_tag: str | None) -> None:
+        root = self.state_dir / "thawed"
+        if root.exists():
+            for mark in root.glob(f"{instance}~{runner_tag or '*'}"):
+                mark.unlink(missing_ok=True)
+
     def _discard_carrier(self, instance: str, runner_tag: str | None) -> int:
         """Remove ``instance``'s carrier file (of ``runner_tag`` only, when given), and any half-written one;
         how many whole ones were there."""
@@ -889,6 +909,7 @@ class DockerProvider:
         stager = self._verify(instance, request, data, target, hash_now=not large)
         self._check_spool(spool)
         with spool.lock:
+            self._refuse_if_releasing(instance)
             if large or (not rw and request.path in spool.partial):  # a marked path goes up on its own
                 self._put_direct(spool, stager, request, target, data, hashed=not large)
             else:
@@ -954,6 +975,15 @@ class DockerProvider:
         if not rw and spool.size() >= SEGMENT_BYTES and not spool.uploading() and spool.seal():
             self._drain_in_background(instance, spool, stager)
 
+    def _refuse_if_releasing(self, instance: Instance) -> None:
+        """Raises ``SandboxStateConflict`` once ``instance``'s release began: a write whose call was cancelled but
+        whose thread went on must not make spool files (or uploads) again after the release removed them. Call
+        with the spool's lock held (the release discards the spool under it)."""
+        with self._guard:
+            releasing = instance.name in self._releasing
+        if releasing:
+            transition("released", "writeFile")
+
     def _stage_inline(self, instance: Instance, request: WriteFileRequest, target: str, data: bytes) -> bool:
         """Stage a small file on the calling thread when that takes no engine call and no wait: verified, then
         appended to the spool while its lock is free (a full segment is sealed and handed to the uploader, in the
@@ -971,6 +1001,7 @@ class DockerProvider:
         if not spool.lock.acquire(blocking=False):
             return False
         try:
+            self._refuse_if_releasing(instance)
             self._append(instance, spool, stager, request, target, data)
             return True
         finally:
@@ -1069,6 +1100,9 @@ class DockerProvider:
                     if _status(exc) != 404:
                         raise
         if instance.held:
+            mark = self._thaw_mark(instance.name, instance.runner_tag)
+            mark.parent.mkdir(parents=True, exist_ok=True)
+            mark.touch()
             api.unpause(instance.container_id)
         else:
             api.start(instance.container_id)
@@ -1334,19 +1368,26 @@ class DockerProvider:
     def _through_handle(self, instance: Instance, capture: Callable[[_Handle, bool], T]) -> T:
         """``capture(handle, fresh)`` through ``instance``'s handle (``fresh``: not made yet, ``capture`` makes
         it while the sandbox is being paused), which is kept for the next capture, or dropped if it failed."""
+        # A release waits for this capture (its thread goes on when the caller's deadline cancels the await), so
+        # that it finds the handle made here and removes it and the areas it holds.
+        running: Future[None] = Future()
         with self._guard:
             handle = self._handles.get(instance.name)
-        fresh = handle is None or handle.container != instance.container_id
-        if handle is None or fresh:
-            handle = self._plan_handle(instance)
+            self._background.setdefault(instance.name, []).append(running)
         try:
-            result = capture(handle, fresh)
-        except BaseException:
-            self._drop_handle(instance)  # made again at the next capture
-            raise
-        with self._guard:
-            self._handles[instance.name] = handle
-        return result
+            fresh = handle is None or handle.container != instance.container_id
+            if handle is None or fresh:
+                handle = self._plan_handle(instance)
+            try:
+                result = capture(handle, fresh)
+            except BaseException:
+                self._drop_handle(instance)  # made again at the next capture
+                raise
+            with self._guard:
+                self._handles[instance.name] = handle
+            return result
+        finally:
+            running.set_result(None)
 
     def _take_blocking(self, instance: Instance, labels: dict[str, str]) -> str:
         """Capture ``instance``'s areas as a snapshot image labelled ``labels`` and with its root image."""
@@ -1486,6 +1527,7 @@ class DockerProvider:
         for image in images:
             count += self._gone(lambda i=image: api.remove_image(i["Id"], force=False, noprune=False))
         name = L.instance_name(allocation_key)
+        self._unmark_thawed(name, runner_tag)
         return (
             count
             + self.spools.discard(name, runner_tag)
@@ -1547,6 +1589,8 @@ class DockerProvider:
         and its areas (among the volumes read back) by name after it.
         """
         api = self.engine.api
+        with self._guard:
+            self._releasing.add(instance.name)
         self._settle(instance.name)
         with self._guard:
             handle = self._handles.pop(instance.name, None)
@@ -1589,6 +1633,7 @@ class DockerProvider:
         self.spools.discard(instance.name, instance.runner_tag)
         self._discard_carrier(instance.name, instance.runner_tag)
         discard_writable(self.rw_spools, instance.name, instance.runner_tag)
+        self._unmark_thawed(instance.name, instance.runner_tag)
 
     async def release(self, request: ReleaseRequest) -> ReleaseResult:
         """Remove the sandbox and everything of its allocation (killing every process it started); for
