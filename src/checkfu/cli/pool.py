@@ -9,6 +9,8 @@ shape up again. ``checkfu pool drain`` releases every ready sandbox and forgets 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fcntl
 import json
 import os
 import subprocess
@@ -140,10 +142,11 @@ def pool_fill(
             shape,
             {"provider": provider, "profile": prof.model_dump_json(), "mounts": targets, "n": n, "ttl": ttl},
         )
+        engine = current_engine() if provider == "docker" else None  # as ``_fill`` records it
         have = [
             e
             for e in ready(journal, tag)
-            if e.profile_digest == prof.digest and list(e.mounts) == targets and e.engine == current_engine()
+            if e.profile_digest == prof.digest and list(e.mounts) == targets and e.engine == engine
         ]
     except SandboxError as exc:
         _refused(exc, None, summary)
@@ -156,6 +159,27 @@ def pool_fill(
     _say_ready(have, as_json, made=[e.allocation_key for e in made])
 
 
+def _refill(tag: str, journal: Journal, db: str | None, made: list[Pooled], errors: list[dict[str, Any]]) -> None:
+    """Top every remembered shape of ``tag`` up to its size; what was made and what failed, shape by shape."""
+    for spec in _sizes(tag).values():
+        try:
+            prof = SandboxProfile.model_validate_json(spec["profile"])
+            shape = (str(spec["provider"]), list(spec["mounts"]), int(spec["n"]), float(spec["ttl"]))
+        except (KeyError, TypeError, ValueError) as exc:
+            errors.append(
+                {
+                    "code": "SandboxProfileInvalid",
+                    "message": f"{_sizes_file(tag)}: a saved pool does not read ({type(exc).__name__}); "
+                    "fill it again with checkfu pool fill",
+                }
+            )
+            continue
+        try:
+            made += asyncio.run(_fill(shape[0], prof, shape[1], shape[2], shape[3], journal, db, True))
+        except SandboxError as exc:
+            errors.append({"code": exc.code, "message": exc.message})
+
+
 @pool_app.command("refill")
 def pool_refill(db: DbOpt = None, as_json: JsonOpt = False) -> None:
     """Top every pool `checkfu pool fill` made up to its size again (started by a `checkfu run --pool` that adopted)."""
@@ -163,26 +187,14 @@ def pool_refill(db: DbOpt = None, as_json: JsonOpt = False) -> None:
     journal = open_journal(db)
     made: list[Pooled] = []
     errors: list[dict[str, Any]] = []
-    try:
-        for spec in _sizes(tag).values():
-            try:
-                prof = SandboxProfile.model_validate_json(spec["profile"])
-                made += asyncio.run(
-                    _fill(
-                        spec["provider"],
-                        prof,
-                        list(spec["mounts"]),
-                        int(spec["n"]),
-                        float(spec["ttl"]),
-                        journal,
-                        db,
-                        True,
-                    )
-                )
-            except SandboxError as exc:
-                errors.append({"code": exc.code, "message": exc.message})
-    finally:
-        journal.close()
+    with contextlib.ExitStack() as stack:
+        stack.callback(journal.close)
+        # One refill at a time per runner tag: two Runs that each adopted start one each, and the second must
+        # see what the first made (else the pool grows to twice its size until --ttl reclaims the extra).
+        _sizes_file(tag).parent.mkdir(parents=True, exist_ok=True)
+        lock = stack.enter_context(_sizes_file(tag).with_suffix(".lock").open("a"))
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        _refill(tag, journal, db, made, errors)
     if as_json:
         print(json.dumps({"made": [e.allocation_key for e in made], "errors": errors}))
     else:

@@ -377,7 +377,12 @@ async def drain(journal: Journal, registry: Registry, runner_tag: str, runner: R
         adapter = _adapter(registry, entry)
         if adapter is None:
             out.append(
-                Drained(entry.allocation_key, entry.run_id, f"provider {entry.target.provider} is not available here")
+                Drained(
+                    entry.allocation_key,
+                    entry.run_id,
+                    f"provider {entry.target.provider} is not available here "
+                    f"(drain with --provider {entry.target.provider})",
+                )
             )
             continue
         lease = store.acquire(entry.run_id)
