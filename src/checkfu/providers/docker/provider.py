@@ -303,7 +303,7 @@ class DockerProvider:
         self._staging: dict[str, Instance] = {}
         self._active: dict[str, Instance] = {}
         self._released: set[str] = set()
-        self._releasing: set[str] = set()  # names whose release began (late writes are refused, never staged)
+        self._releasing: set[str] = set()  # containers whose release began (a late write is refused, not staged)
         self._background: dict[str, list[Future[Any]]] = {}
         self._unstarted: dict[str, str] = {}  # a proxy whose background start failed: the engine's reason
         self._handles: dict[str, _Handle] = {}  # instance name -> its handle, once made (removed with it)
@@ -980,7 +980,7 @@ class DockerProvider:
         whose thread went on must not make spool files (or uploads) again after the release removed them. Call
         with the spool's lock held (the release discards the spool under it)."""
         with self._guard:
-            releasing = instance.name in self._releasing
+            releasing = instance.container_id in self._releasing
         if releasing:
             transition("released", "writeFile")
 
@@ -1590,7 +1590,7 @@ class DockerProvider:
         """
         api = self.engine.api
         with self._guard:
-            self._releasing.add(instance.name)
+            self._releasing.add(instance.container_id)
         self._settle(instance.name)
         with self._guard:
             handle = self._handles.pop(instance.name, None)
