@@ -18,11 +18,15 @@ state must be written into after start (the engine has no primitive that fills a
 from a committed image only serves a writable root). So each round also times raw ``create`` + ``start`` of
 the committed image with our isolation (B1's raw configuration: read-only root, the areas as tmpfs, the same
 limits), reported as ``raw_hardened_p50`` and ``ratio_vs_hardened`` (for clone, after a raw ``commit``).
+Beside the snapshot, the raw engine making the same calls as ours one after another (``raw_archive_serial_p50``,
+after the interleaved rounds): pause, one archive read of the areas through the sandbox's handle, unpause,
+import. Ours streams the read into the import and thaws meanwhile, so it comes in under that.
 The stated comparison (``ratio``) stays the issue's.
 """
 
 from __future__ import annotations
 
+import re
 import statistics
 from typing import Any
 
@@ -37,6 +41,7 @@ from checkfu.contract.members import (
     ResumeRequest,
     SnapshotRequest,
 )
+from checkfu.providers.docker import snapshots
 
 NAMES = ["B7"]
 STATE = (
@@ -69,10 +74,30 @@ async def run() -> list[Figure]:
         def commit() -> None:
             images.append(raw_source.commit(changes=[f"LABEL checkfu.runner_tag={rig.tag}"]))
 
+        serial_ids: list[str] = []
+
+        def archive_serial() -> None:
+            """Our engine calls, one after another: pause, one archive read of the areas through the sandbox's
+            handle (made by the first snapshot), unpause, import the bytes as an image (no re-rooting)."""
+            api = rig.client.api
+            api.pause(source["instance_id"])
+            try:
+                stream, _ = api.get_archive(snapshots.handle_name(source["instance_id"]), snapshots.HANDLE_ROOT)
+                data = b"".join(stream)
+            finally:
+                api.unpause(source["instance_id"])
+            answer = api.import_image_from_data(data, changes=[f"LABEL checkfu.runner_tag={rig.tag}"])
+            serial_ids.extend(re.findall(r"sha256:[0-9a-f]{64}", str(answer))[-1:])
+
+        serial: list[float] = []
+
         a, b = await interleave(snapshot, commit, n=rounds(10), warmup=1)
-        figures.append(
-            summarize("B7 docker snapshot", a, b, target="<=1.25x docker commit", met=lambda r, *_: r <= 1.25)
-        )
+        for _ in range(rounds(10)):
+            serial.append(await timed(archive_serial))
+        fig = summarize("B7 docker snapshot", a, b, target="<=1.25x docker commit", met=lambda r, *_: r <= 1.25)
+        fig.extra["raw_archive_serial_p50"] = statistics.median(serial)
+        fig.extra["ratio_vs_archive_serial"] = fig.ours_p50 / statistics.median(serial)
+        figures.append(fig)
         snap_key, snap_id = snaps[0]
         image = images[0]
         made: list[dict[str, Any]] = []
@@ -164,6 +189,8 @@ async def run() -> list[Figure]:
         raw_source.remove(force=True)
         for img in images:
             rig.client.images.remove(img.id, force=True)
+        for image_id in serial_ids:
+            rig.client.images.remove(image_id, force=True)
         _ = label
     finally:
         left = await rig.close()
