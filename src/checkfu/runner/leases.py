@@ -184,6 +184,27 @@ class LeaseStore:
             )
         return Lease(lease_id=lease_id, lease_epoch=rec.epoch + 1)
 
+    @journaled("lease hand over")
+    def hand_over(self, lease: Lease, *, owner: str, until: float, what: str) -> None:
+        """Give ``lease``, while it is still current, to ``owner`` until ``until`` (seconds since the epoch): a
+        pool Run's sandbox waiting for an adopter, a live sandbox for whoever holds it next.
+
+        Raises:
+            SandboxLeaseFenced: the lease was taken over or ended while ``what`` was being made.
+        """
+        with self.journal.tx() as c:
+            done = c.execute(
+                leases.update()
+                .where(
+                    leases.c.lease_id == lease.lease_id,
+                    leases.c.epoch == lease.lease_epoch,
+                    leases.c.ended.is_(False),
+                )
+                .values(owner=owner, expires_at=until)
+            ).rowcount
+        if done != 1:
+            raise SandboxLeaseFenced(f"{what} was taken over while it was made", field="lease")
+
     @journaled("lease end")
     def end(self, lease: Lease) -> None:
         """Give the lease up; later calls under it are fenced. Ending a fenced lease does nothing."""

@@ -34,7 +34,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from checkfu.contract.errors import SandboxError, SandboxLeaseFenced
+from checkfu.contract.errors import SandboxError
 from checkfu.contract.mounts import MountPlan
 from checkfu.contract.profile import SandboxProfile
 from checkfu.contract.target import ExecutionTarget, Lease
@@ -293,18 +293,9 @@ async def fill_one(
             session._plan("provision", lambda: session.core.provision(profile, platform, image, plans))
         )
         now = runner.clock.now()
-        with runner.journal.tx() as c:
-            done = c.execute(
-                leases.update()
-                .where(
-                    leases.c.lease_id == session.lease.lease_id,
-                    leases.c.epoch == session.lease.lease_epoch,
-                    leases.c.ended.is_(False),
-                )
-                .values(owner=f"{OWNER_PREFIX}{session.run_id}", expires_at=now + ttl)
-            ).rowcount
-        if done != 1:
-            raise SandboxLeaseFenced(f"pool Run {session.run_id} was taken over while it was filled", field="lease")
+        runner.leases.hand_over(
+            session.lease, owner=f"{OWNER_PREFIX}{session.run_id}", until=now + ttl, what=f"pool Run {session.run_id}"
+        )
         status = "ready"
         for entry in ready(runner.journal, runner.runner_tag, now=now):
             if entry.allocation_key == inst.allocation_key:

@@ -836,18 +836,7 @@ class SandboxHost:
             await session.activate(inst)
             until = self.clock.now() + ttl
             owner = detached_owner(sandbox_id) if detached else current_owner()
-            with self.journal.tx() as c:
-                done = c.execute(
-                    leases.update()
-                    .where(
-                        leases.c.lease_id == session.lease.lease_id,
-                        leases.c.epoch == session.lease.lease_epoch,
-                        leases.c.ended.is_(False),
-                    )
-                    .values(expires_at=until, owner=owner)
-                ).rowcount
-            if done != 1:
-                raise SandboxLeaseFenced(f"sandbox {sandbox_id} was taken over while it was made", field="lease")
+            runner.leases.hand_over(session.lease, owner=owner, until=until, what=f"sandbox {sandbox_id}")
             self.book.update(
                 sandbox_id,
                 allocation_key=inst.allocation_key,
