@@ -29,6 +29,10 @@ import pytest
 
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
 
+# Every ``checkfu`` a test starts runs in its own process: a start-up server (``checkfu server``) of the developer's
+# would otherwise run it, and one a test left would outlive the session. The server's own tests turn it on.
+os.environ["CHECKFU_SERVER"] = "off"
+
 
 @pytest.fixture
 def anyio_backend() -> str:

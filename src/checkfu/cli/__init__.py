@@ -41,10 +41,49 @@ def __getattr__(name: str) -> Any:
 
 
 def main() -> None:
-    """Entry point: no traceback reaches a user unless ``CHECKFU_DEBUG=1``."""
+    """Entry point: ``--version`` at once; otherwise the command runs in a warm start-up server's child when one
+    is serving this code (``checkfu.cli.startup``), or here."""
     if sys.argv[1:] == ["--version"]:
         print(version_text())
         return
+    serving = sys.argv[1:2] != ["server"] and _server_mode() != "off"
+    if serving:
+        from checkfu.cli import startup  # noqa: PLC0415 - stdlib only
+
+        code = startup.attach(sys.argv[1:])
+        if code is not None:
+            sys.exit(code)
+    try:
+        run_here()
+    finally:
+        if serving and _should_start_server():
+            _start_server()
+
+
+def _server_mode() -> str:
+    from checkfu.cli import startup  # noqa: PLC0415
+
+    return startup.mode()
+
+
+def _should_start_server() -> bool:
+    """``on``; or ``auto`` with a person at a terminal (standard input and standard error both one)."""
+    mode = _server_mode()
+    return mode == "on" or (mode == "auto" and os.isatty(0) and os.isatty(2))
+
+
+def _start_server() -> None:
+    from checkfu.cli import startup  # noqa: PLC0415
+
+    try:  # noqa: SIM105 - contextlib is not loaded by then, and this is every command's way out
+        startup.spawn()
+    except OSError:
+        pass  # the next command tries again; this one's outcome stands
+
+
+def run_here() -> None:
+    """Run the command ``sys.argv`` names in this process: no traceback reaches a user unless
+    ``CHECKFU_DEBUG=1``."""
     # Start-up makes only objects that live as long as the process (modules, classes, models): collecting garbage
     # while they are made, and again at exit, walks them all for nothing (about a quarter of `checkfu run`'s
     # start). So the collector waits until the command's module is loaded, then leaves those objects out.

@@ -97,6 +97,10 @@ COMMANDS: dict[str, Lazy] = {
     "evidence": Lazy("checkfu.cli.evidence", "Signed conformance evidence."),
     "keys": Lazy("checkfu.cli.evidence", "Signing keys for conformance evidence."),
     "sandbox": Lazy("checkfu.cli.sandbox", "Long-lived sandboxes: create, remove, extend."),
+    "server": Lazy(
+        "checkfu.cli.server",
+        "The start-up server: a warm process each command runs in, so a command starts in milliseconds.",
+    ),
 }
 """Every subcommand, in the order ``checkfu --help`` lists them."""
 
@@ -130,6 +134,7 @@ REGISTER: dict[str, Callable[[typer.Typer, Any], None]] = {
     "checkfu.cli.pool": lambda app, m: app.add_typer(m.pool_app, name="pool"),
     "checkfu.cli.provider": lambda app, m: app.add_typer(m.provider_app, name="provider"),
     "checkfu.cli.evidence": _register_evidence,
+    "checkfu.cli.server": lambda app, m: app.add_typer(m.server_app, name="server"),
 }
 """How each module's commands join the tree (as ``app.command``/``app.add_typer`` would add them eagerly)."""
 

@@ -1,0 +1,321 @@
+"""The start-up server's client side: hand this command to a warm ``checkfu`` process, or say there is none.
+
+A ``checkfu`` command spends most of its wall time importing (SQLAlchemy, docker-py, pydantic, typer, rich and
+checkfu's own modules) before it does any work. The start-up server (``checkfu.cli.startup_server``) is a process
+that has already imported them and forks one child per command: the child takes this process's standard streams
+(passed as file descriptors, so a terminal stays a terminal), its arguments, working directory, environment and
+umask, runs the command exactly as ``checkfu`` would, and exits with its status, which this process then exits
+with. The server holds no state of its own (no journal, no lease, no sandbox): everything a command does happens
+in its child, which starts from the server's freshly imported modules every time.
+
+This module is imported by every command that does not answer at once (``checkfu --version`` does), so it uses
+only modules Python has already loaded at start-up, or that cost next to nothing.
+
+- Where: a socket per version of the code in ``$XDG_RUNTIME_DIR/checkfu-server`` (else
+  ``/tmp/checkfu-server-<uid>``), a directory of this user's alone (mode 0700); one that is not is never used.
+  The version (``code_key``) covers the interpreter, every checkfu source file's size and time, the directories
+  packages install into and the ``PYTHON*`` environment, so a changed checkout or an upgrade never runs stale
+  code: it finds no server of its own and starts afresh. A server left without clients exits after its idle time.
+- When: ``CHECKFU_SERVER`` is ``auto`` (the default: use a running server; start one in the background after a
+  command run at a terminal), ``on`` (also start one from scripts) or ``off`` (never use or start one).
+- Signals: SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGWINCH, SIGUSR1 and SIGUSR2 this process receives go to the
+  command's process group; Ctrl-Z stops both. If this process goes away, the command is sent SIGTERM.
+"""
+
+from __future__ import annotations
+
+import marshal
+import os
+import struct
+import sys
+import zlib
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import signal
+    import socket
+    from typing import Any
+else:  # the C modules: ``signal`` and ``socket`` import enum (and more), which costs more than all of this module
+    import _signal as signal
+    import _socket as socket
+
+ENV = "CHECKFU_SERVER"
+IDLE_ENV = "CHECKFU_SERVER_IDLE"
+IDLE_DEFAULT = 600.0
+"""Seconds a server with no command running waits for the next before it exits."""
+MODES = ("auto", "on", "off")
+FORWARDED = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGWINCH", "SIGUSR1", "SIGUSR2")
+NO_STATUS = 70
+"""This process's status when the command's process ended without one reaching it (its server was stopped and
+the command was killed by a signal)."""
+HEADER = struct.Struct(">I")
+MAX_REQUEST = 16 << 20
+UCRED = struct.Struct("3i")
+"""``struct ucred``: pid, uid, gid."""
+
+
+def mode(environ: dict[str, str] | os._Environ[str] | None = None) -> str:
+    """``CHECKFU_SERVER``: ``auto``, ``on`` or ``off`` (anything else reads as ``auto``; ``0``/``no``/``false``
+    as ``off``, ``1``/``yes``/``true`` as ``on``)."""
+    value = (environ if environ is not None else os.environ).get(ENV, "auto").strip().lower()
+    if value in ("0", "no", "false"):
+        return "off"
+    if value in ("1", "yes", "true"):
+        return "on"
+    return value if value in MODES else "auto"
+
+
+def runtime_dir(environ: dict[str, str] | os._Environ[str] | None = None) -> str:
+    """Where this user's servers keep their sockets."""
+    env = environ if environ is not None else os.environ
+    base = env.get("XDG_RUNTIME_DIR", "")
+    if base and os.path.isabs(base):
+        return os.path.join(base, "checkfu-server")
+    return f"/tmp/checkfu-server-{os.getuid()}"
+
+
+def private_dir(path: str, create: bool = False) -> bool:
+    """Whether ``path`` is a directory of this user's that no one else can enter (made so when ``create``)."""
+    if create:
+        try:
+            os.makedirs(path, mode=0o700, exist_ok=True)
+        except OSError:
+            return False
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return (st.st_mode & 0o170000) == 0o040000 and st.st_uid == os.getuid() and st.st_mode & 0o077 == 0
+
+
+def _package_dir() -> str:
+    return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def code_key(package: str | None = None, environ: dict[str, str] | os._Environ[str] | None = None) -> str:
+    """A short name for the code a command would run: changes when any checkfu source file, the interpreter, an
+    installed package set or a ``PYTHON*`` variable does."""
+    env = environ if environ is not None else os.environ
+    parts: list[str] = [sys.executable, sys.version, *sorted(f"{k}={v}" for k, v in env.items() if k[:6] == "PYTHON")]
+    for entry in sys.path:
+        try:
+            parts.append(f"{entry}:{os.stat(entry or '.').st_mtime_ns}")
+        except OSError:
+            parts.append(entry)
+    stack = [package or _package_dir()]
+    while stack:
+        top = stack.pop()
+        try:
+            entries = sorted(os.scandir(top), key=lambda e: e.name)
+        except OSError:
+            continue
+        for item in entries:
+            if item.name == "__pycache__":
+                continue
+            if item.is_dir(follow_symlinks=False):
+                stack.append(item.path)
+            elif item.name.endswith((".py", ".json", ".toml")):
+                st = item.stat(follow_symlinks=False)
+                parts.append(f"{item.path}:{st.st_size}:{st.st_mtime_ns}")
+    return f"{zlib.crc32(chr(0).join(parts).encode('utf-8', 'surrogateescape')):08x}"
+
+
+def socket_path(directory: str, key: str) -> str:
+    return os.path.join(directory, f"{key}.sock")
+
+
+# The wire between a client and its server: length-prefixed JSON, the client's three streams passed with the first.
+
+
+def send_message(sock: socket.socket, message: dict[str, Any], fds: list[int] | None = None) -> None:
+    """``message`` framed (its length, then ``marshal``'s bytes: both ends are this user's, checked, running the
+    same interpreter), with ``fds`` passed alongside its first bytes."""
+    data = marshal.dumps(message)
+    framed = HEADER.pack(len(data)) + data
+    if fds:
+        sent = sock.sendmsg([framed], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack(f"{len(fds)}i", *fds))])
+        framed = framed[sent:]
+    if framed:
+        sock.sendall(framed)
+
+
+def recv_message(sock: socket.socket, want_fds: int = 0) -> tuple[dict[str, Any], list[int]]:
+    """One message and the descriptors that came with it. Raises ``EOFError`` when the peer closed first,
+    ``ValueError`` for a message that is not one."""
+    fds: list[int] = []
+    buf = b""
+    if want_fds:
+        buf, ancdata, _, _ = sock.recvmsg(65536, socket.CMSG_SPACE(want_fds * 4))
+        for level, kind, data in ancdata:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                usable = len(data) - len(data) % 4
+                fds.extend(struct.unpack(f"{usable // 4}i", data[:usable]))
+        if not buf:
+            for fd in fds:
+                os.close(fd)
+            raise EOFError
+    try:
+        while len(buf) < HEADER.size:
+            chunk = sock.recv(65536)
+            if not chunk:
+                raise EOFError
+            buf += chunk
+        (size,) = HEADER.unpack_from(buf)
+        if size > MAX_REQUEST:
+            raise ValueError(f"a message of {size} bytes")
+        while len(buf) < HEADER.size + size:
+            chunk = sock.recv(min(1 << 20, HEADER.size + size - len(buf)))
+            if not chunk:
+                raise EOFError
+            buf += chunk
+        try:
+            message = marshal.loads(buf[HEADER.size : HEADER.size + size])
+        except (EOFError, TypeError) as exc:
+            raise ValueError("a message that does not decode") from exc
+        if not isinstance(message, dict):
+            raise ValueError("a message that is not an object")
+        return message, fds
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
+
+
+def connect(directory: str, key: str, timeout: float | None = None) -> socket.socket | None:
+    """A connection to the server of ``key`` in ``directory``; ``None`` when there is none (or none safe to use)."""
+    if not private_dir(directory):
+        return None
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(timeout if timeout is not None else 2.0)
+    try:
+        sock.connect(socket_path(directory, key))
+        # The server runs as this user: checked, as the directory alone only says who could have made it.
+        _, uid, _ = UCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, UCRED.size))
+        if uid != os.getuid():
+            raise OSError("the server is another user's")
+    except OSError:
+        sock.close()
+        return None
+    return sock
+
+
+def _stdio() -> tuple[list[int], list[list[str | None]]]:
+    """This process's standard streams as descriptors to pass (``/dev/null`` for a closed one) and how Python set
+    up each (encoding, errors), so the command's streams are the same."""
+    fds: list[int] = []
+    specs: list[list[str | None]] = []
+    for fd, stream in ((0, sys.stdin), (1, sys.stdout), (2, sys.stderr)):
+        try:
+            os.fstat(fd)
+            fds.append(fd)
+        except OSError:
+            fds.append(os.open(os.devnull, os.O_RDWR))
+        specs.append([getattr(stream, "encoding", None), getattr(stream, "errors", None)])
+    return fds, specs
+
+
+def attach(argv: list[str]) -> int | None:
+    """Run ``checkfu ARGV`` in a warm server's child and return its exit status; ``None`` when no server of this
+    code answers (the caller runs the command itself)."""
+    directory = runtime_dir()
+    sock = connect(directory, code_key())
+    if sock is None:
+        return None
+    try:
+        cwd = os.getcwd()
+    except OSError:
+        sock.close()
+        return None  # the command says what is wrong with a working directory that is gone
+    fds, specs = _stdio()
+    request = {
+        "op": "run",
+        "argv": argv,
+        "argv0": sys.argv[0],
+        "cwd": cwd,
+        "env": dict(os.environ),
+        "umask": _umask(),
+        "stdio": specs,
+    }
+    try:
+        send_message(sock, request, fds)
+        sock.settimeout(None)
+        started, _ = recv_message(sock)
+    except (OSError, EOFError, ValueError):
+        sock.close()
+        return None  # the server went away before it took the command: run it here
+    finally:
+        for fd in fds[:3]:
+            if fd > 2:
+                os.close(fd)
+    pid = started.get("pid")
+    if not isinstance(pid, int) or pid <= 1:
+        sock.close()
+        return None
+    _forward_signals(pid)
+    try:
+        while True:
+            try:
+                message, _ = recv_message(sock)
+            except EOFError:
+                return NO_STATUS
+            if "exit" in message and isinstance(message["exit"], int):
+                return int(message["exit"])
+    finally:
+        sock.close()
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _forward_signals(pid: int) -> None:
+    def forward(signum: int, _frame: object) -> None:
+        try:
+            os.killpg(pid, signum)
+        except OSError:
+            try:  # noqa: SIM105 - contextlib costs this module's whole import again
+                os.kill(pid, signum)
+            except OSError:
+                pass
+
+    def stop(signum: int, _frame: object) -> None:
+        forward(signal.SIGTSTP, None)
+        signal.signal(signal.SIGTSTP, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTSTP)  # stopped here; SIGCONT wakes this process, then:
+        signal.signal(signal.SIGTSTP, stop)
+        forward(signal.SIGCONT, None)
+
+    for name in FORWARDED:
+        signal.signal(getattr(signal, name), forward)
+    signal.signal(signal.SIGTSTP, stop)
+
+
+def spawn(directory: str | None = None, idle: float | None = None) -> int | None:
+    """Start a server for this code in the background (a session of its own, its streams on ``/dev/null``); its
+    process id, or ``None`` when this user's server directory is not safe to use."""
+    import subprocess  # noqa: PLC0415 - only when a server is started
+
+    directory = directory or runtime_dir()
+    if not private_dir(directory, create=True):
+        return None
+    if idle is None:
+        try:
+            idle = float(os.environ.get(IDLE_ENV, IDLE_DEFAULT))
+        except ValueError:
+            idle = IDLE_DEFAULT
+    # -P: the working directory is not put on the module path (a ``docker.py`` there must not shadow docker-py);
+    # the key is this process's, whose module path names the installation the server imports from.
+    argv = [sys.executable, "-P", "-m", "checkfu.cli.startup_server", "--dir", directory, "--key", code_key()]
+    argv += ["--idle", str(idle)]
+    proc = subprocess.Popen(  # our own interpreter and module
+        argv,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        close_fds=True,
+        cwd="/",
+    )
+    return proc.pid

@@ -1,0 +1,400 @@
+"""The start-up server: a process that has imported what ``checkfu`` commands use, and forks one child per command.
+
+``checkfu.cli.startup`` says what it is for and how a client finds it. Here:
+
+- **Start.** ``python -P -m checkfu.cli.startup_server --dir DIR --key KEY [--idle SECONDS]`` (what ``checkfu server
+  start`` and a command at a terminal run). It takes ``DIR/KEY.lock`` (one server per key: a second exits at
+  once), imports the libraries and every checkfu module outside the command line's own (``PRELOAD``; a command's
+  module is imported by its child, as its rich consoles must see the child's streams), and only then listens on
+  ``DIR/KEY.sock`` (mode 0600), so a client never waits for it to warm up: until then it runs its command itself.
+- **Serve.** One thread, one loop: a connection from another user is closed unanswered; ``run`` forks a child and
+  answers with its process id, then the child runs the command and answers with its exit status (the server does
+  for a child killed by a signal: 128 + the signal, as a shell says); ``status`` and ``stop`` are answered here.
+- **The child.** Its own process group (the client signals the group, as a terminal would); the client's three
+  descriptors become 0, 1 and 2, with Python's streams made over them as the client's were; then the client's
+  working directory, umask, environment and arguments, the server's signal handlers gone, and
+  ``checkfu.cli.run_here()``. At its end Python's exit functions run and the status goes to the client. A client
+  that goes away first makes the child get SIGTERM (a Run releases what it holds on SIGTERM).
+- **Stop.** ``stop`` (``checkfu server stop``), SIGTERM, or ``--idle`` seconds without a command running. Commands
+  still running are not stopped: each reports its own status to its client.
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import contextlib
+import fcntl
+import gc
+import importlib
+import io
+import locale
+import os
+import pkgutil
+import selectors
+import signal
+import socket
+import struct
+import sys
+import threading
+import time
+import types
+from typing import Any
+
+from checkfu.cli import startup
+
+PRELOAD = (
+    "sqlite3",
+    "sqlalchemy",
+    "sqlalchemy.dialects.sqlite",
+    "docker",
+    "pydantic",
+    "typer",
+    "rich.console",
+    "rich.markup",
+    "rich.table",
+)
+"""The libraries every command leans on; checkfu's own modules are all imported after them (``preload``)."""
+KEPT_CLI = ("checkfu.cli.commands", "checkfu.cli.startup")
+"""The command line's modules the server imports: neither makes anything that depends on a command's streams."""
+REQUEST_TIMEOUT = 5.0
+"""Seconds a connection has to send its whole request."""
+
+
+def preload() -> list[str]:
+    """Import ``PRELOAD`` and every checkfu module but the command line's (``KEPT_CLI`` aside); the modules that
+    could not be imported (an optional extra not installed), by name."""
+    import checkfu  # noqa: PLC0415
+
+    skipped: list[str] = []
+    for name in PRELOAD:
+        try:
+            importlib.import_module(name)
+        except Exception:  # a missing library is the child's to report, as it would be without us
+            skipped.append(name)
+    for module in pkgutil.walk_packages(checkfu.__path__, "checkfu."):
+        name = module.name
+        if (name.startswith("checkfu.cli.") and name not in KEPT_CLI) or name.rsplit(".", 1)[-1] == "__main__":
+            continue
+        try:
+            importlib.import_module(name)
+        except Exception:
+            skipped.append(name)
+    return skipped
+
+
+class Server:
+    def __init__(self, directory: str, key: str, idle: float) -> None:
+        self.directory, self.key, self.idle = directory, key, idle
+        self.path = startup.socket_path(directory, key)
+        self.started = time.time()
+        self.served = 0
+        self.children: dict[int, socket.socket] = {}
+        self.stopping = False
+        self.lock: Any = None
+        self.listener: socket.socket | None = None
+        self.bound = 0
+        self.selector = selectors.DefaultSelector()
+        self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self.last = time.monotonic()
+        self.skipped: list[str] = []
+
+    # set-up and tear-down -----------------------------------------------------------------------
+
+    def claim(self) -> bool:
+        """Take this key's lock; ``False`` when another server holds it."""
+        self.lock = open(os.path.join(self.directory, f"{self.key}.lock"), "a")  # noqa: SIM115 - held for life
+        try:
+            fcntl.flock(self.lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            self.lock.close()
+            return False
+        return True
+
+    def listen(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        old = os.umask(0o177)
+        try:
+            listener.bind(self.path)
+        finally:
+            os.umask(old)
+        self.bound = os.stat(self.path).st_ino
+        listener.listen(64)
+        listener.setblocking(False)
+        self.listener = listener
+        self.last = time.monotonic()  # idle from now: the import before does not count
+        self.selector.register(listener, selectors.EVENT_READ)
+        self.selector.register(self.wake_r, selectors.EVENT_READ)
+        signal.set_wakeup_fd(self.wake_w)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        signal.signal(signal.SIGTERM, self._on_term)
+        signal.signal(signal.SIGINT, self._on_term)
+
+    def _on_term(self, *_: object) -> None:
+        self.stopping = True
+
+    def close(self) -> None:
+        if self.listener is not None:
+            # The socket file is removed only while it is still ours (a server started after a stop may own it).
+            with contextlib.suppress(OSError):
+                if os.stat(self.path).st_ino == self.bound:
+                    os.unlink(self.path)
+            self.listener.close()
+        for conn in self.children.values():
+            conn.close()
+        if self.lock is not None:
+            self.lock.close()
+
+    # the loop ---------------------------------------------------------------------------------
+
+    def run(self) -> None:
+        while not self.stopping:
+            if not self.children and time.monotonic() - self.last >= self.idle:
+                return
+            wait = 5.0 if self.children else max(0.0, min(5.0, self.last + self.idle - time.monotonic()))
+            for ready, _ in self.selector.select(timeout=wait):
+                if ready.fileobj is self.listener:
+                    self._accept()
+                else:
+                    with contextlib.suppress(OSError):
+                        while os.read(self.wake_r, 512):
+                            pass
+            self._reap()
+
+    def _accept(self) -> None:
+        assert self.listener is not None
+        try:
+            conn, _ = self.listener.accept()
+        except OSError:
+            return
+        self.last = time.monotonic()
+        try:
+            conn.setblocking(True)
+            conn.settimeout(REQUEST_TIMEOUT)
+            _, uid, _ = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+            if uid != os.getuid():
+                conn.close()
+                return
+            message, fds = startup.recv_message(conn, want_fds=3)
+        except (OSError, EOFError, ValueError):
+            conn.close()
+            return
+        op = message.get("op")
+        if op == "run" and len(fds) == 3 and _valid(message):
+            self._fork(conn, fds, message)
+            return
+        for fd in fds:
+            os.close(fd)
+        with contextlib.suppress(OSError):
+            if op == "status":
+                startup.send_message(conn, self.status())
+            elif op == "stop":
+                self.stopping = True
+                startup.send_message(conn, {"stopping": True, "pid": os.getpid()})
+            else:
+                startup.send_message(conn, {"error": f"not a request this server answers: {str(op)[:40]!r}"})
+        conn.close()
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "pid": os.getpid(),
+            "key": self.key,
+            "socket": self.path,
+            "started": self.started,
+            "served": self.served,
+            "running": len(self.children),
+            "idle_exit_s": self.idle,
+            "rss_kib": _rss_kib(),
+            "not_preloaded": self.skipped,
+        }
+
+    def _fork(self, conn: socket.socket, fds: list[int], message: dict[str, Any]) -> None:
+        pid = os.fork()
+        if pid == 0:
+            _child(self, conn, fds, message)  # never returns
+        for fd in fds:
+            os.close(fd)
+        with contextlib.suppress(OSError):
+            os.setpgid(pid, pid)  # as the child does: whichever comes first, the client can signal the group
+        self.served += 1
+        try:
+            conn.settimeout(REQUEST_TIMEOUT)
+            startup.send_message(conn, {"pid": pid})
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGTERM)
+        self.children[pid] = conn
+
+    def _reap(self) -> None:
+        while self.children:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            conn = self.children.pop(pid, None)
+            if conn is None:
+                continue
+            if os.WIFSIGNALED(status):  # a child that exited said its status itself
+                with contextlib.suppress(OSError):
+                    startup.send_message(conn, {"exit": 128 + os.WTERMSIG(status)})
+            conn.close()
+            self.last = time.monotonic()
+
+
+def _valid(message: dict[str, Any]) -> bool:
+    argv, env, stdio = message.get("argv"), message.get("env"), message.get("stdio")
+    return (
+        isinstance(argv, list)
+        and all(isinstance(a, str) for a in argv)
+        and isinstance(message.get("cwd"), str)
+        and isinstance(message.get("argv0"), str)
+        and isinstance(env, dict)
+        and all(isinstance(k, str) and isinstance(v, str) for k, v in env.items())
+        and isinstance(message.get("umask"), int)
+        and isinstance(stdio, list)
+        and len(stdio) == 3
+    )
+
+
+def _rss_kib() -> int:
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
+# the child ------------------------------------------------------------------------------------
+
+
+def _stream(fd: int, spec: Any) -> io.TextIOWrapper:
+    """A text stream over ``fd`` as Python's own would be (stdout line-buffered at a terminal, stderr always)."""
+    encoding, errors = [*spec, None, None][:2] if isinstance(spec, list) else (None, None)
+    encoding = encoding if isinstance(encoding, str) else "utf-8"
+    errors = errors if isinstance(errors, str) else "strict"
+    if fd == 0:
+        return io.TextIOWrapper(io.BufferedReader(io.FileIO(0, "r", closefd=False)), encoding=encoding, errors=errors)
+    buffered = io.BufferedWriter(io.FileIO(fd, "w", closefd=False))
+    line = fd == 2 or os.isatty(fd)
+    return io.TextIOWrapper(buffered, encoding=encoding, errors=errors, line_buffering=line)
+
+
+def _child(server: Server, conn: socket.socket, fds: list[int], message: dict[str, Any]) -> None:
+    code = startup.NO_STATUS
+    done = threading.Event()
+    try:
+        os.setpgid(0, 0)
+        signal.set_wakeup_fd(-1)
+        for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGWINCH):
+            signal.signal(sig, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        server.selector.close()
+        if server.listener is not None:
+            server.listener.close()
+        for other in server.children.values():
+            other.close()
+        os.close(server.wake_r)
+        os.close(server.wake_w)
+        if server.lock is not None:
+            server.lock.close()
+        for target, fd in enumerate(fds):
+            os.dup2(fd, target)
+        for fd in fds:
+            if fd > 2:
+                os.close(fd)
+        conn.settimeout(None)
+        sys.stdin, sys.stdout, sys.stderr = (_stream(i, message["stdio"][i]) for i in range(3))
+        os.environ.clear()
+        os.environ.update(message["env"])
+        time.tzset()
+        with contextlib.suppress(locale.Error):
+            locale.setlocale(locale.LC_CTYPE, "")
+        os.umask(message["umask"] & 0o777)
+        sys.argv = [message["argv0"], *message["argv"]]
+        # As a console script's: click names the program after ``sys.argv[0]`` only when ``__main__`` is no package's.
+        sys.modules["__main__"] = types.ModuleType("__main__")
+        try:
+            os.chdir(message["cwd"])
+        except OSError as exc:
+            print(f"checkfu: the working directory {message['cwd']!r} is gone ({exc.strerror})", file=sys.stderr)
+            code = 1
+        else:
+            threading.Thread(target=_watch_client, args=(conn, done), daemon=True).start()
+            code = _run()
+    except BaseException:  # nothing of the server's may run on in a child
+        code = startup.NO_STATUS
+    finally:
+        done.set()
+        with contextlib.suppress(BaseException):
+            atexit._run_exitfuncs()
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(BaseException):
+                stream.flush()
+        with contextlib.suppress(BaseException):
+            startup.send_message(conn, {"exit": code})
+        os._exit(code)
+
+
+def _run() -> int:
+    from checkfu.cli import run_here  # noqa: PLC0415
+
+    try:
+        run_here()
+    except SystemExit as exc:
+        if exc.code is None:
+            return 0
+        if isinstance(exc.code, int):
+            return exc.code & 0xFF
+        print(exc.code, file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+def _watch_client(conn: socket.socket, done: threading.Event) -> None:
+    """SIGTERM to this process when its client goes away while the command runs."""
+    try:
+        while conn.recv(4096):
+            pass
+    except OSError:
+        pass
+    if not done.is_set():
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="checkfu.cli.startup_server", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dir", required=True, help="the directory of this user's servers")
+    parser.add_argument("--key", required=True, help="the version of the code (startup.code_key) it serves")
+    parser.add_argument("--idle", type=float, default=startup.IDLE_DEFAULT, help="seconds idle before it exits")
+    args = parser.parse_args(argv)
+    if not startup.private_dir(args.dir, create=True):
+        print(f"checkfu server: {args.dir} is not a directory of this user's alone (mode 0700)", file=sys.stderr)
+        return 1
+    server = Server(args.dir, args.key, max(1.0, args.idle))
+    if not server.claim():
+        return 0  # one is already serving this code
+    try:
+        server.skipped = preload()
+        if threading.active_count() != 1:  # a fork must not copy a thread's half-held locks
+            print("checkfu server: an import started a thread; not serving", file=sys.stderr)
+            return 1
+        gc.collect()
+        gc.freeze()  # every child shares these objects' pages until it writes to them
+        server.listen()
+        server.run()
+    finally:
+        server.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,318 @@
+"""The start-up server (``checkfu server``, ``checkfu.cli.startup``): a command run in a warm server's child is the
+same command, with this process's arguments, working directory, environment, standard streams, exit status and
+signals, and a server never outlives its welcome.
+
+Every test has a server directory of its own (``XDG_RUNTIME_DIR``) and stops what it started: by asking, then by
+the process id it reported. The Docker cases use the installed console script on the real engine, with a runner tag
+of their own, and find nothing of theirs left.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from checkfu.cli import startup
+
+from .test_run_docker import BUSYBOX, connect, leftovers
+
+CHECKFU = Path(sys.executable).with_name("checkfu")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+class Servers:
+    def __init__(self, tmp_path: Path) -> None:
+        self.runtime = tmp_path / "runtime"
+        self.runtime.mkdir(mode=0o700)
+        self.home = tmp_path / "work"
+        self.home.mkdir()
+        self.tag = f"srv-{uuid.uuid4().hex[:10]}"
+        self.env = {
+            **os.environ,
+            "XDG_RUNTIME_DIR": str(self.runtime),
+            "XDG_STATE_HOME": str(tmp_path / "state"),
+            "CHECKFU_RUNNER_TAG": self.tag,
+            "CHECKFU_SERVER": "on",
+        }
+        self.pids: set[int] = set()
+
+    @property
+    def dir(self) -> Path:
+        return self.runtime / "checkfu-server"
+
+    def __call__(
+        self, *args: str, input: bytes | None = None, timeout: float = 120, **env: str
+    ) -> subprocess.CompletedProcess[bytes]:
+        return subprocess.run(
+            [str(CHECKFU), *args],
+            cwd=self.home,
+            env={**self.env, **env},
+            input=input,
+            capture_output=True,
+            timeout=timeout,
+            check=False,
+        )
+
+    def start(self, *more: str) -> dict[str, Any]:
+        done = self("server", "start", "--json", *more)
+        assert done.returncode == 0, done.stderr.decode()
+        answer: dict[str, Any] = json.loads(done.stdout)
+        self.pids.add(int(answer["pid"]))
+        return answer
+
+    def status(self) -> dict[str, Any]:
+        done = self("server", "status", "--json")
+        assert done.returncode == 0, done.stderr.decode()
+        answer: dict[str, Any] = json.loads(done.stdout)
+        return answer
+
+    def served(self) -> int:
+        return sum(int(s.get("served", 0)) for s in self.status()["servers"] if s["current"])
+
+    def stop_all(self) -> None:
+        self("server", "stop", "--json", timeout=30)
+        deadline = time.monotonic() + 10
+        while any(_alive(p) for p in self.pids) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for pid in self.pids:  # one that did not stop when asked is a failure, after it is ended
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+                pytest.fail(f"server {pid} did not stop when asked")
+
+
+@pytest.fixture
+def servers(tmp_path: Path) -> Iterator[Servers]:
+    s = Servers(tmp_path)
+    try:
+        yield s
+    finally:
+        s.stop_all()
+
+
+# without an engine ---------------------------------------------------------------------------
+
+
+def test_a_command_in_the_server_is_the_command_here(servers: Servers) -> None:
+    """Working directory (a relative path), output, exit status and program name: the same through the server as
+    run here; the server counts each command it ran."""
+    answer = servers.start()
+    assert answer["started_now"] is True and answer["running"] == 0
+    assert servers("profile", "init", "p.toml").returncode == 0
+    assert (servers.home / "p.toml").is_file()
+    through = servers("profile", "check", "p.toml", "--json")
+    here = servers("profile", "check", "p.toml", "--json", CHECKFU_SERVER="off")
+    assert (through.returncode, through.stdout) == (here.returncode, here.stdout) == (0, here.stdout)
+    missing = servers("profile", "check", "nope.toml")
+    assert missing.returncode == servers("profile", "check", "nope.toml", CHECKFU_SERVER="off").returncode != 0
+    assert b"nope.toml" in missing.stderr
+    usage = servers("kit", "--help")
+    assert b"Usage: checkfu kit" in usage.stdout, usage.stdout.decode()
+    assert servers.served() == 4  # init, check, check of nope.toml, kit --help (`checkfu server` runs here)
+
+
+def test_start_is_idempotent_and_stop_ends_it(servers: Servers) -> None:
+    first = servers.start()
+    again = servers.start()
+    assert again["pid"] == first["pid"] and again["started_now"] is False
+    done = servers("server", "stop", "--json")
+    assert json.loads(done.stdout)["stopped"] == [{"key": first["key"], "pid": first["pid"]}]
+    deadline = time.monotonic() + 10
+    while _alive(first["pid"]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(first["pid"])
+    assert not (servers.dir / f"{first['key']}.sock").exists()
+    assert servers.status()["servers"] == []
+
+
+def test_an_idle_server_exits_by_itself(servers: Servers) -> None:
+    answer = servers.start("--idle", "1")
+    deadline = time.monotonic() + 15
+    while _alive(answer["pid"]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(answer["pid"]), "an idle server stayed"
+    assert not (servers.dir / f"{answer['key']}.sock").exists()
+
+
+def test_off_never_uses_or_starts_one(servers: Servers) -> None:
+    done = servers("profile", "init", "p.toml", CHECKFU_SERVER="off")
+    assert done.returncode == 0
+    assert servers.status()["servers"] == []
+    servers.start()
+    assert servers("profile", "check", "p.toml", CHECKFU_SERVER="off").returncode == 0
+    assert servers.served() == 0
+
+
+def test_a_directory_others_can_enter_is_never_used(servers: Servers) -> None:
+    answer = servers.start()
+    servers.dir.chmod(0o755)
+    try:
+        done = servers("profile", "init", "p.toml")
+        assert done.returncode == 0  # run here instead
+        status = servers("server", "status")
+        assert status.returncode == 1
+        assert b"SandboxPathRejected" in status.stderr and str(servers.dir).encode() in status.stderr
+    finally:
+        servers.dir.chmod(0o700)
+    assert servers.served() == 0
+    assert answer["pid"] in servers.pids
+
+
+def test_a_request_it_does_not_answer_leaves_it_serving(servers: Servers) -> None:
+    answer = servers.start()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(5)
+        sock.connect(str(servers.dir / f"{answer['key']}.sock"))
+        startup.send_message(sock, {"op": "format-disk"})
+        said, _ = startup.recv_message(sock)
+    assert "error" in said
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:  # a run request without its streams
+        sock.settimeout(5)
+        sock.connect(str(servers.dir / f"{answer['key']}.sock"))
+        startup.send_message(sock, {"op": "run", "argv": ["--help"]})
+        said, _ = startup.recv_message(sock)
+    assert "error" in said and "pid" not in said
+    assert servers("profile", "init", "p.toml").returncode == 0
+    assert servers.served() == 1
+
+
+def test_the_code_key_follows_the_source(tmp_path: Path) -> None:
+    package = tmp_path / "pkg"
+    (package / "sub").mkdir(parents=True)
+    module = package / "sub" / "m.py"
+    module.write_text("x = 1\n")
+    before = startup.code_key(str(package), environ={})
+    assert startup.code_key(str(package), environ={}) == before
+    module.write_text("x = 22\n")
+    assert startup.code_key(str(package), environ={}) != before
+    assert startup.code_key(str(package), environ={"PYTHONUNBUFFERED": "1"}) != startup.code_key(
+        str(package), environ={}
+    )
+
+
+def test_modes() -> None:
+    assert startup.mode({}) == "auto"
+    assert startup.mode({"CHECKFU_SERVER": "OFF"}) == "off"
+    assert startup.mode({"CHECKFU_SERVER": "0"}) == "off"
+    assert startup.mode({"CHECKFU_SERVER": "1"}) == "on"
+    assert startup.mode({"CHECKFU_SERVER": "sometimes"}) == "auto"
+
+
+# on the engine -------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def engine() -> Iterator[Any]:
+    client = connect()
+    yield client
+    client.close()
+
+
+def _clean(engine: Any, tag: str) -> list[str]:
+    left = leftovers(engine, tag)
+    for c in engine.containers.list(all=True, filters={"label": f"checkfu.runner_tag={tag}"}):
+        c.remove(force=True, v=True)
+    for v in engine.volumes.list(filters={"label": f"checkfu.runner_tag={tag}"}):
+        v.remove(force=True)
+    return left
+
+
+@pytest.mark.docker
+def test_a_run_in_the_server_keeps_stdin_env_cwd_and_status(servers: Servers, engine: Any) -> None:
+    servers.start()
+    script = 'echo "$FOO"; cat; echo to-stderr >&2; exit 3'
+    argv = ["run", "-q", "-i", "-e", "FOO", "--json", "summary.json", "--profile", BUSYBOX, "--", "sh", "-c", script]
+    try:
+        through = servers(*argv, input=b"piped\n", FOO="bar")
+        assert through.returncode == 3, through.stderr.decode()
+        assert through.stdout == b"bar\npiped\n"
+        assert b"to-stderr" in through.stderr
+        assert json.loads((servers.home / "summary.json").read_text())["exit_code"] == 3
+        here = servers(*argv, input=b"piped\n", FOO="bar", CHECKFU_SERVER="off")
+        assert (here.returncode, here.stdout) == (through.returncode, through.stdout)
+        assert servers.served() == 1
+    finally:
+        assert _clean(engine, servers.tag) == []
+
+
+def _started(servers: Servers, engine: Any, proc: subprocess.Popen[bytes]) -> None:
+    """Wait until the Run's sandbox exists."""
+    deadline = time.monotonic() + 60
+    while not leftovers(engine, servers.tag):
+        assert proc.poll() is None, proc.communicate()[1].decode()
+        assert time.monotonic() < deadline, "the sandbox never came"
+        time.sleep(0.1)
+    time.sleep(1.0)  # into its process phase
+
+
+def _until_clean(servers: Servers, engine: Any) -> None:
+    deadline = time.monotonic() + 60
+    while leftovers(engine, servers.tag) and time.monotonic() < deadline:
+        time.sleep(0.2)
+
+
+@pytest.mark.docker
+def test_ctrl_c_reaches_the_run_through_the_server(servers: Servers, engine: Any) -> None:
+    servers.start()
+    proc = subprocess.Popen(
+        [str(CHECKFU), "run", "--profile", BUSYBOX, "--", "sleep", "60"],
+        cwd=servers.home,
+        env=servers.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        _started(servers, engine, proc)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 130, err.decode()
+        assert b"interrupted" in err
+        assert leftovers(engine, servers.tag) == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        assert _clean(engine, servers.tag) == []
+
+
+@pytest.mark.docker
+def test_a_client_that_goes_away_ends_its_run(servers: Servers, engine: Any) -> None:
+    """SIGKILL cannot be forwarded: the command's process sees its client gone and gets SIGTERM, so the Run
+    releases its sandbox rather than running on unwatched."""
+    servers.start()
+    proc = subprocess.Popen(
+        [str(CHECKFU), "run", "--profile", BUSYBOX, "--", "sleep", "60"],
+        cwd=servers.home,
+        env=servers.env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        _started(servers, engine, proc)
+        proc.kill()
+        proc.wait()
+        _until_clean(servers, engine)
+        assert leftovers(engine, servers.tag) == []
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and any(s["running"] for s in servers.status()["servers"] if s["answering"]):
+            time.sleep(0.1)
+        assert not any(s["running"] for s in servers.status()["servers"] if s["answering"])
+    finally:
+        assert _clean(engine, servers.tag) == []
