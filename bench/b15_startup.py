@@ -5,7 +5,9 @@ Every figure times whole processes (wall time, ``subprocess.run``), interleaved 
 - ``B15 checkfu --version``: the installed console script, beside ``python -c pass`` (the interpreter's own
   start-up, the floor). Target: p50 at most 100 ms. Extra: the ten largest imports of ``-X importtime``.
 - ``B15 checkfu run -- true``: ``checkfu run --profile examples/profiles/busybox-none.toml -- true`` (the shipped
-  Docker profile; a Run journaled, its sandbox provisioned, ``true`` run in it, the sandbox released), beside
+  Docker profile; a Run journaled, its sandbox provisioned, ``true`` run in it, the sandbox released), run in a
+  warm start-up server's child (``checkfu server start`` first, in a server directory of the benchmark's own:
+  ``XDG_RUNTIME_DIR``), beside
   ``docker run --rm`` of ``true`` on the same image with the same hardening the Docker tier sets
   (``providers/docker/spec.py``: read-only root, user 1000:1000, every capability dropped, no-new-privileges,
   network none, private IPC, an init, the profile's memory (swap not extra), CPU and pids limits, no message
@@ -13,7 +15,9 @@ Every figure times whole processes (wall time, ``subprocess.run``), interleaved 
   Extra: ``deps_import_p50``, a process that only imports the libraries any such Run needs (``DEPS_FLOOR``), and
   its ratio to raw: the part of the start no lazy import of checkfu's can remove; ``ours_phases_p50``, the Run's
   own phases as ``checkfu run`` reports them (the sandbox's work, journaled), and ``ours_outside_phases_p50``, the
-  rest of its wall time (start-up, opening the journal, exit).
+  rest of its wall time (start-up, opening the journal, exit); ``cold_p50`` and ``cold_over_raw``, the same
+  command in a process of its own (``CHECKFU_SERVER=off``: every import paid), interleaved with the two;
+  ``server_rss_mib``, the warm server's resident memory, what it costs to keep.
 
 The state directory (``XDG_STATE_HOME``) is a temporary one and the runner tag (``CHECKFU_RUNNER_TAG``) the
 benchmark's own; ``left_behind`` counts only Docker objects labelled with that tag. checkfu's own modules are
@@ -22,16 +26,19 @@ byte-compiled first, as an installed package's are. Set ``CHECKFU_BENCH_N`` to c
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
+import time
 import uuid
 from pathlib import Path
 
-from harness import Figure, interleave, summarize
+from harness import Figure, interleave, interleave_many, summarize
 
 import checkfu
 
@@ -126,6 +133,25 @@ def phase_seconds(said: str) -> float:
     raise SystemExit(f"checkfu run printed no phases: {said[-400:]}")
 
 
+def _rss_mib(pid: int) -> float:
+    """The resident memory of process ``pid``, MiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def _ended(pid: int) -> None:
+    """Wait for the server this benchmark started to exit (asked to stop); end it by its id if it does not."""
+    for _ in range(100):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
+    os.kill(pid, signal.SIGKILL)
+
+
 def leftovers(tag: str) -> int:
     """Containers, volumes and images labelled with the benchmark's runner tag."""
     label = f"label=checkfu.runner_tag={tag}"
@@ -150,11 +176,17 @@ async def run() -> list[Figure]:
     tag = f"bench-b15-{uuid.uuid4().hex[:8]}"
     n = rounds()
     with tempfile.TemporaryDirectory(prefix="checkfu-b15-") as home:
-        env = {**os.environ, "XDG_STATE_HOME": home, "CHECKFU_RUNNER_TAG": tag}
+        runtime = Path(home) / "runtime"
+        runtime.mkdir(mode=0o700)
+        env = {**os.environ, "XDG_STATE_HOME": home, "CHECKFU_RUNNER_TAG": tag, "XDG_RUNTIME_DIR": str(runtime)}
+        env["CHECKFU_SERVER"] = "on"
         env.pop("CHECKFU_DEBUG", None)
+        cold_env = {**env, "CHECKFU_SERVER": "off"}
 
-        def call(argv: list[str]) -> str:
-            done = subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, check=False)
+        def call(argv: list[str], environ: dict[str, str] | None = None) -> str:
+            done = subprocess.run(
+                argv, env=environ or env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, check=False
+            )
             if done.returncode != 0:
                 raise SystemExit(f"{' '.join(argv[:3])} ... exited {done.returncode}: {done.stderr.decode()[-400:]}")
             return done.stderr.decode(errors="replace")
@@ -169,10 +201,13 @@ async def run() -> list[Figure]:
             call([sys.executable, "-c", DEPS_FLOOR])
 
         phases: list[float] = []
+        run_argv = [str(CHECKFU), "run", "--profile", str(PROFILE), "--", "true"]
 
         def ours() -> None:
-            said = call([str(CHECKFU), "run", "--profile", str(PROFILE), "--", "true"])
-            phases.append(phase_seconds(said))
+            phases.append(phase_seconds(call(run_argv)))
+
+        def cold() -> None:
+            call(run_argv, cold_env)
 
         raw_argv = docker_run_argv(tag)
 
@@ -189,9 +224,14 @@ async def run() -> list[Figure]:
         )
         first.extra["importtime_top10"] = importtime_top([str(CHECKFU), "--version"], env)
         e, f = await interleave(deps, floor, n=n, warmup=1)
+        started = subprocess.run([str(CHECKFU), "server", "start", "--json"], env=env, check=True, capture_output=True)
+        server = json.loads(started.stdout)
         try:
-            c, d = await interleave(ours, raw, n=n, warmup=2)
+            c, d, g = await interleave_many([ours, raw, cold], n=n, warmup=2)
+            rss = _rss_mib(int(server["pid"]))
         finally:
+            subprocess.run([str(CHECKFU), "server", "stop"], env=env, capture_output=True, check=False)
+            _ended(int(server["pid"]))
             left = leftovers(tag)
         second = summarize(
             "B15 checkfu run -- true",
@@ -205,6 +245,9 @@ async def run() -> list[Figure]:
         phased = phases[-len(c) :]  # the timed rounds' (the first were warm-up)
         second.extra["ours_phases_p50"] = statistics.median(phased)
         second.extra["ours_outside_phases_p50"] = statistics.median(w - p for w, p in zip(c, phased, strict=True))
+        second.extra["cold_p50"] = statistics.median(g)
+        second.extra["cold_over_raw"] = statistics.median(g) / statistics.median(d)
+        second.extra["server_rss_mib"] = rss
         second.extra["python_floor_p50"] = statistics.median(f)
         second.extra["deps_import_p50"] = statistics.median(e)
         second.extra["deps_import_over_raw"] = statistics.median(e) / statistics.median(d)
