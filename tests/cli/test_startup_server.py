@@ -207,6 +207,27 @@ def test_the_code_key_follows_the_source(tmp_path: Path) -> None:
     )
 
 
+def test_a_variable_read_at_import_is_part_of_the_key(tmp_path: Path) -> None:
+    package = tmp_path / "pkg"
+    package.mkdir()
+    assert startup.code_key(str(package), environ={"FORCE_COLOR": "1"}) != startup.code_key(str(package), environ={})
+    assert startup.code_key(str(package), environ={"HOME": "/x"}) == startup.code_key(str(package), environ={})
+
+
+def test_consoles_are_made_again_for_the_childs_streams_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A console made while a server imported its module (no terminal, no FORCE_COLOR) takes the command's
+    environment once ``refresh`` runs, as the child does."""
+    from checkfu.cli import consoles
+
+    monkeypatch.delenv("FORCE_COLOR", raising=False)
+    monkeypatch.setenv("TERM", "xterm-256color")
+    made = consoles.console(stderr=True, highlight=False)
+    assert made.color_system is None  # pytest's stderr is no terminal
+    monkeypatch.setenv("FORCE_COLOR", "1")
+    consoles.refresh()
+    assert made.color_system is not None and made.stderr
+
+
 def test_modes() -> None:
     assert startup.mode({}) == "auto"
     assert startup.mode({"CHECKFU_SERVER": "OFF"}) == "off"

@@ -81,16 +81,17 @@ def _start_server() -> None:
         pass  # the next command tries again; this one's outcome stands
 
 
-def run_here() -> None:
+def run_here(*, warm: bool = False) -> None:
     """Run the command ``sys.argv`` names in this process: no traceback reaches a user unless
-    ``CHECKFU_DEBUG=1``."""
-    # Start-up makes only objects that live as long as the process (modules, classes, models): collecting garbage
-    # while they are made, and again at exit, walks them all for nothing (about a quarter of `checkfu run`'s
-    # start). So the collector waits until the command's module is loaded, then leaves those objects out.
-    gc.disable()
+    ``CHECKFU_DEBUG=1``. ``warm``: a start-up server's child, whose modules are loaded and objects frozen."""
     from checkfu.cli import commands  # noqa: PLC0415 - the tree; each command's module loads when it runs
 
-    commands.ON_LOAD.append(_settle_gc)
+    if not warm:
+        # Start-up makes only objects that live as long as the process (modules, classes, models): collecting
+        # garbage while they are made, and again at exit, walks them all for nothing (about a quarter of `checkfu
+        # run`'s start). So the collector waits until the command's module is loaded, then leaves those out.
+        gc.disable()
+        commands.ON_LOAD.append(_settle_gc)
     app = commands.app
 
     running = len(sys.argv) > 1 and sys.argv[1] in ("run", "exec")  # docker's 125 for its own failures

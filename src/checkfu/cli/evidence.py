@@ -7,15 +7,15 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 
+from checkfu.cli.consoles import console
 from checkfu.cli.files import load
 from checkfu.conformance.evidence import EvidenceError, generate_keys, load_public_key, verify_evidence
 from checkfu.contract.envelope import SandboxProviderCapabilities
 from checkfu.runner.documents import DocumentError, read_bounded
 
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+err = console(stderr=True, highlight=False, soft_wrap=True)
 
 evidence_app = typer.Typer(help="Signed conformance evidence.", no_args_is_help=True)
 keys_app = typer.Typer(help="Signing keys for conformance evidence.", no_args_is_help=True)

@@ -14,7 +14,6 @@ import signal
 import sys
 import time
 from datetime import UTC, datetime
-from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -25,6 +24,7 @@ from rich.table import Table
 from rich.text import Text
 
 from checkfu.cli import run as run_cli
+from checkfu.cli.consoles import console
 from checkfu.cli.engines import EngineCertsOpt, EngineOpt, engine_sites
 from checkfu.cli.state import client_credential, enrolled_credential, is_url, open_journal, runner_tag
 from checkfu.contract.errors import SandboxError, SandboxNotFound
@@ -34,10 +34,15 @@ from checkfu.runner.fleet import FleetConfig, FleetRunner
 from checkfu.runner.job import TIMEOUT_EXIT
 from checkfu.runner.journal import Journal
 from checkfu.runner.queue import RunQueue, RunRequest
-from checkfu.runner.registry import ENTRY_POINT_GROUP, Registry, adapter_from_factory, load_registry
+from checkfu.runner.registry import (
+    Registry,
+    adapter_from_factory,
+    installed_entry_points,
+    load_registry,
+)
 from checkfu.wire.client import RemoteProvider
 
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+err = console(stderr=True, highlight=False, soft_wrap=True)
 
 EXIT_REFUSED = run_cli.EXIT_REFUSED
 """A Run refused, failed or cancelled: ``checkfu run``'s own code for its own failures (125, docker's)."""
@@ -254,7 +259,7 @@ def _loader(journal: Journal, credential_file: Path | None, sites: dict[str, lis
             except SandboxError as exc:
                 registry.mark_unavailable(spec, f"{exc.code}: {exc.message}")
             return registry
-        installed = {ep.name for ep in entry_points(group=ENTRY_POINT_GROUP)}
+        installed = {ep.name for ep in installed_entry_points()}
         if spec not in installed:
             registry = Registry()
             registry.mark_unavailable(spec, f"no provider named {spec!r} is installed on this runner")

@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 
+from checkfu.cli.consoles import console
 from checkfu.cli.run import DbOpt, human_bytes
 from checkfu.cli.state import open_journal, runner_tag
 from checkfu.contract.lifecycle import OPEN_ROW_STATES
@@ -37,7 +37,7 @@ CACHE_TAG = "checkfu-cache"
 """The runner tag the Docker tier labels materialized images with unless told another (its ``cache_tag``)."""
 
 images_app = typer.Typer(help="The images checkfu built.", no_args_is_help=True)
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+err = console(stderr=True, highlight=False, soft_wrap=True)
 
 
 @dataclass

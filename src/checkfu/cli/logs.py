@@ -8,9 +8,9 @@ import time
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 
+from checkfu.cli.consoles import console
 from checkfu.cli.reaping import reap
 from checkfu.cli.run import DbOpt, JsonOpt, human_bytes
 from checkfu.cli.state import open_journal, runner_tag
@@ -20,7 +20,7 @@ from checkfu.runner.output import CAP_ENV, OUTPUT_CAP
 from checkfu.runner.queue import is_terminal
 from checkfu.runner.reconcile import run_status
 
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+err = console(stderr=True, highlight=False, soft_wrap=True)
 
 POLL = 0.1
 """Seconds between looks at the journal while following (growing to ``POLL_MAX`` while nothing comes)."""

@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from checkfu.cli.consoles import console
 from checkfu.cli.files import load
 from checkfu.cli.state import client_credential, open_journal, runner_tag, state_dir
 from checkfu.conformance.cases import CASES, Case, CaseResult
@@ -31,7 +32,7 @@ from checkfu.wire.credentials import Credential, CredentialError
 from checkfu.wire.server import create_app
 from checkfu.wire.serving import serve
 
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+err = console(stderr=True, highlight=False, soft_wrap=True)
 
 provider_app = typer.Typer(
     help="Provider services: serve one over the wire; test one (in-tree or by URL) and sign the evidence.",

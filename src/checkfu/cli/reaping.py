@@ -12,9 +12,9 @@ from __future__ import annotations
 import asyncio
 import sys
 
-from rich.console import Console
 from rich.markup import escape
 
+from checkfu.cli.consoles import console
 from checkfu.contract.codec import decode
 from checkfu.contract.errors import SandboxError
 from checkfu.contract.target import ExecutionTarget
@@ -22,7 +22,7 @@ from checkfu.runner.clock import SystemClock
 from checkfu.runner.journal import Journal, JournalError, OwnedRun
 from checkfu.runner.reconcile import ReapReport, describe_owner, orphans, reap_orphans
 
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+err = console(stderr=True, highlight=False, soft_wrap=True)
 
 
 def _providers(runs: list[OwnedRun]) -> list[str]:

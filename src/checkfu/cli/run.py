@@ -13,7 +13,6 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
-from importlib.metadata import entry_points
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -22,6 +21,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.text import Text
 
+from checkfu.cli.consoles import console
 from checkfu.cli.engines import EngineCertsOpt, EngineOpt, engine_sites
 from checkfu.cli.profiles import ReadProfile, pinned, read_profile
 from checkfu.cli.state import (
@@ -61,7 +61,12 @@ from checkfu.runner.leases import current_owner
 from checkfu.runner.mounts import DirectorySource, MountSpec, parse_mount
 from checkfu.runner.output import CAP_ENV, output_cap
 from checkfu.runner.reconcile import describe_owner, reconcile, run_status
-from checkfu.runner.registry import ENTRY_POINT_GROUP, Registry, adapter_from_factory, load_registry
+from checkfu.runner.registry import (
+    Registry,
+    adapter_from_factory,
+    installed_entry_points,
+    load_registry,
+)
 from checkfu.runner.runner import Attempt, Runner
 
 if TYPE_CHECKING:
@@ -73,7 +78,7 @@ if TYPE_CHECKING:
 # provider service's URL), rich's progress bars (mounts to hash or stage), the terminal (-i/-t) and the tables of
 # `checkfu runs`.
 
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+err = console(stderr=True, highlight=False, soft_wrap=True)
 
 runs_app = typer.Typer(help="The history of Runs, from the journal.", no_args_is_help=True)
 runner_app = typer.Typer(help="Runner maintenance.", no_args_is_help=True)
@@ -376,7 +381,7 @@ def check_run_inputs(
     """
     problems: list[Problem] = []
     if not remote:
-        installed = sorted(ep.name for ep in entry_points(group=ENTRY_POINT_GROUP))
+        installed = sorted(ep.name for ep in installed_entry_points())
         if name not in installed:
             problems.append(
                 Problem(

@@ -20,9 +20,9 @@ from pathlib import Path, PurePosixPath
 from typing import Annotated, Any, NoReturn, TypeVar
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 
+from checkfu.cli.consoles import console
 from checkfu.cli.state import open_journal, runner_tag
 from checkfu.contract.errors import (
     SandboxError,
@@ -33,8 +33,8 @@ from checkfu.contract.errors import (
 )
 from checkfu.runner.journal import JournalError
 
-err = Console(stderr=True, highlight=False, soft_wrap=True)
-out = Console(highlight=False, soft_wrap=True)
+err = console(stderr=True, highlight=False, soft_wrap=True)
+out = console(highlight=False, soft_wrap=True)
 
 sandbox_app = typer.Typer(help="Long-lived sandboxes: create, remove, extend.", no_args_is_help=True)
 

@@ -15,17 +15,17 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 
 from checkfu.cli import startup
+from checkfu.cli.consoles import console
 
 server_app = typer.Typer(
     help="The start-up server: a warm process each command runs in, so a command starts in milliseconds.",
     no_args_is_help=True,
 )
-out = Console(highlight=False, soft_wrap=True)
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+out = console(highlight=False, soft_wrap=True)
+err = console(stderr=True, highlight=False, soft_wrap=True)
 JsonOpt = Annotated[bool, typer.Option("--json", help="print JSON")]
 START_TIMEOUT = 60.0
 
@@ -113,7 +113,7 @@ def start_command(
         if answer is None:
             err.print(
                 f"[bold red]SandboxAdapterUnavailable[/]: the server did not answer within {START_TIMEOUT:.0f} s; "
-                f"run `python -m checkfu.cli.startup_server --dir {escape(directory)} --key {key}` to see why",
+                f"run `python -m checkfu.cli.startup_server --dir {escape(directory)} --key {escape(key)}` to see why",
                 highlight=False,
             )
             raise typer.Exit(1)
@@ -124,7 +124,7 @@ def start_command(
         print(json.dumps({**answer, "started_now": started}))
     else:
         said = "started" if started else "already running"
-        out.print(f"server {said}: pid {answer['pid']}, {escape(str(answer['socket']))}")
+        out.print(f"server {said}: pid {answer['pid']}, {answer['socket']}", markup=False)
 
 
 @server_app.command("stop")
@@ -153,9 +153,9 @@ def stop_command(as_json: JsonOpt = False) -> None:
     if not stopped and not removed:
         out.print("server: none running")
     for s in stopped:
-        out.print(f"server stopped: pid {s['pid']} ({s['key']})")
+        out.print(f"server stopped: pid {s['pid']} ({s['key']})", markup=False)
     for key in removed:
-        out.print(f"server socket removed: {key} (its server was gone)")
+        out.print(f"server socket removed: {key} (its server was gone)", markup=False)
 
 
 @server_app.command("status")
@@ -178,16 +178,17 @@ def status_command(as_json: JsonOpt = False) -> None:
         return
     if os.path.exists(directory) and not startup.private_dir(directory):
         _unsafe(directory)
-    out.print(f"mode {startup.mode()} (${startup.ENV}); this code's key {key}")
+    out.print(f"mode {startup.mode()} (${startup.ENV}); this code's key {key}", markup=False)
     if not servers:
         out.print("server: none running (`checkfu server start` starts one)")
     for s in servers:
         mark = "current" if s["current"] else "other code"
         if not s["answering"]:
-            out.print(f"server {s['key']}: not answering ({mark}); `checkfu server stop` clears it")
+            out.print(f"server {s['key']}: not answering ({mark}); `checkfu server stop` clears it", markup=False)
             continue
         age = time.time() - float(s["started"])
         out.print(
             f"server {s['key']}: pid {s['pid']} ({mark}), up {age:.0f} s, served {s['served']}, "
-            f"running {s['running']}, {int(s['rss_kib']) // 1024} MiB, exits after {s['idle_exit_s']:.0f} s idle"
+            f"running {s['running']}, {int(s['rss_kib']) // 1024} MiB, exits after {s['idle_exit_s']:.0f} s idle",
+            markup=False,
         )

@@ -14,7 +14,8 @@ only modules Python has already loaded at start-up, or that cost next to nothing
 - Where: a socket per version of the code in ``$XDG_RUNTIME_DIR/checkfu-server`` (else
   ``/tmp/checkfu-server-<uid>``), a directory of this user's alone (mode 0700); one that is not is never used.
   The version (``code_key``) covers the interpreter, every checkfu source file's size and time, the directories
-  packages install into and the ``PYTHON*`` environment, so a changed checkout or an upgrade never runs stale
+  packages install into, the ``PYTHON*`` environment and the few variables libraries read at import
+  (``IMPORT_TIME_ENV``), so a changed checkout or an upgrade never runs stale
   code: it finds no server of its own and starts afresh. A server left without clients exits after its idle time.
 - When: ``CHECKFU_SERVER`` is ``auto`` (the default: use a running server; start one in the background after a
   command run at a terminal), ``on`` (also start one from scripts) or ``off`` (never use or start one).
@@ -48,6 +49,18 @@ FORWARDED = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGWINCH", "SIGUSR1", "S
 NO_STATUS = 70
 """This process's status when the command's process ended without one reaching it (its server was stopped and
 the command was killed by a signal)."""
+IMPORT_TIME_ENV = (
+    "FORCE_COLOR",
+    "PY_COLORS",
+    "GITHUB_ACTIONS",
+    "TERMINAL_WIDTH",
+    "TYPER_USE_RICH",
+    "TYPER_STANDARD_TRACEBACK",
+    "_TYPER_STANDARD_TRACEBACK",
+    "_TYPER_FORCE_DISABLE_TERMINAL",
+)
+"""Variables a library reads once, when imported (typer's help colours and width): part of the key, so a command
+with other values than the server's runs in a server started with them."""
 HEADER = struct.Struct(">I")
 MAX_REQUEST = 16 << 20
 UCRED = struct.Struct("3i")
@@ -94,9 +107,10 @@ def _package_dir() -> str:
 
 def code_key(package: str | None = None, environ: dict[str, str] | os._Environ[str] | None = None) -> str:
     """A short name for the code a command would run: changes when any checkfu source file, the interpreter, an
-    installed package set or a ``PYTHON*`` variable does."""
+    installed package set, a ``PYTHON*`` variable or one of ``IMPORT_TIME_ENV`` does."""
     env = environ if environ is not None else os.environ
-    parts: list[str] = [sys.executable, sys.version, *sorted(f"{k}={v}" for k, v in env.items() if k[:6] == "PYTHON")]
+    chosen = sorted(f"{k}={v}" for k, v in env.items() if k[:6] == "PYTHON" or k in IMPORT_TIME_ENV)
+    parts: list[str] = [sys.executable, sys.version, *chosen]
     for entry in sys.path:
         try:
             parts.append(f"{entry}:{os.stat(entry or '.').st_mtime_ns}")

@@ -4,17 +4,18 @@
 
 - **Start.** ``python -P -m checkfu.cli.startup_server --dir DIR --key KEY [--idle SECONDS]`` (what ``checkfu server
   start`` and a command at a terminal run). It takes ``DIR/KEY.lock`` (one server per key: a second exits at
-  once), imports the libraries and every checkfu module outside the command line's own (``PRELOAD``; a command's
-  module is imported by its child, as its rich consoles must see the child's streams), and only then listens on
-  ``DIR/KEY.sock`` (mode 0600), so a client never waits for it to warm up: until then it runs its command itself.
+  once), imports the libraries (``PRELOAD``) and every checkfu module, builds the command tree, and only then
+  listens on ``DIR/KEY.sock`` (mode 0600), so a client never waits for it to warm up: until then it runs its
+  command itself.
 - **Serve.** One thread, one loop: a connection from another user is closed unanswered; ``run`` forks a child and
   answers with its process id, then the child runs the command and answers with its exit status (the server does
   for a child killed by a signal: 128 + the signal, as a shell says); ``status`` and ``stop`` are answered here.
 - **The child.** Its own process group (the client signals the group, as a terminal would); the client's three
   descriptors become 0, 1 and 2, with Python's streams made over them as the client's were; then the client's
-  working directory, umask, environment and arguments, the server's signal handlers gone, and
-  ``checkfu.cli.run_here()``. At its end Python's exit functions run and the status goes to the client. A client
-  that goes away first makes the child get SIGTERM (a Run releases what it holds on SIGTERM).
+  working directory, umask, environment and arguments, the server's signal handlers gone, the command line's
+  consoles made again for those streams (``checkfu.cli.consoles``), and ``checkfu.cli.run_here()``. At its end
+  Python's exit functions run and the status goes to the client. A client that goes away first makes the child
+  get SIGTERM (a Run releases what it holds on SIGTERM).
 - **Stop.** ``stop`` (``checkfu server stop``), SIGTERM, or ``--idle`` seconds without a command running. Commands
   still running are not stopped: each reports its own status to its client.
 """
@@ -41,7 +42,9 @@ import time
 import types
 from typing import Any
 
-from checkfu.cli import startup
+import rich
+
+from checkfu.cli import consoles, startup
 
 PRELOAD = (
     "sqlite3",
@@ -55,15 +58,16 @@ PRELOAD = (
     "rich.table",
 )
 """The libraries every command leans on; checkfu's own modules are all imported after them (``preload``)."""
-KEPT_CLI = ("checkfu.cli.commands", "checkfu.cli.startup")
-"""The command line's modules the server imports: neither makes anything that depends on a command's streams."""
+SKIPPED = ("checkfu.cli.startup_server",)
 REQUEST_TIMEOUT = 5.0
 """Seconds a connection has to send its whole request."""
 
 
 def preload() -> list[str]:
-    """Import ``PRELOAD`` and every checkfu module but the command line's (``KEPT_CLI`` aside); the modules that
-    could not be imported (an optional extra not installed), by name."""
+    """Import ``PRELOAD`` and every checkfu module, and build every command of the tree as running it would;
+    the modules that could not be imported (an optional extra not installed), by name.
+
+    The command line's consoles are made again in each child (``checkfu.cli.consoles``), for its streams."""
     import checkfu  # noqa: PLC0415
 
     skipped: list[str] = []
@@ -74,12 +78,19 @@ def preload() -> list[str]:
             skipped.append(name)
     for module in pkgutil.walk_packages(checkfu.__path__, "checkfu."):
         name = module.name
-        if (name.startswith("checkfu.cli.") and name not in KEPT_CLI) or name.rsplit(".", 1)[-1] == "__main__":
+        if name in SKIPPED or name.rsplit(".", 1)[-1] == "__main__":
             continue
         try:
             importlib.import_module(name)
         except Exception:
             skipped.append(name)
+    from checkfu.cli import commands  # noqa: PLC0415
+    from checkfu.runner.registry import installed_entry_points  # noqa: PLC0415
+
+    installed_entry_points()  # read once here, for every child
+    for name in commands.REGISTER:
+        if name not in skipped:
+            commands.load(name)
     return skipped
 
 
@@ -319,6 +330,8 @@ def _child(server: Server, conn: socket.socket, fds: list[int], message: dict[st
         with contextlib.suppress(locale.Error):
             locale.setlocale(locale.LC_CTYPE, "")
         os.umask(message["umask"] & 0o777)
+        consoles.refresh()
+        rich._console = None  # rich's global console too, made when first asked for
         sys.argv = [message["argv0"], *message["argv"]]
         # As a console script's: click names the program after ``sys.argv[0]`` only when ``__main__`` is no package's.
         sys.modules["__main__"] = types.ModuleType("__main__")
@@ -348,7 +361,7 @@ def _run() -> int:
     from checkfu.cli import run_here  # noqa: PLC0415
 
     try:
-        run_here()
+        run_here(warm=True)
     except SystemExit as exc:
         if exc.code is None:
             return 0

@@ -20,6 +20,7 @@ claim above the adapter's ceiling.
 
 from __future__ import annotations
 
+import functools
 import importlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -255,11 +256,19 @@ def _ours(ep: EntryPoint) -> bool:
     return entry is not None and ep.value == entry.factory and dist is not None and dist.name == DISTRIBUTION
 
 
+@functools.cache
+def installed_entry_points() -> tuple[EntryPoint, ...]:
+    """The entry points of ``ENTRY_POINT_GROUP``, read from the installed distributions' metadata once per process
+    (a scan of every distribution: a start-up server reads them once for all its commands, and a new installation
+    gives a new server, ``checkfu.cli.startup.code_key``)."""
+    return tuple(entry_points(group=ENTRY_POINT_GROUP))
+
+
 def entry_point_factories(names: Iterable[str] | None = None) -> dict[str, tuple[Factory, bool]]:
     """Factories by entry point name, each with whether it is one of this package's in-tree providers."""
     wanted = set(names) if names is not None else None
     out: dict[str, tuple[Factory, bool]] = {}
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
+    for ep in installed_entry_points():
         if wanted is None or ep.name in wanted:
             out[ep.name] = (_lazy(ep), _ours(ep))
     return out
