@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from checkfu.cli import startup
+from checkfu.cli import consoles, startup
 
 from .test_run_docker import BUSYBOX, connect, leftovers
 
@@ -217,8 +217,6 @@ def test_a_variable_read_at_import_is_part_of_the_key(tmp_path: Path) -> None:
 def test_consoles_are_made_again_for_the_childs_streams_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     """A console made while a server imported its module (no terminal, no FORCE_COLOR) takes the command's
     environment once ``refresh`` runs, as the child does."""
-    from checkfu.cli import consoles
-
     monkeypatch.delenv("FORCE_COLOR", raising=False)
     monkeypatch.setenv("TERM", "xterm-256color")
     made = consoles.console(stderr=True, highlight=False)
