@@ -117,6 +117,19 @@ def require_engine(environ: dict[str, str] | None = None) -> str:
     return path
 
 
+_API_VERSIONS: dict[tuple[str, ...], str] = {}
+
+
+def local_client(**kwargs: Any) -> Any:
+    """``docker.from_env(**kwargs)``, asking the engine for its API version once per process and address
+    (``DOCKER_HOST`` and its TLS settings): a ``checkfu run`` makes two clients, and each question is a round trip."""
+    where = tuple(os.environ.get(k, "") for k in ("DOCKER_HOST", "DOCKER_TLS_VERIFY", "DOCKER_CERT_PATH"))
+    known = _API_VERSIONS.get(where)
+    client = docker.from_env(version=known, **kwargs) if known else docker.from_env(**kwargs)
+    _API_VERSIONS.setdefault(where, str(client.api.api_version))
+    return client
+
+
 class Engine:
     """One docker-py client and the thread pool its blocking calls run in.
 
@@ -139,7 +152,7 @@ class Engine:
         if client is not None:
             self.client = client
         elif where is None:
-            self.client = docker.from_env(max_pool_size=workers)
+            self.client = local_client(max_pool_size=workers)
         else:
             self.client = where.client(workers=workers)
         self.api: Any = self.client.api

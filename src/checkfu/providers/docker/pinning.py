@@ -13,7 +13,7 @@ import docker.errors
 import requests.exceptions
 
 from checkfu.contract.errors import SandboxAdapterUnavailable, SandboxProfileInvalid
-from checkfu.providers.docker.engine import require_engine
+from checkfu.providers.docker.engine import local_client, require_engine
 
 REFUSED_REFERENCE = frozenset({400, 404})
 """Engine statuses meaning the reference names no image here (404) or no image at all (400)."""
@@ -31,7 +31,7 @@ def pin_base_image(ref: str) -> str:
         return ref
     require_engine()
     try:
-        client = docker.from_env()  # asks the engine for its API version
+        client = local_client()
     except docker.errors.DockerException as exc:
         raise _no_engine(exc) from None
     try:

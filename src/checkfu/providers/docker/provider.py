@@ -467,8 +467,10 @@ class DockerProvider:
         if self._engine_read:
             await self.engine.run("describe", self.engine.api.ping)
         else:
-            user_namespace = "user" in await self.namespaces()
-            allowlist = await self.engine.run("describe", self._egress_image_id) is not None
+            spaces, egress_image = await asyncio.gather(
+                self.namespaces(), self.engine.run("describe", self._egress_image_id)
+            )
+            user_namespace, allowlist = "user" in spaces, egress_image is not None
             self.envelope = build_envelope(self._facts, user_namespace=user_namespace, allowlist=allowlist)
             self._engine_read = True
         return DescribeResult(envelope=self.envelope)
