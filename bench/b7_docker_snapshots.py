@@ -18,6 +18,10 @@ state must be written into after start (the engine has no primitive that fills a
 from a committed image only serves a writable root). So each round also times raw ``create`` + ``start`` of
 the committed image with our isolation (B1's raw configuration: read-only root, the areas as tmpfs, the same
 limits), reported as ``raw_hardened_p50`` and ``ratio_vs_hardened`` (for clone, after a raw ``commit``).
+Two floors, measured in the same run: ``raw_capture_floor_p50``, the archive path alone (pause, one archive read
+of the areas through the handle, unpause: what a capture pays before its bytes are kept anywhere), and
+``raw_shape_and_fill_p50``, the raw engine creating our resumed sandbox's shape (read-only root, the areas as tmpfs
+volumes), starting it and uploading the captured areas into it, each over the issue's raw figure.
 Beside the snapshot, the raw engine making the same calls as ours one after another (``raw_archive_serial_p50``,
 after the interleaved rounds): pause, one archive read of the areas through the sandbox's handle, unpause,
 import. Ours streams the read into the import and thaws meanwhile, so it comes in under that.
@@ -89,14 +93,31 @@ async def run() -> list[Figure]:
             answer = api.import_image_from_data(data, changes=[f"LABEL checkfu.runner_tag={rig.tag}"])
             serial_ids.extend(re.findall(r"sha256:[0-9a-f]{64}", str(answer))[-1:])
 
+        captured: list[bytes] = []
+
+        def capture_floor() -> None:
+            """The archive path alone: pause, one archive read of the areas through the handle, unpause (what any
+            capture that is not ``docker commit`` pays before its bytes are kept anywhere)."""
+            api = rig.client.api
+            api.pause(source["instance_id"])
+            try:
+                stream, _ = api.get_archive(snapshots.handle_name(source["instance_id"]), snapshots.HANDLE_ROOT)
+                captured[:] = [b"".join(stream)]
+            finally:
+                api.unpause(source["instance_id"])
+
         serial: list[float] = []
+        floor: list[float] = []
 
         a, b = await interleave(snapshot, commit, n=rounds(10), warmup=1)
         for _ in range(rounds(10)):
             serial.append(await timed(archive_serial))
+            floor.append(await timed(capture_floor))
         fig = summarize("B7 docker snapshot", a, b, target="<=1.25x docker commit", met=lambda r, *_: r <= 1.25)
         fig.extra["raw_archive_serial_p50"] = statistics.median(serial)
         fig.extra["ratio_vs_archive_serial"] = fig.ours_p50 / statistics.median(serial)
+        fig.extra["raw_capture_floor_p50"] = statistics.median(floor)
+        fig.extra["capture_floor_over_commit"] = statistics.median(floor) / fig.raw_p50
         figures.append(fig)
         snap_key, snap_id = snaps[0]
         image = images[0]
@@ -122,6 +143,18 @@ async def run() -> list[Figure]:
             c = rig.client.containers.create(**{**hardened, "image": image.id})
             c.start()
             raw_made.append(c)
+
+        shaped = rig.raw_shaped_config()
+        fill_floor: list[float] = []
+
+        def create_start_fill() -> None:
+            """The raw engine making our resume's shape and filling it: create (read-only root, the areas as tmpfs
+            volumes), start, then one upload of the captured areas into the running container's home area (no
+            engine call fills a tmpfs volume before its container starts)."""
+            c = rig.client.containers.create(**{**shaped, "image": rig.image})
+            c.start()
+            raw_made.append(c)
+            rig.client.api.put_archive(c.id, "/home/sandbox", captured[0])
 
         def commit_create_hardened() -> None:
             img = raw_source.commit(changes=[f"LABEL checkfu.runner_tag={rig.tag}"])
@@ -153,7 +186,7 @@ async def run() -> list[Figure]:
             while made:
                 await p.release(ReleaseRequest(**made.pop()))
             while raw_made:
-                raw_made.pop().remove(force=True)
+                raw_made.pop().remove(force=True, v=True)  # v: the shaped one's area volumes go with it
 
         for name, ours, raw, fair in (
             ("B7 docker resume", resume, create_from_image, create_hardened),
@@ -170,14 +203,20 @@ async def run() -> list[Figure]:
                 else:
                     a, b = await interleave(ours, raw, n=1, warmup=0)
                 z = await timed(fair)
+                w = await timed(create_start_fill) if name.endswith("resume") else 0.0
                 if i:
                     xs += a
                     ys += b
                     zs.append(z)
+                    if name.endswith("resume"):
+                        fill_floor.append(w)
                 await cleanup()
             fig = summarize(name, xs, ys, target="<=1.25x commit + create", met=lambda r, *_: r <= 1.25)
             fig.extra["raw_hardened_p50"] = statistics.median(zs)
             fig.extra["ratio_vs_hardened"] = fig.ours_p50 / statistics.median(zs)
+            if name.endswith("resume"):
+                fig.extra["raw_shape_and_fill_p50"] = statistics.median(fill_floor)
+                fig.extra["shape_and_fill_over_raw"] = statistics.median(fill_floor) / fig.raw_p50
             figures.append(fig)
         check = await p.exec(exec_request(source, "sh", "-c", "cat $HOME/proj/f3 | wc -c"))
         assert check.stdout.strip() == b"98304"
