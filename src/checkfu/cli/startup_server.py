@@ -31,7 +31,6 @@ import importlib
 import io
 import locale
 import os
-import pkgutil
 import selectors
 import signal
 import socket
@@ -40,6 +39,7 @@ import sys
 import threading
 import time
 import types
+from pathlib import Path
 from typing import Any
 
 import rich
@@ -76,8 +76,7 @@ def preload() -> list[str]:
             importlib.import_module(name)
         except Exception:  # a missing library is the child's to report, as it would be without us
             skipped.append(name)
-    for module in pkgutil.walk_packages(checkfu.__path__, "checkfu."):
-        name = module.name
+    for name in _module_names(Path(checkfu.__file__).parent, "checkfu"):
         if name in SKIPPED or name.rsplit(".", 1)[-1] == "__main__":
             continue
         try:
@@ -92,6 +91,18 @@ def preload() -> list[str]:
         if name not in skipped:
             commands.load(name)
     return skipped
+
+
+def _module_names(root: Path, package: str) -> list[str]:
+    """Every module under ``root`` by its dotted name, namespace packages (a directory without ``__init__.py``,
+    such as ``checkfu.runner``) included, which ``pkgutil.walk_packages`` does not enter."""
+    names = []
+    for path in sorted(root.rglob("*.py")):
+        parts = path.relative_to(root).with_suffix("").parts
+        if "__pycache__" in parts or any(not p.isidentifier() for p in parts):
+            continue
+        names.append(".".join((package, *parts[:-1])) if parts[-1] == "__init__" else ".".join((package, *parts)))
+    return names
 
 
 class Server:
