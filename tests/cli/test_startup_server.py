@@ -128,6 +128,19 @@ def test_a_command_in_the_server_is_the_command_here(servers: Servers) -> None:
     assert servers.served() == 4  # init, check, check of nope.toml, kit --help (`checkfu server` runs here)
 
 
+def test_a_command_runs_once_however_fast_or_slow(servers: Servers) -> None:
+    """A command that ends before the server has said anything, and one that runs a while: each runs once (``profile
+    init`` refuses a file that exists, so a second run would fail) and its client gets its own status."""
+    servers.start()
+    for i in range(12):
+        done = servers("profile", "init", f"p{i}.toml")
+        assert done.returncode == 0, done.stderr.decode()
+    for _ in range(4):
+        done = servers("run", "-q", "--provider", "host-process", "--", "sh", "-c", "sleep 0.3; echo ran")
+        assert (done.returncode, done.stdout) == (0, b"ran\n"), done.stderr.decode()
+    assert servers.served() == 16
+
+
 def test_start_is_idempotent_and_stop_ends_it(servers: Servers) -> None:
     first = servers.start()
     again = servers.start()

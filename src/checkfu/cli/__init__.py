@@ -50,7 +50,10 @@ def main() -> None:
     if serving:
         from checkfu.cli import startup  # noqa: PLC0415 - stdlib only
 
-        code = startup.attach(sys.argv[1:])
+        try:
+            code = startup.attach(sys.argv[1:])
+        except KeyboardInterrupt:  # Ctrl-C before any server took the command: nothing ran
+            sys.exit(EXIT_INTERRUPTED)
         if code is not None:
             sys.exit(code)
     try:

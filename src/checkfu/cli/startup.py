@@ -230,7 +230,7 @@ def _stdio() -> tuple[list[int], list[list[str | None]]]:
 
 def attach(argv: list[str]) -> int | None:
     """Run ``checkfu ARGV`` in a warm server's child and return its exit status; ``None`` when no server of this
-    code answers (the caller runs the command itself)."""
+    code took the command (the caller runs it itself). Once a server has it, it is never run here as well."""
     directory = runtime_dir()
     sock = connect(directory, code_key())
     if sock is None:
@@ -250,60 +250,92 @@ def attach(argv: list[str]) -> int | None:
         "umask": _umask(),
         "stdio": specs,
     }
+    forwarder = _Forwarder()  # from here, a signal is the command's, even before its process is known
     try:
         send_message(sock, request, fds)
-        sock.settimeout(None)
-        started, _ = recv_message(sock)
-    except (OSError, EOFError, ValueError):
+    except OSError:
         sock.close()
-        return None  # the server went away before it took the command: run it here
+        forwarder.restore()
+        return None  # the server did not get the whole request: nothing started
     finally:
         for fd in fds[:3]:
             if fd > 2:
                 os.close(fd)
-    pid = started.get("pid")
-    if not isinstance(pid, int) or pid <= 1:
-        sock.close()
-        return None
-    _forward_signals(pid)
+    sock.settimeout(None)
     try:
         while True:
             try:
                 message, _ = recv_message(sock)
             except EOFError:
+                if forwarder.pid is None:  # closed before a child said it started: nothing started
+                    forwarder.restore()
+                    return None
                 return NO_STATUS
+            except (OSError, ValueError):
+                return NO_STATUS if forwarder.pid is not None else _gone(forwarder)
             if "exit" in message and isinstance(message["exit"], int):
                 return int(message["exit"])
+            if forwarder.pid is None and isinstance(message.get("pid"), int) and message["pid"] > 1:
+                forwarder.start(int(message["pid"]))
+            elif forwarder.pid is None and "error" in message:
+                forwarder.restore()
+                return None  # refused before anything started
     finally:
         sock.close()
+
+
+def _gone(forwarder: _Forwarder) -> int:
+    forwarder.restore()
+    return NO_STATUS
+
+
+class _Forwarder:
+    """Sends the signals this process gets to the command's process group; until the group is known (the child
+    says so first), keeps them and sends them then. Ctrl-Z stops the command, then this process."""
+
+    def __init__(self) -> None:
+        self.pid: int | None = None
+        self.pending: list[int] = []
+        self.saved = {getattr(signal, name): signal.signal(getattr(signal, name), self.forward) for name in FORWARDED}
+        self.saved[signal.SIGTSTP] = signal.signal(signal.SIGTSTP, self.stop)
+
+    def start(self, pid: int) -> None:
+        self.pid = pid
+        while self.pending:
+            self.forward(self.pending.pop(0), None)
+
+    def restore(self) -> None:
+        for signum, handler in self.saved.items():
+            signal.signal(signum, handler)
+        for signum in self.pending:  # nothing started to take them: this process gets them after all
+            os.kill(os.getpid(), signum)
+
+    def forward(self, signum: int, _frame: object) -> None:
+        if self.pid is None:
+            self.pending.append(signum)
+            return
+        try:
+            os.killpg(self.pid, signum)
+        except OSError:
+            try:  # noqa: SIM105 - contextlib costs this module's whole import again
+                os.kill(self.pid, signum)
+            except OSError:
+                pass
+
+    def stop(self, _signum: int, _frame: object) -> None:
+        if self.pid is None:
+            return
+        self.forward(signal.SIGTSTP, None)
+        signal.signal(signal.SIGTSTP, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTSTP)  # stopped here; SIGCONT wakes this process, then:
+        signal.signal(signal.SIGTSTP, self.stop)
+        self.forward(signal.SIGCONT, None)
 
 
 def _umask() -> int:
     mask = os.umask(0o022)
     os.umask(mask)
     return mask
-
-
-def _forward_signals(pid: int) -> None:
-    def forward(signum: int, _frame: object) -> None:
-        try:
-            os.killpg(pid, signum)
-        except OSError:
-            try:  # noqa: SIM105 - contextlib costs this module's whole import again
-                os.kill(pid, signum)
-            except OSError:
-                pass
-
-    def stop(signum: int, _frame: object) -> None:
-        forward(signal.SIGTSTP, None)
-        signal.signal(signal.SIGTSTP, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGTSTP)  # stopped here; SIGCONT wakes this process, then:
-        signal.signal(signal.SIGTSTP, stop)
-        forward(signal.SIGCONT, None)
-
-    for name in FORWARDED:
-        signal.signal(getattr(signal, name), forward)
-    signal.signal(signal.SIGTSTP, stop)
 
 
 def spawn(directory: str | None = None, idle: float | None = None) -> int | None:

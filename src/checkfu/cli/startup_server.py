@@ -236,17 +236,13 @@ class Server:
         pid = os.fork()
         if pid == 0:
             _child(self, conn, fds, message)  # never returns
+        # From here the connection is the child's to write (its process id first, its status last): the server
+        # writes only once the child is gone. Nor does it change the socket's mode, which the two share.
         for fd in fds:
             os.close(fd)
         with contextlib.suppress(OSError):
-            os.setpgid(pid, pid)  # as the child does: whichever comes first, the client can signal the group
+            os.setpgid(pid, pid)  # as the child does
         self.served += 1
-        try:
-            conn.settimeout(REQUEST_TIMEOUT)
-            startup.send_message(conn, {"pid": pid})
-        except OSError:
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGTERM)
         self.children[pid] = conn
 
     def _reap(self) -> None:
@@ -260,9 +256,10 @@ class Server:
             conn = self.children.pop(pid, None)
             if conn is None:
                 continue
-            if os.WIFSIGNALED(status):  # a child that exited said its status itself
-                with contextlib.suppress(OSError):
-                    startup.send_message(conn, {"exit": 128 + os.WTERMSIG(status)})
+            # A child that exited said its status itself (the client takes the first it reads); one killed could not.
+            with contextlib.suppress(OSError):
+                code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)
+                startup.send_message(conn, {"exit": code})
             conn.close()
             self.last = time.monotonic()
 
@@ -333,7 +330,9 @@ def _child(server: Server, conn: socket.socket, fds: list[int], message: dict[st
         for fd in fds:
             if fd > 2:
                 os.close(fd)
-        conn.settimeout(None)
+        # The connection keeps the server's timeout (its mode is shared with the server's copy): each send and
+        # the watch below wait on it with poll, whatever the mode.
+        startup.send_message(conn, {"pid": os.getpid()})
         sys.stdin, sys.stdout, sys.stderr = (_stream(i, message["stdio"][i]) for i in range(3))
         os.environ.clear()
         os.environ.update(message["env"])
@@ -387,11 +386,14 @@ def _run() -> int:
 
 def _watch_client(conn: socket.socket, done: threading.Event) -> None:
     """SIGTERM to this process when its client goes away while the command runs."""
-    try:
-        while conn.recv(4096):
-            pass
-    except OSError:
-        pass
+    while True:
+        try:
+            if not conn.recv(4096):
+                break  # the client closed its end
+        except TimeoutError:
+            continue  # nothing from the client (it sends nothing more): still there
+        except OSError:
+            break
     if not done.is_set():
         os.kill(os.getpid(), signal.SIGTERM)
 
