@@ -188,6 +188,55 @@ def test_a_directory_others_can_enter_is_never_used(servers: Servers) -> None:
     assert answer["pid"] in servers.pids
 
 
+def test_stop_touches_nothing_in_a_directory_others_could_have_made(servers: Servers, tmp_path: Path) -> None:
+    """Another user could make ``/tmp/checkfu-server-<uid>`` first and plant a lock that links anywhere: ``stop``
+    refuses such a directory, and never creates a file through a link."""
+    servers.dir.mkdir(mode=0o700)
+    target = tmp_path / "victim"
+    (servers.dir / "k.sock").touch()
+    (servers.dir / "k.lock").symlink_to(target)
+    servers.dir.chmod(0o777)
+    try:
+        done = servers("server", "stop")
+        assert done.returncode == 1 and b"SandboxPathRejected" in done.stderr
+    finally:
+        servers.dir.chmod(0o700)
+    done = servers("server", "stop", "--json")
+    assert done.returncode == 0, done.stderr.decode()
+    assert not target.exists()
+    assert json.loads(done.stdout)["stale_sockets_removed"] == ["k"]
+
+
+def test_a_closed_stdin_is_devnull_not_the_servers_socket(servers: Servers) -> None:
+    """With its standard input closed, the client's socket must not become the command's stdin: ``cat`` reads
+    nothing and ends, rather than reading the protocol (or never ending)."""
+    servers.start()
+    done = subprocess.run(
+        [str(CHECKFU), "run", "-q", "-i", "--provider", "host-process", "--", "cat"],
+        cwd=servers.home,
+        env=servers.env,
+        capture_output=True,
+        timeout=60,
+        preexec_fn=lambda: os.close(0),
+        check=False,
+    )
+    assert (done.returncode, done.stdout) == (0, b""), done.stderr.decode()
+    assert servers.served() == 1
+
+
+def test_a_server_started_for_other_code_does_not_serve(servers: Servers) -> None:
+    servers.dir.mkdir(mode=0o700)
+    done = subprocess.run(
+        [sys.executable, "-m", "checkfu.cli.startup_server", "--dir", str(servers.dir), "--key", "00000000"],
+        env=servers.env,
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 1 and b"not serving" in done.stderr
+    assert not (servers.dir / "00000000.sock").exists()
+
+
 def test_a_request_it_does_not_answer_leaves_it_serving(servers: Servers) -> None:
     answer = servers.start()
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:

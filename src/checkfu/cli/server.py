@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import json
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -51,16 +53,23 @@ def _keys(directory: str) -> list[str]:
         return []
 
 
-def _held(directory: str, key: str) -> bool:
-    """Whether a server still holds ``key``'s lock (it is starting, or alive but not answering)."""
+def _held(directory: str, key: str, then: Callable[[], None] | None = None) -> bool:
+    """Whether a server holds ``key``'s lock (it is starting, or alive but not answering); when none does, ``then``
+    runs while this process holds it (so no server starts meanwhile). A lock that is missing, or a link, is held
+    by no server of this directory."""
     try:
-        with open(os.path.join(directory, f"{key}.lock"), "a") as lock:
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:
-                return True
-            return False
+        fd = os.open(os.path.join(directory, f"{key}.lock"), os.O_RDWR | os.O_NOFOLLOW)
     except OSError:
+        if then is not None:
+            then()
+        return False
+    with os.fdopen(fd, "r+") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return True
+        if then is not None:
+            then()
         return False
 
 
@@ -69,7 +78,7 @@ def _servers(directory: str, current: str) -> list[dict[str, Any]]:
     for key in _keys(directory):
         answer = _ask(directory, key, "status")
         if answer is None:
-            found.append({"key": key, "current": key == current, "answering": False, "locked": _held(directory, key)})
+            found.append({"key": key, "current": key == current, "answering": False, "alive": _held(directory, key)})
         else:
             found.append({**answer, "current": key == current, "answering": True})
     return found
@@ -102,7 +111,8 @@ def start_command(
     directory, key = startup.runtime_dir(), startup.code_key()
     answer = _ask(directory, key, "status")
     if answer is None:
-        if startup.spawn(directory, idle) is None:
+        proc = startup.spawn(directory, idle)
+        if proc is None:
             _unsafe(directory)
         if not as_json:
             err.print("server: starting (it imports what commands use, a second or two)")
@@ -110,6 +120,8 @@ def start_command(
         while answer is None and time.monotonic() < deadline:
             time.sleep(0.05)
             answer = _ask(directory, key, "status")
+            if answer is None and proc is not None and proc.poll() not in (None, 0):
+                break  # it exited with an error (another server's exit 0 means that one is starting)
         if answer is None:
             err.print(
                 f"[bold red]SandboxAdapterUnavailable[/]: the server did not answer within {START_TIMEOUT:.0f} s; "
@@ -131,27 +143,35 @@ def start_command(
 def stop_command(as_json: JsonOpt = False) -> None:
     """Stop every server of this user (a command still running in one finishes and reports its status)."""
     directory = startup.runtime_dir()
+    if os.path.lexists(directory) and not startup.private_dir(directory):
+        _unsafe(directory)
     stopped: list[dict[str, Any]] = []
     removed: list[str] = []
+    silent: list[str] = []
+
+    def unlink(key: str) -> None:
+        with contextlib.suppress(OSError):
+            os.unlink(startup.socket_path(directory, key))
+        removed.append(key)
+
     for key in _keys(directory):
         answer = _ask(directory, key, "stop")
         if answer is not None:
             stopped.append({"key": key, "pid": answer.get("pid")})
-            continue
-        if not _held(directory, key):  # no server behind it: a socket left by one that was killed
-            with contextlib.suppress(OSError):
-                os.unlink(startup.socket_path(directory, key))
-            removed.append(key)
+        elif _held(directory, key, then=functools.partial(unlink, key)):
+            silent.append(key)  # a server holds it but does not answer: busy, or stopped by a signal
     deadline = time.monotonic() + 5.0
     while time.monotonic() < deadline and any(
         os.path.exists(startup.socket_path(directory, s["key"])) for s in stopped
     ):
         time.sleep(0.05)
     if as_json:
-        print(json.dumps({"stopped": stopped, "stale_sockets_removed": removed}))
+        print(json.dumps({"stopped": stopped, "stale_sockets_removed": removed, "not_answering": silent}))
         return
-    if not stopped and not removed:
+    if not stopped and not removed and not silent:
         out.print("server: none running")
+    for key in silent:
+        out.print(f"server {key}: alive but not answering; left running (see `checkfu server status`)", markup=False)
     for s in stopped:
         out.print(f"server stopped: pid {s['pid']} ({s['key']})", markup=False)
     for key in removed:
@@ -184,7 +204,8 @@ def status_command(as_json: JsonOpt = False) -> None:
     for s in servers:
         mark = "current" if s["current"] else "other code"
         if not s["answering"]:
-            out.print(f"server {s['key']}: not answering ({mark}); `checkfu server stop` clears it", markup=False)
+            said = "alive but not answering" if s["alive"] else "gone (a socket left behind)"
+            out.print(f"server {s['key']}: {said} ({mark}); `checkfu server stop` clears a dead one", markup=False)
             continue
         age = time.time() - float(s["started"])
         out.print(

@@ -35,6 +35,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     import signal
     import socket
+    import subprocess
     from typing import Any
 else:  # the C modules: ``signal`` and ``socket`` import enum (and more), which costs more than all of this module
     import _signal as signal
@@ -110,7 +111,7 @@ def code_key(package: str | None = None, environ: dict[str, str] | os._Environ[s
     installed package set, a ``PYTHON*`` variable or one of ``IMPORT_TIME_ENV`` does."""
     env = environ if environ is not None else os.environ
     chosen = sorted(f"{k}={v}" for k, v in env.items() if k[:6] == "PYTHON" or k in IMPORT_TIME_ENV)
-    parts: list[str] = [sys.executable, sys.version, *chosen]
+    parts: list[str] = [sys.executable, sys.version, *chosen, *_context()]
     for entry in sys.path:
         try:
             parts.append(f"{entry}:{os.stat(entry or '.').st_mtime_ns}")
@@ -132,6 +133,25 @@ def code_key(package: str | None = None, environ: dict[str, str] | os._Environ[s
                 st = item.stat(follow_symlinks=False)
                 parts.append(f"{item.path}:{st.st_size}:{st.st_mtime_ns}")
     return f"{zlib.crc32(chr(0).join(parts).encode('utf-8', 'surrogateescape')):08x}"
+
+
+def _context() -> list[str]:
+    """What a child inherits from its server rather than from its client, so a client whose differs gets a server
+    of its own: group and supplementary groups, resource limits, control group, mount namespace."""
+    import resource  # noqa: PLC0415 - a small C module, needed only here
+
+    parts = [f"gid={os.getgid()}/{os.getegid()}", f"groups={sorted(os.getgroups())}"]
+    for name in ("RLIMIT_NOFILE", "RLIMIT_NPROC", "RLIMIT_CORE", "RLIMIT_AS", "RLIMIT_STACK", "RLIMIT_MEMLOCK"):
+        limit = getattr(resource, name, None)
+        if limit is not None:
+            parts.append(f"{name}={resource.getrlimit(limit)}")
+    try:
+        parts.append(os.readlink("/proc/self/ns/mnt"))
+        with open("/proc/self/cgroup", encoding="utf-8") as cgroup:
+            parts.append(cgroup.read())
+    except OSError:
+        parts.append("no /proc")
+    return parts
 
 
 def socket_path(directory: str, key: str) -> str:
@@ -214,23 +234,30 @@ def connect(directory: str, key: str, timeout: float | None = None) -> socket.so
 
 
 def _stdio() -> tuple[list[int], list[list[str | None]]]:
-    """This process's standard streams as descriptors to pass (``/dev/null`` for a closed one) and how Python set
-    up each (encoding, errors), so the command's streams are the same."""
-    fds: list[int] = []
-    specs: list[list[str | None]] = []
-    for fd, stream in ((0, sys.stdin), (1, sys.stdout), (2, sys.stderr)):
-        try:
-            os.fstat(fd)
-            fds.append(fd)
-        except OSError:
-            fds.append(os.open(os.devnull, os.O_RDWR))
-        specs.append([getattr(stream, "encoding", None), getattr(stream, "errors", None)])
-    return fds, specs
+    """This process's standard streams as descriptors to pass and how Python set up each (encoding, errors), so
+    the command's streams are the same."""
+    specs = [[getattr(s, "encoding", None), getattr(s, "errors", None)] for s in (sys.stdin, sys.stdout, sys.stderr)]
+    return [0, 1, 2], specs
+
+
+def _background() -> bool:
+    """Whether this process is a background job of the terminal on its standard input."""
+    try:
+        return os.isatty(0) and os.tcgetpgrp(0) != os.getpgrp()
+    except OSError:
+        return False
 
 
 def attach(argv: list[str]) -> int | None:
     """Run ``checkfu ARGV`` in a warm server's child and return its exit status; ``None`` when no server of this
     code took the command (the caller runs it itself). Once a server has it, it is never run here as well."""
+    for fd in (0, 1, 2):  # a closed one is /dev/null (the lowest free descriptor): never the socket made below
+        try:
+            os.fstat(fd)
+        except OSError:
+            os.open(os.devnull, os.O_RDWR)
+    if _background():
+        return None  # run here, where the terminal stops a background job that reads or sets it
     directory = runtime_dir()
     sock = connect(directory, code_key())
     if sock is None:
@@ -257,10 +284,6 @@ def attach(argv: list[str]) -> int | None:
         sock.close()
         forwarder.restore()
         return None  # the server did not get the whole request: nothing started
-    finally:
-        for fd in fds[:3]:
-            if fd > 2:
-                os.close(fd)
     sock.settimeout(None)
     try:
         while True:
@@ -289,15 +312,29 @@ def _gone(forwarder: _Forwarder) -> int:
     return NO_STATUS
 
 
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+GROUP_SIGNALS = ("SIGINT", "SIGQUIT", "SIGWINCH")
+"""What a terminal sends to its foreground job: forwarded to the command's process group, as the terminal would have
+sent them to every process of it. The others (``kill`` of this process) go to the command's process alone."""
+
+
 class _Forwarder:
-    """Sends the signals this process gets to the command's process group; until the group is known (the child
-    says so first), keeps them and sends them then. Ctrl-Z stops the command, then this process."""
+    """Sends the signals this process gets on to the command; until the command's process is known (its first
+    message), keeps them and sends them then. Ctrl-Z stops the command, then this process; it goes on when this
+    process is continued in the foreground of its terminal (a job continued in the background stays stopped until
+    it is brought to the foreground, rather than reading or setting the terminal from behind)."""
 
     def __init__(self) -> None:
         self.pid: int | None = None
         self.pending: list[int] = []
         self.saved = {getattr(signal, name): signal.signal(getattr(signal, name), self.forward) for name in FORWARDED}
         self.saved[signal.SIGTSTP] = signal.signal(signal.SIGTSTP, self.stop)
+        self.saved[signal.SIGCONT] = signal.signal(signal.SIGCONT, self.cont)
 
     def start(self, pid: int) -> None:
         self.pid = pid
@@ -314,8 +351,15 @@ class _Forwarder:
         if self.pid is None:
             self.pending.append(signum)
             return
+        group = signum in {getattr(signal, name) for name in GROUP_SIGNALS} or signum in (
+            signal.SIGTSTP,
+            signal.SIGCONT,
+        )
         try:
-            os.killpg(self.pid, signum)
+            if group:
+                os.killpg(self.pid, signum)
+            else:
+                os.kill(self.pid, signum)
         except OSError:
             try:  # noqa: SIM105 - contextlib costs this module's whole import again
                 os.kill(self.pid, signum)
@@ -327,20 +371,23 @@ class _Forwarder:
             return
         self.forward(signal.SIGTSTP, None)
         signal.signal(signal.SIGTSTP, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGTSTP)  # stopped here; SIGCONT wakes this process, then:
+        os.kill(os.getpid(), signal.SIGTSTP)  # stopped here until SIGCONT (``cont`` sends it on)
         signal.signal(signal.SIGTSTP, self.stop)
-        self.forward(signal.SIGCONT, None)
+
+    def cont(self, _signum: int, _frame: object) -> None:
+        if self.pid is not None and not _background():
+            self.forward(signal.SIGCONT, None)
 
 
-def _umask() -> int:
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
+_BOOT = (
+    "import ast, sys; sys.path[:] = ast.literal_eval(sys.argv.pop(1)); "
+    "from checkfu.cli.startup_server import main; sys.exit(main())"
+)
 
 
-def spawn(directory: str | None = None, idle: float | None = None) -> int | None:
+def spawn(directory: str | None = None, idle: float | None = None) -> subprocess.Popen[bytes] | None:
     """Start a server for this code in the background (a session of its own, its streams on ``/dev/null``); its
-    process id, or ``None`` when this user's server directory is not safe to use."""
+    process, or ``None`` when this user's server directory is not safe to use."""
     import subprocess  # noqa: PLC0415 - only when a server is started
 
     directory = directory or runtime_dir()
@@ -351,11 +398,12 @@ def spawn(directory: str | None = None, idle: float | None = None) -> int | None
             idle = float(os.environ.get(IDLE_ENV, IDLE_DEFAULT))
         except ValueError:
             idle = IDLE_DEFAULT
-    # -P: the working directory is not put on the module path (a ``docker.py`` there must not shadow docker-py);
-    # the key is this process's, whose module path names the installation the server imports from.
-    argv = [sys.executable, "-P", "-m", "checkfu.cli.startup_server", "--dir", directory, "--key", code_key()]
+    # The server imports from this process's module path (so from the installation or checkout this key covers),
+    # set before anything is imported; -P keeps its working directory off it. It computes the key itself and does
+    # not serve one that differs from this process's.
+    argv = [sys.executable, "-P", "-c", _BOOT, repr(sys.path), "--dir", directory, "--key", code_key()]
     argv += ["--idle", str(idle)]
-    proc = subprocess.Popen(  # our own interpreter and module
+    return subprocess.Popen(  # our own interpreter and module
         argv,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
@@ -364,4 +412,3 @@ def spawn(directory: str | None = None, idle: float | None = None) -> int | None
         close_fds=True,
         cwd="/",
     )
-    return proc.pid

@@ -124,14 +124,18 @@ class Server:
     # set-up and tear-down -----------------------------------------------------------------------
 
     def claim(self) -> bool:
-        """Take this key's lock; ``False`` when another server holds it."""
-        self.lock = open(os.path.join(self.directory, f"{self.key}.lock"), "a")  # noqa: SIM115 - held for life
-        try:
-            fcntl.flock(self.lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            self.lock.close()
-            return False
-        return True
+        """Take this key's lock; ``False`` when another server holds it. (``checkfu server stop`` takes it for a
+        moment to tell a dead server's socket from a live one's: a server starting then tries for a second.)"""
+        fd = os.open(os.path.join(self.directory, f"{self.key}.lock"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        self.lock = os.fdopen(fd, "r+")
+        for _ in range(20):
+            try:
+                fcntl.flock(self.lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return True
+            except OSError:
+                time.sleep(0.05)
+        self.lock.close()
+        return False
 
     def listen(self) -> None:
         with contextlib.suppress(FileNotFoundError):
@@ -233,7 +237,15 @@ class Server:
         }
 
     def _fork(self, conn: socket.socket, fds: list[int], message: dict[str, Any]) -> None:
-        pid = os.fork()
+        try:
+            pid = os.fork()
+        except OSError as exc:  # no process to be had: the client runs the command itself
+            for fd in fds:
+                os.close(fd)
+            with contextlib.suppress(OSError):
+                startup.send_message(conn, {"error": f"cannot fork: {exc.strerror}"})
+            conn.close()
+            return
         if pid == 0:
             _child(self, conn, fds, message)  # never returns
         # From here the connection is the child's to write (its process id first, its status last): the server
@@ -299,10 +311,14 @@ def _stream(fd: int, spec: Any) -> io.TextIOWrapper:
     encoding = encoding if isinstance(encoding, str) else "utf-8"
     errors = errors if isinstance(errors, str) else "strict"
     if fd == 0:
-        return io.TextIOWrapper(io.BufferedReader(io.FileIO(0, "r", closefd=False)), encoding=encoding, errors=errors)
+        reader = io.BufferedReader(io.FileIO(0, "r", closefd=False))
+        return io.TextIOWrapper(reader, encoding=encoding, errors=errors, newline="\n")
     buffered = io.BufferedWriter(io.FileIO(fd, "w", closefd=False))
     line = fd == 2 or os.isatty(fd)
-    return io.TextIOWrapper(buffered, encoding=encoding, errors=errors, line_buffering=line)
+    unbuffered = bool(os.environ.get("PYTHONUNBUFFERED"))  # the client's (set before the streams are made)
+    return io.TextIOWrapper(
+        buffered, encoding=encoding, errors=errors, newline="\n", line_buffering=line, write_through=unbuffered
+    )
 
 
 def _child(server: Server, conn: socket.socket, fds: list[int], message: dict[str, Any]) -> None:
@@ -333,9 +349,11 @@ def _child(server: Server, conn: socket.socket, fds: list[int], message: dict[st
         # The connection keeps the server's timeout (its mode is shared with the server's copy): each send and
         # the watch below wait on it with poll, whatever the mode.
         startup.send_message(conn, {"pid": os.getpid()})
-        sys.stdin, sys.stdout, sys.stderr = (_stream(i, message["stdio"][i]) for i in range(3))
         os.environ.clear()
         os.environ.update(message["env"])
+        sys.stdin, sys.stdout, sys.stderr = (_stream(i, message["stdio"][i]) for i in range(3))
+        for name in ("stdin", "stdout", "stderr"):
+            setattr(sys, f"__{name}__", getattr(sys, name))
         time.tzset()
         with contextlib.suppress(locale.Error):
             locale.setlocale(locale.LC_CTYPE, "")
@@ -357,6 +375,10 @@ def _child(server: Server, conn: socket.socket, fds: list[int], message: dict[st
         code = startup.NO_STATUS
     finally:
         done.set()
+        with contextlib.suppress(BaseException):
+            # As an interpreter's exit does: threads the command left running finish first (the Docker tier's
+            # removals in the background, thread pools' work), then the exit functions run.
+            threading._shutdown()  # type: ignore[attr-defined]
         with contextlib.suppress(BaseException):
             atexit._run_exitfuncs()
         for stream in (sys.stdout, sys.stderr):
@@ -381,6 +403,9 @@ def _run() -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    except Exception:  # what run_here lets through (CHECKFU_DEBUG=1): told as Python would tell it
+        sys.excepthook(*sys.exc_info())
+        return 1
     return 0
 
 
@@ -406,6 +431,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not startup.private_dir(args.dir, create=True):
         print(f"checkfu server: {args.dir} is not a directory of this user's alone (mode 0700)", file=sys.stderr)
+        return 1
+    if startup.code_key() != args.key:  # its module path, environment or context is not the client's
+        print(f"checkfu server: this process's code is not {args.key}; not serving it", file=sys.stderr)
         return 1
     server = Server(args.dir, args.key, max(1.0, args.idle))
     if not server.claim():
