@@ -71,6 +71,10 @@ class Servers:
             check=False,
         )
 
+    def popen(self, *args: str, stdout: int, stderr: int) -> subprocess.Popen[bytes]:
+        """``checkfu ARGS`` started in the background, in the work directory with this test's environment."""
+        return subprocess.Popen([str(CHECKFU), *args], cwd=self.home, env=self.env, stdout=stdout, stderr=stderr)
+
     def start(self, *more: str) -> dict[str, Any]:
         done = self("server", "start", "--json", *more)
         assert done.returncode == 0, done.stderr.decode()
@@ -352,12 +356,8 @@ def _until_clean(servers: Servers, engine: Any) -> None:
 @pytest.mark.docker
 def test_ctrl_c_reaches_the_run_through_the_server(servers: Servers, engine: Any) -> None:
     servers.start()
-    proc = subprocess.Popen(
-        [str(CHECKFU), "run", "--profile", BUSYBOX, "--", "sleep", "60"],
-        cwd=servers.home,
-        env=servers.env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
+    proc = servers.popen(
+        "run", "--profile", BUSYBOX, "--", "sleep", "60", stdout=subprocess.PIPE, stderr=subprocess.PIPE
     )
     try:
         _started(servers, engine, proc)
@@ -378,12 +378,8 @@ def test_a_client_that_goes_away_ends_its_run(servers: Servers, engine: Any) -> 
     """SIGKILL cannot be forwarded: the command's process sees its client gone and gets SIGTERM, so the Run
     releases its sandbox rather than running on unwatched."""
     servers.start()
-    proc = subprocess.Popen(
-        [str(CHECKFU), "run", "--profile", BUSYBOX, "--", "sleep", "60"],
-        cwd=servers.home,
-        env=servers.env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+    proc = servers.popen(
+        "run", "--profile", BUSYBOX, "--", "sleep", "60", stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
     try:
         _started(servers, engine, proc)
