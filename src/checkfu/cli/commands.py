@@ -99,7 +99,7 @@ COMMANDS: dict[str, Lazy] = {
     "sandbox": Lazy("checkfu.cli.sandbox", "Long-lived sandboxes: create, remove, extend."),
     "server": Lazy(
         "checkfu.cli.server",
-        "The start-up server: a warm process each command runs in, so a command starts in milliseconds.",
+        "The start-up server: a warm process each command runs in, so no command pays for importing checkfu.",
     ),
 }
 """Every subcommand, in the order ``checkfu --help`` lists them."""

@@ -23,7 +23,7 @@ from checkfu.cli import startup
 from checkfu.cli.consoles import console
 
 server_app = typer.Typer(
-    help="The start-up server: a warm process each command runs in, so a command starts in milliseconds.",
+    help="The start-up server: a warm process each command runs in, so no command pays for importing checkfu.",
     no_args_is_help=True,
 )
 out = console(highlight=False, soft_wrap=True)
