@@ -537,7 +537,10 @@ def test_profile_init_writes_the_built_in_default_which_checks(tmp_path: Path) -
     assert json.loads(invoke("profile", "check", str(host), "--json").stdout)["profile"]["base_image"] == "host"
 
 
-def test_help_has_no_type_clutter_and_version_and_completion_answer() -> None:
+def test_help_has_no_type_clutter_and_version_and_completion_answer(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The shell is the one named below, not one looked for among this process's ancestors (there may be none: a
+    # detached pytest has no shell above it). Read when the command is built, so set here rather than in invoke.
+    monkeypatch.setenv("_TYPER_COMPLETE_TEST_DISABLE_SHELL_DETECTION", "1")
     for args in (["run", "--help"], ["--help"], ["profile", "init", "--help"]):
         text = invoke(*args).stdout
         for clutter in ("<bool>", "<str>", "<path>", "<float>", "<int>", "list[str]", "TEXT", "BOOLEAN"):
