@@ -13,7 +13,6 @@ import contextlib
 import fcntl
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -21,6 +20,7 @@ from typing import Annotated, Any
 import typer
 from rich.markup import escape
 
+from checkfu.cli import startup
 from checkfu.cli.profiles import read_profile
 from checkfu.cli.run import (
     EXIT_REFUSED,
@@ -261,13 +261,6 @@ def refill_in_background(db: str | None) -> None:
         ["--db", db] if db else []
     )
     try:
-        subprocess.Popen(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-            close_fds=True,
-        )
+        startup.detached(argv)
     except OSError as exc:
         err.print(f"[bold yellow]warning[/]: the pool is not refilled: {escape(str(exc))}")

@@ -19,8 +19,11 @@ only modules Python has already loaded at start-up, or that cost next to nothing
   code: it finds no server of its own and starts afresh. A server left without clients exits after its idle time.
 - When: ``CHECKFU_SERVER`` is ``auto`` (the default: use a running server; start one in the background after a
   command run at a terminal), ``on`` (also start one from scripts) or ``off`` (never use or start one).
-- Signals: SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGWINCH, SIGUSR1 and SIGUSR2 this process receives go to the
-  command's process group; Ctrl-Z stops both. If this process goes away, the command is sent SIGTERM.
+- Who: both ends are this user's (``SO_PEERCRED``), and so is the process context the key covers (groups,
+  limits, control group, mount namespace); a background job of a terminal always runs here.
+- Signals: a terminal's (SIGINT, SIGQUIT, SIGWINCH) go to the command's process group, a ``kill`` of this
+  process (SIGTERM, SIGHUP, SIGUSR1, SIGUSR2) to the command alone; Ctrl-Z stops both. If this process goes
+  away, the command is sent SIGTERM.
 """
 
 from __future__ import annotations
@@ -158,7 +161,7 @@ def socket_path(directory: str, key: str) -> str:
     return os.path.join(directory, f"{key}.sock")
 
 
-# The wire between a client and its server: length-prefixed JSON, the client's three streams passed with the first.
+# The wire between a client and its server: length-prefixed ``marshal``, the client's streams passed with the first.
 
 
 def send_message(sock: socket.socket, message: dict[str, Any], fds: list[int] | None = None) -> None:
@@ -215,6 +218,12 @@ def recv_message(sock: socket.socket, want_fds: int = 0) -> tuple[dict[str, Any]
         raise
 
 
+def same_user(sock: socket.socket) -> bool:
+    """Whether the process at the other end of the Unix socket ``sock`` runs as this user (``SO_PEERCRED``)."""
+    _, uid, _ = UCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, UCRED.size))
+    return bool(uid == os.getuid())
+
+
 def connect(directory: str, key: str, timeout: float | None = None) -> socket.socket | None:
     """A connection to the server of ``key`` in ``directory``; ``None`` when there is none (or none safe to use)."""
     if not private_dir(directory):
@@ -224,8 +233,7 @@ def connect(directory: str, key: str, timeout: float | None = None) -> socket.so
     try:
         sock.connect(socket_path(directory, key))
         # The server runs as this user: checked, as the directory alone only says who could have made it.
-        _, uid, _ = UCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, UCRED.size))
-        if uid != os.getuid():
+        if not same_user(sock):
             raise OSError("the server is another user's")
     except OSError:
         sock.close()
@@ -388,8 +396,6 @@ _BOOT = (
 def spawn(directory: str | None = None, idle: float | None = None) -> subprocess.Popen[bytes] | None:
     """Start a server for this code in the background (a session of its own, its streams on ``/dev/null``); its
     process, or ``None`` when this user's server directory is not safe to use."""
-    import subprocess  # noqa: PLC0415 - only when a server is started
-
     directory = directory or runtime_dir()
     if not private_dir(directory, create=True):
         return None
@@ -403,12 +409,17 @@ def spawn(directory: str | None = None, idle: float | None = None) -> subprocess
     # not serve one that differs from this process's.
     argv = [sys.executable, "-P", "-c", _BOOT, repr(sys.path), "--dir", directory, "--key", code_key()]
     argv += ["--idle", str(idle)]
-    return subprocess.Popen(  # our own interpreter and module
-        argv,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-        close_fds=True,
-        cwd="/",
-    )
+    return detached(argv, cwd="/")
+
+
+def detached(argv: list[str], cwd: str | None = None) -> subprocess.Popen[bytes]:
+    """Start ``argv`` detached from this process: a session of its own (no terminal, no signals of this job), its
+    streams on ``/dev/null``, none of this process's other descriptors.
+
+    Raises:
+        OSError: it could not be started.
+    """
+    import subprocess  # noqa: PLC0415 - only when something is started
+
+    null = subprocess.DEVNULL
+    return subprocess.Popen(argv, stdin=null, stdout=null, stderr=null, start_new_session=True, close_fds=True, cwd=cwd)

@@ -34,7 +34,6 @@ import os
 import selectors
 import signal
 import socket
-import struct
 import sys
 import threading
 import time
@@ -199,8 +198,7 @@ class Server:
         try:
             conn.setblocking(True)
             conn.settimeout(REQUEST_TIMEOUT)
-            _, uid, _ = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
-            if uid != os.getuid():
+            if not startup.same_user(conn):
                 conn.close()
                 return
             message, fds = startup.recv_message(conn, want_fds=3)
