@@ -194,10 +194,11 @@ EXIT_REFUSED = 125
 """``checkfu run``'s own failure (a refusal, a usage error, a sandbox failure): docker's code for the same."""
 
 
-def _pin_image(read: ReadProfile, provider: str, quiet: bool) -> SandboxProfile:
+def _pin_image(read: ReadProfile, provider: str, quiet: bool, early: Any = None) -> SandboxProfile:
     """The profile, its ``base_image`` tag pinned to the engine's image id (admission owns the digest).
 
-    Pinning is the Docker provider's to do; other providers take the profile as written.
+    Pinning is the Docker provider's to do; other providers take the profile as written. ``early``: the question
+    ``_ask_early`` sent the engine about the tag.
 
     Raises:
         SandboxAdapterUnavailable: no Docker Engine answers (the profile may well be fine).
@@ -215,12 +216,24 @@ def _pin_image(read: ReadProfile, provider: str, quiet: bool) -> SandboxProfile:
     from checkfu.providers.docker import pin_base_image  # noqa: PLC0415 - only the Docker tier pins
 
     try:
-        image_id = pin_base_image(read.tag)
+        image_id = pin_base_image(read.tag, early)
     except SandboxAdapterUnavailable as exc:
         raise SandboxAdapterUnavailable(f"{exc.message}. {ENGINE_DOWN}", field="provider") from None
     if not quiet:
         err.print(f"[dim]• pinned      {escape(read.tag)} → {escape(image_id)}[/]")
     return pinned(read, image_id)
+
+
+def _ask_early(read: ReadProfile, provider: str) -> Any:
+    """For the Docker tier, the engine's two read-only questions of a Run's start, sent now so that it answers
+    them while the journal opens: the tag's image id (returned, for ``_pin_image``) and the engine's facts
+    (taken by the provider's ``describe``). None for another provider, or a profile that needs no pinning."""
+    if provider != "docker":
+        return None
+    from checkfu.providers.docker import ask_pin_early, engine  # noqa: PLC0415 - only the Docker tier pins
+
+    engine.ask_info_early()
+    return ask_pin_early(read.tag) if read.tag is not None else None
 
 
 def _terminal() -> Any:
@@ -689,13 +702,19 @@ def _admit_and_run(
         if not quiet:
             err.print(f"[bold yellow]warning[/]: {escape(line)}")
     credential = client_credential(credential_file) if remote else None
-    journal = open_journal(db)
+    early = None if remote else _ask_early(read, name)
+    try:
+        journal = open_journal(db)
+    except BaseException:
+        if early is not None:
+            early.close()
+        raise
     if remote and credential is None:
         credential = enrolled_credential(journal, name)
     try:
         if not quiet:
             err.print(f"[dim]• profile     {escape(read.name)}[/]")
-        prof: SandboxProfile | ReadProfile = read if remote else _allowing(_pin_image(read, name, quiet), allow)
+        prof: SandboxProfile | ReadProfile = read if remote else _allowing(_pin_image(read, name, quiet, early), allow)
         size = _terminal().window_size() if use_tty else None
         return asyncio.run(
             _run(

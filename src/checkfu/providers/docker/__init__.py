@@ -20,7 +20,7 @@ names that engine among several (the runner's registry places one adapter per
 engine and journals each allocation with its site); it is used in messages only.
 
 ``pin_base_image`` turns a base image tag into the engine's image id, for a
-profile written by a person.
+profile written by a person (``ask_pin_early`` sends its question ahead).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from checkfu.providers.docker.envelope import (
     engine_facts,
 )
 from checkfu.providers.docker.materialize import BuildLine
-from checkfu.providers.docker.pinning import pin_base_image
+from checkfu.providers.docker.pinning import ask_pin_early, pin_base_image
 from checkfu.providers.docker.provider import DockerProvider
 from checkfu.providers.docker.transport import EngineUrl
 
@@ -113,6 +113,7 @@ __all__ = [
     "PROVIDER_REVISION",
     "DockerProvider",
     "Engine",
+    "ask_pin_early",
     "build_envelope",
     "create",
     "pin_base_image",
