@@ -425,7 +425,7 @@ class DockerProvider:
         ``describe`` carries the answer as the envelope's ``user_namespace``; ``sandbox_isolation``
         holds with or without it.
         """
-        info = await self.engine.run("info", self.engine.api.info)
+        info = await self.engine.info()
         options = info.get("SecurityOptions") or []
         userns = any(isinstance(o, str) and "name=userns" in o.split(",") for o in options)
         return ("mnt", "pid", "net", "ipc", "uts", *(("user",) if userns else ()))
@@ -692,8 +692,12 @@ class DockerProvider:
             SandboxNotFound: the root image is not on this engine.
             SandboxStateConflict: the allocation already has an instance.
         """
-        await self._sweep_in_passing(request.runner_tag)
-        await self._allocate(request, "provision", None)
+        # The sweep is a chore of the runner tag's, not this sandbox's: it runs beside the allocation, not before.
+        sweeping = asyncio.ensure_future(self._sweep_in_passing(request.runner_tag))
+        try:
+            await self._allocate(request, "provision", None)
+        finally:
+            await sweeping
         return InstanceResult(**self._new_instance(request))
 
     async def clone(self, request: CloneRequest) -> CloneResult:
