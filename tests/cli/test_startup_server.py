@@ -393,3 +393,39 @@ def test_a_client_that_goes_away_ends_its_run(servers: Servers, engine: Any) -> 
         assert not any(s["running"] for s in servers.status()["servers"] if s["answering"])
     finally:
         assert _clean(engine, servers.tag) == []
+
+
+PRELOADED_RUN = """
+import json, sys
+from checkfu.cli.startup_server import preload
+assert preload() == []
+from checkfu.cli import run_here
+sys.argv = ["checkfu", "run", "--profile", sys.argv[1], "--", "true"]
+before = set(sys.modules)
+try:
+    run_here(warm=True)
+except SystemExit as exc:
+    assert exc.code in (0, None), exc.code
+print(json.dumps(sorted(set(sys.modules) - before)), file=sys.__stderr__)
+"""
+
+
+@pytest.mark.docker
+def test_preload_leaves_nothing_for_a_run_to_import(servers: Servers, engine: Any) -> None:
+    """What a warm child would import on its own costs every Run its import; ``PRELOAD`` names each such module.
+    (The journal exists first: only its creation imports the migrations' modules.)"""
+    try:
+        first = servers("run", "-q", "--profile", BUSYBOX, "--", "true", CHECKFU_SERVER="off")
+        assert first.returncode == 0, first.stderr.decode()
+        done = subprocess.run(
+            [sys.executable, "-c", PRELOADED_RUN, BUSYBOX],
+            env={**servers.env, "CHECKFU_SERVER": "off"},
+            cwd=servers.home,
+            capture_output=True,
+            timeout=120,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr.decode()
+        assert json.loads(done.stderr.decode().strip().splitlines()[-1]) == []
+    finally:
+        assert _clean(engine, servers.tag) == []

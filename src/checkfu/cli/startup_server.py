@@ -42,6 +42,8 @@ from pathlib import Path
 from typing import Any
 
 import rich
+import typer
+from typer import _click
 
 from checkfu.cli import consoles, startup
 
@@ -55,6 +57,14 @@ PRELOAD = (
     "rich.console",
     "rich.markup",
     "rich.table",
+    # What a command would otherwise import on its first use, in the child (``test_preload_leaves_nothing``):
+    "rich._emoji_codes",  # rich's markup, at the first print
+    "typer._adapters",
+    "typer._click.decorators",
+    "pydantic.type_adapter",
+    "netrc",  # requests, at the first request
+    "encodings.ascii",
+    "encodings.utf_16_be",  # requests' guess at a JSON body's encoding
 )
 """The libraries every command leans on; checkfu's own modules are all imported after them (``preload``)."""
 SKIPPED = ("checkfu.cli.startup_server",)
@@ -89,7 +99,23 @@ def preload() -> list[str]:
     for name in commands.REGISTER:
         if name not in skipped:
             commands.load(name)
+    _parse_once(typer.main.get_command(commands.app), "checkfu", None)
     return skipped
+
+
+def _parse_once(command: _click.Command, name: str, parent: _click.Context | None) -> None:
+    """Parse an empty command line for ``command`` and every command under it, leniently (no callback runs, no
+    error is raised): what typer and pydantic make on a command's first parse is then made once, here, and a
+    child's first parse costs what a later one would (3 ms rather than 10)."""
+    try:
+        with command.make_context(name, [], parent=parent, resilient_parsing=True) as ctx:
+            if isinstance(command, typer.core.TyperGroup):
+                for sub in command.list_commands(ctx):
+                    found = command.get_command(ctx, sub)
+                    if found is not None:
+                        _parse_once(found, sub, ctx)
+    except Exception:  # a warm-up only: the command reports its own errors when it runs
+        pass
 
 
 def _module_names(root: Path, package: str) -> list[str]:
