@@ -17,7 +17,12 @@ Every figure times whole processes (wall time, ``subprocess.run``), interleaved 
   own phases as ``checkfu run`` reports them (the sandbox's work, journaled), and ``ours_outside_phases_p50``, the
   rest of its wall time (start-up, opening the journal, exit); ``cold_p50`` and ``cold_over_raw``, the same
   command in a process of its own (``CHECKFU_SERVER=off``: every import paid), interleaved with the two;
-  ``server_rss_mib``, the warm server's resident memory, what it costs to keep.
+  ``server_rss_mib``, the warm server's resident memory, what it costs to keep; ``engine_same_work_p50``, the
+  engine doing what a Run on the Docker tier asks of it (``same_work_config``: create the sandbox with a long-lived
+  init, start it, ``exec true`` in it, remove it, through docker-py in this process, no client to start) and
+  ``engine_same_work_over_raw``, its ratio to raw; ``design_floor_over_raw``, that plus Python's own start-up
+  (``python -c pass``) over raw: the least any Python command that runs ``true`` in a sandbox of that shape could
+  take, before it records anything.
 
 The state directory (``XDG_STATE_HOME``) is a temporary one and the runner tag (``CHECKFU_RUNNER_TAG``) the
 benchmark's own; ``left_behind`` counts only Docker objects labelled with that tag. checkfu's own modules are
@@ -37,7 +42,10 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
+import docker
+import docker.types
 from harness import Figure, interleave, interleave_many, summarize
 
 import checkfu
@@ -109,6 +117,40 @@ def docker_run_argv(tag: str) -> list[str]:
         IMAGE,
         "true",
     ]
+
+
+def same_work_config(tag: str) -> dict[str, Any]:
+    """docker-py's arguments for the sandbox ``docker_run_argv`` runs, shaped as the Docker tier shapes one: a
+    long-lived init, so that ``true`` runs in it by ``exec`` (a Run may run many processes in one sandbox)."""
+    disk_kib = 64 * 1024
+    shm, tmp = disk_kib // 16, disk_kib // 4
+    home = disk_kib - shm - tmp
+    return {
+        "image": IMAGE,
+        "command": ["sleep", "infinity"],
+        "user": "1000:1000",
+        "working_dir": "/home/sandbox",
+        "hostname": "sandbox",
+        "environment": {"HOME": "/home/sandbox"},
+        "read_only": True,
+        "network_mode": "none",
+        "ipc_mode": "private",
+        "init": True,
+        "cap_drop": ["ALL"],
+        "security_opt": ["no-new-privileges"],
+        "mem_limit": 128 << 20,
+        "memswap_limit": 128 << 20,
+        "nano_cpus": 500_000_000,
+        "pids_limit": 64,
+        "ulimits": [docker.types.Ulimit(name="msgqueue", soft=0, hard=0)],
+        "log_config": {"type": "none", "config": {}},
+        "tmpfs": {
+            "/home/sandbox": f"size={home}k,uid=1000,gid=1000,mode=755,nosuid,nodev",
+            "/tmp": f"size={tmp}k,mode=1777,nosuid,nodev",
+            "/dev/shm": f"size={shm}k,mode=1777,nosuid,nodev,noexec",
+        },
+        "labels": {"checkfu.runner_tag": tag},
+    }
 
 
 def importtime_top(argv: list[str], env: dict[str, str], k: int = 10) -> str:
@@ -209,6 +251,17 @@ async def run() -> list[Figure]:
         def cold() -> None:
             call(run_argv, cold_env)
 
+        engine = docker.from_env()
+        same_shape = same_work_config(tag)
+
+        def same_work() -> None:
+            box = engine.containers.create(**same_shape)
+            box.start()
+            code, _ = box.exec_run(["true"], user="1000:1000")
+            box.remove(force=True)
+            if code != 0:
+                raise SystemExit(f"exec true in the engine's own sandbox exited {code}")
+
         raw_argv = docker_run_argv(tag)
 
         def raw() -> None:
@@ -227,11 +280,12 @@ async def run() -> list[Figure]:
         started = subprocess.run([str(CHECKFU), "server", "start", "--json"], env=env, check=True, capture_output=True)
         server = json.loads(started.stdout)
         try:
-            c, d, g = await interleave_many([ours, raw, cold], n=n, warmup=2)
+            c, d, g, h = await interleave_many([ours, raw, cold, same_work], n=n, warmup=2)
             rss = _rss_mib(int(server["pid"]))
         finally:
             subprocess.run([str(CHECKFU), "server", "stop"], env=env, capture_output=True, check=False)
             _ended(int(server["pid"]))
+            engine.close()
             left = leftovers(tag)
         second = summarize(
             "B15 checkfu run -- true",
@@ -251,5 +305,8 @@ async def run() -> list[Figure]:
         second.extra["python_floor_p50"] = statistics.median(f)
         second.extra["deps_import_p50"] = statistics.median(e)
         second.extra["deps_import_over_raw"] = statistics.median(e) / statistics.median(d)
+        second.extra["engine_same_work_p50"] = statistics.median(h)
+        second.extra["engine_same_work_over_raw"] = statistics.median(h) / statistics.median(d)
+        second.extra["design_floor_over_raw"] = (statistics.median(h) + statistics.median(f)) / statistics.median(d)
         second.extra["profile"] = str(PROFILE.relative_to(ROOT))
         return [first, second]
