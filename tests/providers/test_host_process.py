@@ -56,6 +56,7 @@ from checkfu.contract.vocabulary import Platform
 from checkfu.providers import host_process
 from checkfu.providers.host_process import HostProcessProvider, create, procfs
 from checkfu.providers.host_process import cgroups as cg
+from checkfu.providers.host_process import provider as provider_module
 from checkfu.providers.host_process.state import Layout
 
 REPO = Path(__file__).resolve().parents[2]
@@ -507,6 +508,24 @@ async def test_an_unknown_instance_is_not_found(kit: Kit) -> None:
             await kit.provider.inspect(InspectRequest(**{**call, **wrong}))
         with pytest.raises(SandboxNotFound):
             await kit.run({**call, **wrong}, "true")
+
+
+@pytest.mark.anyio
+async def test_the_oldest_released_instances_are_forgotten_past_the_limit(
+    kit: Kit, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A released instance answers ``released`` until ``MAX_TOMBSTONES`` later releases, then ``not found``; a
+    second release of one adds no second tombstone."""
+    monkeypatch.setattr(provider_module, "MAX_TOMBSTONES", 3)
+    calls = [await kit.active(f"ak-t{i}") for i in range(5)]
+    for call in calls:
+        await kit.release(call)
+    await kit.release(calls[-1])
+    for call in calls[:2]:
+        with pytest.raises(SandboxNotFound):
+            await kit.provider.inspect(InspectRequest(**call))
+    for call in calls[2:]:
+        assert (await kit.provider.inspect(InspectRequest(**call))).state == "released"
 
 
 @pytest.mark.anyio

@@ -21,7 +21,7 @@ from checkfu.providers.host_process import HostProcessProvider, procfs, spawning
 from checkfu.providers.host_process import cgroups as cg
 from checkfu.providers.host_process.provider import PROVIDER_REVISION
 from checkfu.providers.host_process.spawner import Spawner, SpawnerRetired, stranded
-from checkfu.providers.host_process.state import InstanceLabel, Layout, write_label
+from checkfu.providers.host_process.state import InstanceLabel, Layout, read_groups, write_label
 
 __all__ = ["kit", "pg_kit"]  # the fixtures, shared
 
@@ -123,6 +123,33 @@ async def test_a_restarted_provider_compensates_from_the_key_alone(kit: Kit) -> 
         assert await make_kit(fresh).allocations() == []
     finally:
         kill_strays(started)
+
+
+@pytest.mark.anyio
+async def test_without_cgroups_a_restarted_provider_ends_the_groups_each_exec_recorded(pg_kit: Kit) -> None:
+    """Each exec appends its process group to the instance's groups file: a provider started afresh ends them all
+    from that record (by release of the instance it adopts, or by compensate from the key alone)."""
+    layout = Layout(pg_kit.provider.state_dir)
+    adopted = await pg_kit.active("ak-adopt")
+    keyed = await pg_kit.active("ak-keyed")
+    started = {key: [] for key in ("ak-adopt", "ak-keyed")}
+    for call in (adopted, keyed):
+        for _ in range(3):
+            started[call["allocation_key"]] += pids_of(await pg_kit.sh(call, "sleep 60 & echo $!"))
+    record = layout.instance_groups("ak-keyed")
+    assert len(read_groups(record)) == 3
+    with record.open("a") as torn:
+        torn.write("12")  # a write cut short by a crash: skipped when read back
+    assert len(read_groups(record)) == 3
+    fresh = HostProcessProvider(state_dir=pg_kit.provider.state_dir, cgroups="off", kill_grace=0.2)
+    try:
+        await make_kit(fresh).release(adopted)
+        assert not any(procfs.is_alive(*p) for p in started["ak-adopt"])
+        assert await pg_kit.compensate("ak-keyed", provider=fresh) == 1
+        assert not any(procfs.is_alive(*p) for p in started["ak-keyed"])
+        assert not layout.instance_dir("ak-keyed").exists()
+    finally:
+        kill_strays([p for pids in started.values() for p in pids])
 
 
 @pytest.mark.anyio
