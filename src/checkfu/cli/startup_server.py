@@ -57,7 +57,7 @@ PRELOAD = (
     "rich.console",
     "rich.markup",
     "rich.table",
-    # What a command would otherwise import on its first use, in the child (``test_preload_leaves_nothing``):
+    # What a Run would otherwise import in the child (``test_preload_leaves_nothing_for_a_run_to_import``):
     "rich._emoji_codes",  # rich's markup, at the first print
     "typer._adapters",
     "typer._click.decorators",

@@ -400,10 +400,7 @@ class HostProcessProvider:
                 groups = list(held.groups) if held is not None else []
                 if label is not None:
                     recorded.append(cg.verified(label.cgroups, self._cgroup_name(key)))
-                    groups.extend(g for g in label.groups if g not in groups)
-                # the groups file even without a label: each group is its id and its leader's start time, so only
-                # the very processes this instance spawned are ended
-                groups.extend(g for g in state.read_groups(self._layout.instance_groups(key)) if g not in groups)
+                groups.extend(g for g in self._recorded_groups(key, label) if g not in groups)
                 if self._host is not None:
                     recorded.append(self._host.plan(self._cgroup_name(key)))
                 with seam("compensate"):
@@ -594,16 +591,18 @@ class HostProcessProvider:
             state=label.state,
             workdir=self._layout.workdir(label.allocation_key),
             cgroups=recorded if recorded.dirs else None,
-            groups=self._recorded_groups(label),
+            groups=self._recorded_groups(label.allocation_key, label),
         )
         self._instances[instance.instance_id] = instance
         self._by_key[instance.key] = instance.instance_id
         return instance
 
-    def _recorded_groups(self, label: InstanceLabel) -> list[tuple[int, int]]:
-        """The process groups an instance's label and its groups file record, each once."""
-        recorded = state.read_groups(self._layout.instance_groups(label.allocation_key))
-        return [*(g for g in label.groups if g not in recorded), *recorded]
+    def _recorded_groups(self, key: str, label: InstanceLabel | None) -> list[tuple[int, int]]:
+        """The process groups the instance's label (one written by earlier code) and its groups file record, each
+        once; the file is read even without a label. Each is a group's id and its leader's start time, so ending
+        them ends only the processes the instance spawned."""
+        recorded = state.read_groups(self._layout.instance_groups(key))
+        return [*(g for g in (label.groups if label is not None else []) if g not in recorded), *recorded]
 
     def _released(self, instance: Instance) -> None:
         instance.close_pipes()
