@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -255,6 +256,51 @@ class SlowToStart:
     async def open_process(self, request: OpenProcessRequest) -> Any:
         await asyncio.sleep(self.delay)
         return await self.inner.open_process(request)
+
+
+class NeverStarts:
+    """A provider whose ``open_process`` never answers; it says when it was entered and when it was cancelled."""
+
+    def __init__(self, inner: MemoryProvider) -> None:
+        self.inner = inner
+        self.entered = threading.Event()
+        self.cancelled = threading.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def open_process(self, request: OpenProcessRequest) -> Any:
+        self.entered.set()
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            self.cancelled.set()
+            raise
+
+
+async def test_a_start_still_waiting_on_the_provider_is_cancelled_when_the_service_stops(
+    serve: Callable[..., Service],
+) -> None:
+    """Stopping the service ends every ``openProcess`` its provider has not answered, rather than leaving the
+    provider's call pending in a loop that is going away."""
+    memory = MemoryProvider()
+    slow = NeverStarts(memory)
+    service = serve(slow)
+    direct = Driven(service, service.remote(), Requests(memory.target))
+    inst = await direct.active()
+    remote = service.remote()
+    opening = asyncio.ensure_future(remote.open_process(direct.process_request(inst, "cat")))
+    try:
+        assert await asyncio.to_thread(slow.entered.wait, 10), "the provider was never asked"
+        assert service.app.state.starting, "the start is waiting on the provider"
+        await asyncio.to_thread(service.run, service._stop(abort=True))
+        assert slow.cancelled.is_set(), "the provider's open_process was left pending"
+        assert not service.app.state.starting
+    finally:
+        opening.cancel()
+        with contextlib.suppress(BaseException):
+            await opening
+        await remote.aclose()
 
 
 def lossy_proxy(port: int, *, drop: str) -> Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]:

@@ -373,6 +373,16 @@ def create_app(
         try:
             yield
         finally:
+            # A start still waiting on the provider ends with the service, as its client's connection does: the
+            # provider's call is cancelled here, not left pending in a loop that is going away. What it may have
+            # started is the provider's to end (release reaps it).
+            pending = [opening for _, opening in starting.values()]
+            starting.clear()
+            for opening in pending:
+                opening.cancel()
+            for opening in pending:
+                with contextlib.suppress(BaseException):
+                    await opening
             for op in list(operations.values()):
                 await op.close()
             operations.clear()
@@ -386,6 +396,7 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.operations = operations  # the open processes, for whoever runs the app to look at
+    app.state.starting = starting  # the starts still waiting on the provider
     return app
 
 
