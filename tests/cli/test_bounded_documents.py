@@ -157,6 +157,8 @@ def test_the_reader_itself(tmp_path: Path) -> None:
     assert parse_toml(b"a = [[1]]\n", "t") == {"a": [[1]]}
     with pytest.raises(DocumentError, match="not UTF-8"):
         parse_toml(b"a = '\xff'\n", "t")
+    with pytest.raises(DocumentError, match="not valid TOML: Exceeds the limit"):
+        parse_toml(b"a = " + b"1" * 5000 + b"\n", "t")  # found by the decoder fuzz: int() refuses it
 
 
 def test_an_example_envelope_still_reads(tmp_path: Path) -> None:

@@ -70,13 +70,16 @@ def parse_toml(raw: bytes, path: Path | str) -> dict[str, Any]:
     """A TOML document, parsed within the same bounds as a JSON one.
 
     Raises:
-        DocumentError: not UTF-8, not valid TOML, or nested deeper than ``MAX_NESTING``.
+        DocumentError: not UTF-8, not valid TOML (or a value it cannot convert), or nested deeper than
+            ``MAX_NESTING``.
     """
     try:
         doc = tomllib.loads(raw.decode("utf-8"))
     except UnicodeDecodeError:
         raise DocumentError(f"{path}: not UTF-8") from None
     except tomllib.TOMLDecodeError as exc:
+        raise DocumentError(f"{path}: not valid TOML: {exc}") from None
+    except ValueError as exc:  # a value tomllib cannot convert: an integer past Python's 4300-digit limit
         raise DocumentError(f"{path}: not valid TOML: {exc}") from None
     except RecursionError:
         raise DocumentError(f"{path}: not valid TOML: nested too deeply") from None
