@@ -1,6 +1,7 @@
 """The engine's questions at a command's start (``providers/docker/engine.py``): the API version from ``/_ping``
 rather than docker-py's ``/version``, and ``/info`` sent ahead (``ask_info_early``) and taken once, fresh, by the
-local engine it was asked of; anything else is asked again as before."""
+local engine it was asked of; anything else is asked again as before. And a Unix socket's client asks everything
+through one pool of connections (``transport.one_pool``)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import docker
 import pytest
 
 from checkfu.providers.docker import engine as E
+from checkfu.providers.docker.transport import EngineUrl
 
 NO_ENGINE = "unix:///nonexistent/checkfu-no-engine.sock"
 
@@ -100,3 +102,35 @@ def test_no_early_question_without_a_local_engine(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setenv("DOCKER_HOST", NO_ENGINE)
     E.ask_info_early()
     assert E._EARLY_INFO == {}
+
+
+def _pools(made: Any) -> list[Any]:
+    adapter = made.api.get_adapter("http+docker://localhost")
+    return [adapter.pools[key] for key in adapter.pools.keys()]  # noqa: SIM118 - it cannot be iterated
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize("how", ["local_client", "engine_url"])
+def test_a_unix_sockets_client_asks_everything_through_one_connection(client: Any, how: str) -> None:
+    url = EngineUrl.parse(f"unix://{E.socket_path()}")
+    made = E.local_client(max_pool_size=8) if how == "local_client" else url.client(workers=8)
+    try:
+        made.api.ping()
+        (pool,) = _pools(made)
+        opened: list[Any] = []
+        real = pool._new_conn
+
+        def counted() -> Any:
+            opened.append(real())
+            return opened[-1]
+
+        pool._new_conn = counted
+        # docker-py's own adapter made a pool, and opened a connection, for each of these URLs
+        made.api.version()
+        made.api.containers(all=True, filters={"label": "checkfu.test=one-pool"})
+        made.api.images(filters={"label": "checkfu.test=one-pool"})
+        assert _pools(made) == [pool]
+        assert opened == [], "one after another, the requests share the first one's connection"
+        assert pool.pool.maxsize == 8, "of the size asked for"
+    finally:
+        made.close()

@@ -33,7 +33,7 @@ from checkfu.contract.errors import (
     SandboxProviderTimeout,
     SandboxStateConflict,
 )
-from checkfu.providers.docker.transport import EngineUrl, Stream
+from checkfu.providers.docker.transport import EngineUrl, Stream, one_pool
 
 T = TypeVar("T")
 
@@ -134,12 +134,13 @@ def local_client(**kwargs: Any) -> Any:
     """``docker.from_env(**kwargs)``, learning the engine's API version once per process and address
     (``DOCKER_HOST`` and its TLS settings), from ``/_ping`` when the engine is a Unix socket, as the docker CLI
     does. docker-py's own question, ``/version``, gathers every component's version: 8 to 20 ms here, against
-    under 1 ms for ``/_ping``; and a ``checkfu run`` makes two clients."""
+    under 1 ms for ``/_ping``; and a ``checkfu run`` makes two clients. A Unix socket's client keeps one
+    connection pool for all its requests (``transport.one_pool``)."""
     where = _address()
     known = _API_VERSIONS.get(where) or _pinged_version()
     client = docker.from_env(version=known, **kwargs) if known else docker.from_env(**kwargs)
     _API_VERSIONS.setdefault(where, str(client.api.api_version))
-    return client
+    return one_pool(client)
 
 
 def _pinged_version() -> str | None:
