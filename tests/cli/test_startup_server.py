@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -290,6 +291,35 @@ def test_consoles_are_made_again_for_the_childs_streams_and_environment(monkeypa
     monkeypatch.setenv("FORCE_COLOR", "1")
     consoles.refresh()
     assert made.color_system is not None and made.stderr
+
+
+def test_a_child_lets_go_of_the_clients_streams_before_it_reports(tmp_path: Path) -> None:
+    """What a child does last, before it reports its status and exits: its copies of the client's streams are
+    /dev/null, so whoever reads them through a pipe sees them end with the client, whatever this process still
+    has to do."""
+    script = (
+        "import os, sys, time\n"
+        "from checkfu.cli.startup_server import _let_go_of_streams\n"
+        "print('said', flush=True); print('warned', file=sys.stderr, flush=True)\n"
+        "_let_go_of_streams()\n"
+        "print('lost', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    watchdog = threading.Timer(30, proc.kill)  # streams that never end end with the process, and fail below
+    watchdog.start()
+    try:
+        out, err = proc.stdout.read(), proc.stderr.read()
+        alive = proc.poll() is None
+    finally:
+        watchdog.cancel()
+        proc.kill()
+        proc.wait()
+        proc.stdout.close()
+        proc.stderr.close()
+    assert alive, "the streams ended while the process still ran"
+    assert (out, err) == (b"said\n", b"warned\n")
 
 
 def test_modes() -> None:

@@ -408,9 +408,25 @@ def _child(server: Server, conn: socket.socket, fds: list[int], message: dict[st
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(BaseException):
                 stream.flush()
+        _let_go_of_streams()
         with contextlib.suppress(BaseException):
             startup.send_message(conn, {"exit": code})
         os._exit(code)
+
+
+def _let_go_of_streams() -> None:
+    """Point descriptors 0, 1 and 2 at ``/dev/null``, so that the client's streams end with its command rather
+    than with this process: a caller reading the client's output through a pipe sees it end as soon as the client
+    exits, not after the kernel has taken down this process's copy of the server's memory (several milliseconds
+    for tens of megabytes)."""
+    try:
+        null = os.open(os.devnull, os.O_RDWR)
+    except OSError:
+        return
+    for fd in (0, 1, 2):
+        with contextlib.suppress(OSError):
+            os.dup2(null, fd)
+    os.close(null)
 
 
 def _run() -> int:
