@@ -92,6 +92,20 @@ class Servers:
     def served(self) -> int:
         return sum(int(s.get("served", 0)) for s in self.status()["servers"] if s["current"])
 
+    def current(self) -> dict[str, Any]:
+        (server,) = [s for s in self.status()["servers"] if s["current"]]
+        return server
+
+    def spare(self, timeout: float = 20) -> int:
+        """The process id of the current server's spare, once it says it is ready."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            spare = self.current().get("spare")
+            if isinstance(spare, dict) and spare.get("ready"):
+                return int(spare["pid"])
+            time.sleep(0.05)
+        pytest.fail(f"no spare was ready within {timeout:.0f} s")
+
     def stop_all(self) -> None:
         self("server", "stop", "--json", timeout=30)
         deadline = time.monotonic() + 10
@@ -115,13 +129,21 @@ def servers(tmp_path: Path) -> Iterator[Servers]:
 # without an engine ---------------------------------------------------------------------------
 
 
-def test_a_command_in_the_server_is_the_command_here(servers: Servers) -> None:
+@pytest.mark.parametrize("spare", ["ready", "none"])
+def test_a_command_in_the_server_is_the_command_here(servers: Servers, spare: str) -> None:
     """Working directory (a relative path), output, exit status and program name: the same through the server as
-    run here; the server counts each command it ran."""
+    run here, whether a spare made ahead runs the command or a child forked for it does; the server counts each
+    command it ran."""
+    if spare == "none":
+        servers.env[startup.SPARE_ENV] = "0"
     answer = servers.start()
     assert answer["started_now"] is True and answer["running"] == 0
+    if spare == "ready":
+        servers.spare()
     assert servers("profile", "init", "p.toml").returncode == 0
     assert (servers.home / "p.toml").is_file()
+    if spare == "ready":
+        servers.spare()
     through = servers("profile", "check", "p.toml", "--json")
     here = servers("profile", "check", "p.toml", "--json", CHECKFU_SERVER="off")
     assert (through.returncode, through.stdout) == (here.returncode, here.stdout) == (0, here.stdout)
@@ -131,6 +153,76 @@ def test_a_command_in_the_server_is_the_command_here(servers: Servers) -> None:
     usage = servers("kit", "--help")
     assert b"Usage: checkfu kit" in usage.stdout, usage.stdout.decode()
     assert servers.served() == 4  # init, check, check of nope.toml, kit --help (`checkfu server` runs here)
+    by_spare = servers.current()["served_by_spare"]
+    assert by_spare >= 2 if spare == "ready" else by_spare == 0
+
+
+def test_a_spare_takes_the_next_command_and_another_is_made(servers: Servers) -> None:
+    servers.start()
+    first = servers.spare()
+    done = servers("profile", "init", "p.toml")
+    assert done.returncode == 0, done.stderr.decode()
+    assert servers.current()["served_by_spare"] == 1
+    second = servers.spare()
+    assert second != first
+    assert not _alive(first), "the spare that ran the command ended with it, and was reaped"
+
+
+def test_a_spare_ends_with_its_server(servers: Servers) -> None:
+    servers.start()
+    spare = servers.spare()
+    servers.stop_all()
+    deadline = time.monotonic() + 5
+    while _alive(spare) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not _alive(spare), "a spare outlived its server"
+
+
+def test_a_spare_that_dies_is_replaced(servers: Servers) -> None:
+    servers.start()
+    spare = servers.spare()
+    os.kill(spare, signal.SIGKILL)  # the server's child, which this test started through it
+    again = servers.spare()
+    assert again != spare
+    done = servers("profile", "init", "p.toml")
+    assert done.returncode == 0, done.stderr.decode()
+    assert servers.served() == 1
+
+
+def test_no_spare_is_kept_when_asked_for_none(servers: Servers) -> None:
+    servers.env[startup.SPARE_ENV] = "off"
+    servers.start()
+    assert servers("profile", "init", "p.toml").returncode == 0
+    time.sleep(1.0)  # past the moment a spare would be made
+    current = servers.current()
+    assert current["spare"] is None and current["served_by_spare"] == 0 and current["served"] == 1
+
+
+def test_a_spare_copies_what_it_shares_with_the_server_before_its_command(tmp_path: Path) -> None:
+    """``_prefault`` in a forked child: the pages it shares with its parent are copied at once (a second call finds
+    none left), so the child's writes after it fault no more."""
+    script = (
+        "import os, resource, sys\n"
+        "from checkfu.cli.startup_server import _prefault\n"
+        "block = bytearray(os.urandom(32 << 20))\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    first, second = _prefault(), _prefault()\n"
+        "    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt\n"
+        "    for i in range(0, len(block), 4096):\n"
+        "        block[i] = 1\n"
+        "    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before\n"
+        "    print(first, second, faults, flush=True)\n"
+        "    os._exit(0)\n"
+        "os.waitpid(pid, 0)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=60, check=True)
+    first, second, faults = (int(x) for x in done.stdout.split())
+    if first == 0:
+        pytest.skip("this kernel has no MADV_POPULATE_WRITE (Linux 5.14): nothing is copied ahead")
+    assert first >= 32 << 20, "the 32 MiB written before the fork were copied"
+    assert second < 1 << 20, "nothing shared was left for a second pass"
+    assert faults < 100, f"writing 8192 pages after it faulted {faults} times"
 
 
 def test_a_command_runs_once_however_fast_or_slow(servers: Servers) -> None:

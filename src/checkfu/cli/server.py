@@ -213,3 +213,11 @@ def status_command(as_json: JsonOpt = False) -> None:
             f"running {s['running']}, {int(s['rss_kib']) // 1024} MiB, exits after {s['idle_exit_s']:.0f} s idle",
             markup=False,
         )
+        spare = s.get("spare")
+        if isinstance(spare, dict):
+            state = "ready" if spare.get("ready") else "getting ready"
+            out.print(
+                f"  spare: pid {spare.get('pid')} ({state}), {int(spare.get('rss_kib') or 0) // 1024} MiB of its own; "
+                f"{s.get('served_by_spare', 0)} command(s) served by spares",
+                markup=False,
+            )

@@ -48,6 +48,9 @@ ENV = "CHECKFU_SERVER"
 IDLE_ENV = "CHECKFU_SERVER_IDLE"
 IDLE_DEFAULT = 600.0
 """Seconds a server with no command running waits for the next before it exits."""
+SPARE_ENV = "CHECKFU_SERVER_SPARE"
+"""``0``/``off``/``no``/``false``: the server keeps no spare child ready (it forks each command as it comes, and
+saves the spare's memory); anything else, or unset: it keeps one."""
 MODES = ("auto", "on", "off")
 FORWARDED = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGWINCH", "SIGUSR1", "SIGUSR2")
 NO_STATUS = 70
@@ -80,6 +83,12 @@ def mode(environ: dict[str, str] | os._Environ[str] | None = None) -> str:
     if value in ("1", "yes", "true"):
         return "on"
     return value if value in MODES else "auto"
+
+
+def spare_wanted(environ: dict[str, str] | os._Environ[str] | None = None) -> bool:
+    """Whether a server started with ``environ`` keeps a spare child ready (``CHECKFU_SERVER_SPARE``)."""
+    value = (environ if environ is not None else os.environ).get(SPARE_ENV, "").strip().lower()
+    return value not in ("0", "off", "no", "false")
 
 
 def runtime_dir(environ: dict[str, str] | os._Environ[str] | None = None) -> str:

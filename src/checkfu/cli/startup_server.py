@@ -7,9 +7,13 @@
   once), imports the libraries (``PRELOAD``) and every checkfu module, builds the command tree, and only then
   listens on ``DIR/KEY.sock`` (mode 0600), so a client never waits for it to warm up: until then it runs its
   command itself.
-- **Serve.** One thread, one loop: a connection from another user is closed unanswered; ``run`` forks a child and
-  answers with its process id, then the child runs the command and answers with its exit status (the server does
-  for a child killed by a signal: 128 + the signal, as a shell says); ``status`` and ``stop`` are answered here.
+- **Serve.** One thread, one loop: a connection from another user is closed unanswered; ``run`` goes to a child,
+  which answers with its process id, runs the command and answers with its exit status (the server does for a
+  child killed by a signal: 128 + the signal, as a shell says); ``status`` and ``stop`` are answered here.
+- **The spare.** Once commands have been quiet a moment (``SPARE_QUIET``), the server forks a child ahead of the
+  next one (``_spare``): it leaves the server and copies the pages it shares with it (``_prefault``), then waits.
+  A ``run`` is handed to it (the client's connection and streams passed as descriptors, with the request); with
+  none ready, a child is forked for it. ``CHECKFU_SERVER_SPARE=0`` keeps none.
 - **The child.** Its own process group (the client signals the group, as a terminal would); the client's three
   descriptors become 0, 1 and 2, with Python's streams made over them as the client's were; then the client's
   working directory, umask, environment and arguments, the server's signal handlers gone, the command line's
@@ -25,6 +29,7 @@ from __future__ import annotations
 import argparse
 import atexit
 import contextlib
+import ctypes
 import fcntl
 import gc
 import importlib
@@ -38,8 +43,9 @@ import sys
 import threading
 import time
 import types
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import rich
 import typer
@@ -70,6 +76,22 @@ PRELOAD = (
 SKIPPED = ("checkfu.cli.startup_server",)
 REQUEST_TIMEOUT = 5.0
 """Seconds a connection has to send its whole request."""
+SPARE_QUIET = 0.25
+"""Seconds without a command starting or ending before the server makes its next spare. Making one copies the
+server's memory (tens of milliseconds of processor time), work a command just started should not compete with; and
+commands run one after another (a script's loop) are served as they come, with no spare made between them."""
+SPARE_RETRY = 5.0
+"""Seconds before trying again after a spare could not be made (no process or no memory to be had)."""
+
+
+@dataclass
+class Spare:
+    """A child made ahead of the next command (``_spare``): its process id, the server's end of the socket it is
+    handed a command through, and whether it has said it is ready."""
+
+    pid: int
+    hand: socket.socket
+    ready: bool = False
 
 
 def preload() -> list[str]:
@@ -131,8 +153,10 @@ def _module_names(root: Path, package: str) -> list[str]:
 
 
 class Server:
-    def __init__(self, directory: str, key: str, idle: float) -> None:
+    def __init__(self, directory: str, key: str, idle: float, spare: bool = True) -> None:
         self.directory, self.key, self.idle = directory, key, idle
+        self.keep_spare = spare
+        """Whether to keep a spare child ready (``startup.spare_wanted``)."""
         self.path = startup.socket_path(directory, key)
         self.started = time.time()
         self.served = 0
@@ -145,6 +169,12 @@ class Server:
         self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self.last = time.monotonic()
         self.skipped: list[str] = []
+        self.spare: Spare | None = None
+        self.stirred = 0.0
+        """When a command last started or ended (monotonic)."""
+        self.spare_failed = 0.0
+        self.spares = 0
+        """How many commands a spare took (the rest were forked as they came)."""
 
     # set-up and tear-down -----------------------------------------------------------------------
 
@@ -195,8 +225,97 @@ class Server:
             self.listener.close()
         for conn in self.children.values():
             conn.close()
+        self._drop_spare(wait=True)
         if self.lock is not None:
             self.lock.close()
+
+    # spares -------------------------------------------------------------------------------------
+
+    def _spare_due(self) -> float | None:
+        """Seconds until a spare should be made (0: now); ``None`` when none is wanted."""
+        if not self.keep_spare or self.spare is not None or self.stopping or self.listener is None:
+            return None
+        due = max(self.spare_failed + SPARE_RETRY, self.stirred + SPARE_QUIET if self.served else 0.0)
+        return max(0.0, due - time.monotonic())
+
+    def _make_spare(self) -> None:
+        try:
+            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        except OSError:
+            self.spare_failed = time.monotonic()
+            return
+        try:
+            pid = os.fork()
+        except OSError:
+            ours.close()
+            theirs.close()
+            self.spare_failed = time.monotonic()
+            return
+        if pid == 0:
+            ours.close()
+            _spare(self, theirs)  # never returns
+        theirs.close()
+        with contextlib.suppress(OSError):
+            os.setpgid(pid, pid)  # as the child does
+        self.spare = Spare(pid, ours)
+        self.selector.register(ours, selectors.EVENT_READ)
+
+    def _spare_said(self) -> None:
+        """The spare wrote: ready, or (at its end) gone."""
+        assert self.spare is not None
+        try:
+            said = self.spare.hand.recv(1)
+        except OSError:
+            said = b""
+        if said == b"r":
+            self.spare.ready = True
+        else:
+            self._drop_spare()
+
+    def _drop_spare(self, wait: bool = False) -> None:
+        """Let the spare go: it ends when it reads that its socket closed. ``wait``: until it has (a second at most,
+        then it is killed), as the server's own exit does."""
+        spare, self.spare = self.spare, None
+        if spare is None:
+            return
+        with contextlib.suppress(KeyError, ValueError):
+            self.selector.unregister(spare.hand)
+        spare.hand.close()
+        if not wait:
+            return  # reaped with the children
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline:
+            try:
+                if os.waitpid(spare.pid, os.WNOHANG)[0] == spare.pid:
+                    return
+            except ChildProcessError:
+                return
+            time.sleep(0.005)
+        with contextlib.suppress(OSError):
+            os.kill(spare.pid, signal.SIGKILL)
+            os.waitpid(spare.pid, 0)
+
+    def _hand_to_spare(self, conn: socket.socket, fds: list[int], message: dict[str, Any]) -> bool:
+        """Give the command to the ready spare; ``False`` when there is none, or it could not take it."""
+        spare = self.spare
+        if spare is None or not spare.ready:
+            return False
+        try:
+            startup.send_message(spare.hand, message, [conn.fileno(), *fds])
+        except OSError:
+            self._drop_spare()
+            return False
+        self.spare = None
+        with contextlib.suppress(KeyError, ValueError):
+            self.selector.unregister(spare.hand)
+        spare.hand.close()
+        for fd in fds:
+            os.close(fd)
+        self.served += 1
+        self.spares += 1
+        self.stirred = time.monotonic()
+        self.children[spare.pid] = conn
+        return True
 
     # the loop ---------------------------------------------------------------------------------
 
@@ -204,10 +323,17 @@ class Server:
         while not self.stopping:
             if not self.children and time.monotonic() - self.last >= self.idle:
                 return
+            if (due := self._spare_due()) == 0.0:
+                self._make_spare()
+                due = None
             wait = 5.0 if self.children else max(0.0, min(5.0, self.last + self.idle - time.monotonic()))
+            if due is not None:
+                wait = min(wait, due)
             for ready, _ in self.selector.select(timeout=wait):
                 if ready.fileobj is self.listener:
                     self._accept()
+                elif self.spare is not None and ready.fileobj is self.spare.hand:
+                    self._spare_said()
                 else:
                     with contextlib.suppress(OSError):
                         while os.read(self.wake_r, 512):
@@ -257,10 +383,16 @@ class Server:
             "running": len(self.children),
             "idle_exit_s": self.idle,
             "rss_kib": _rss_kib(),
+            "spare": {"pid": self.spare.pid, "ready": self.spare.ready, "rss_kib": _rss_kib(self.spare.pid)}
+            if self.spare is not None
+            else None,
+            "served_by_spare": self.spares,
             "not_preloaded": self.skipped,
         }
 
     def _fork(self, conn: socket.socket, fds: list[int], message: dict[str, Any]) -> None:
+        if self._hand_to_spare(conn, fds, message):
+            return
         try:
             pid = os.fork()
         except OSError as exc:  # no process to be had: the client runs the command itself
@@ -279,6 +411,7 @@ class Server:
         with contextlib.suppress(OSError):
             os.setpgid(pid, pid)  # as the child does
         self.served += 1
+        self.stirred = time.monotonic()
         self.children[pid] = conn
 
     def _reap(self) -> None:
@@ -289,9 +422,13 @@ class Server:
                 return
             if pid == 0:
                 return
+            if self.spare is not None and pid == self.spare.pid:
+                self._drop_spare()  # it ended before it was handed anything
+                continue
             conn = self.children.pop(pid, None)
             if conn is None:
                 continue
+            self.stirred = time.monotonic()
             # A child that exited said its status itself (the client takes the first it reads); one killed could not.
             with contextlib.suppress(OSError):
                 code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)
@@ -315,9 +452,9 @@ def _valid(message: dict[str, Any]) -> bool:
     )
 
 
-def _rss_kib() -> int:
+def _rss_kib(pid: int | None = None) -> int:
     try:
-        with open("/proc/self/status") as status:
+        with open(f"/proc/{pid or 'self'}/status") as status:
             for line in status:
                 if line.startswith("VmRSS:"):
                     return int(line.split()[1])
@@ -345,26 +482,115 @@ def _stream(fd: int, spec: Any) -> io.TextIOWrapper:
     )
 
 
-def _child(server: Server, conn: socket.socket, fds: list[int], message: dict[str, Any]) -> None:
+def _leave_server(server: Server) -> None:
+    """What a child does first, whatever it will run: a process group of its own (the client signals the group,
+    as a terminal would), its name, Python's default signal handling, and none of the server's descriptors."""
+    os.setpgid(0, 0)
+    with contextlib.suppress(OSError), open("/proc/self/comm", "w") as comm:
+        comm.write("checkfu")  # what ps and top name it (its command line stays the server's)
+    signal.set_wakeup_fd(-1)
+    for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGWINCH):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    server.selector.close()
+    if server.listener is not None:
+        server.listener.close()
+    for other in server.children.values():
+        other.close()
+    if server.spare is not None:
+        server.spare.hand.close()
+    os.close(server.wake_r)
+    os.close(server.wake_w)
+    if server.lock is not None:
+        server.lock.close()
+
+
+def _child(server: Server, conn: socket.socket, fds: list[int], message: dict[str, Any]) -> NoReturn:
+    """A child forked for the command that just came (no spare was ready)."""
+    try:
+        _leave_server(server)
+    except BaseException:  # nothing of the server's may run on in a child
+        _exit(conn, startup.NO_STATUS)
+    _command(conn, fds, message)
+
+
+def _spare(server: Server, hand: socket.socket) -> NoReturn:
+    """A child made ahead of the next command: it leaves the server, copies the memory it shares with it
+    (``_prefault``), says it is ready, and waits on ``hand`` for the server to hand it a command (the client's
+    connection and three streams, and its request). The server closing ``hand`` first ends it."""
+    try:
+        _leave_server(server)
+        _prefault()
+        hand.sendall(b"r")
+        message, fds = startup.recv_message(hand, want_fds=4)
+    except BaseException:  # the server stopped or went away: there is no command, and no one to tell
+        os._exit(0)
+    hand.close()
+    if len(fds) != 4:
+        os._exit(0)
+    os.set_inheritable(fds[0], False)  # as the server's accepted socket was: no process the command starts has it
+    conn = socket.socket(fileno=fds[0])
+    conn.settimeout(REQUEST_TIMEOUT)  # the server's mode for it, which the two share
+    _command(conn, fds[1:], message)
+
+
+MADV_POPULATE_WRITE = 23
+"""``madvise``'s advice to fault in a range's pages writable now (Linux 5.14): a page a child shares with the server
+is copied then, as its first write would copy it."""
+PAGE = os.sysconf("SC_PAGE_SIZE")
+PRESENT, EXCLUSIVE = 1 << 63, 1 << 56
+"""``/proc/self/pagemap`` flags: the page is in memory; it is mapped by this process alone."""
+
+
+def _prefault() -> int:
+    """Copy now the private writable pages this process still shares with the server; the bytes copied.
+
+    A forked child pays for each page of the server's memory it writes to (a copy-on-write fault), and a
+    command writes to thousands (every object it uses has its reference count changed): measured, that was a
+    third of the processor time of a warm ``checkfu run`` outside the engine. A spare takes those faults while it
+    waits, so the command it is handed runs at the speed of a process of its own. Only pages present and shared
+    are copied: none is allocated that the server never touched. Without ``MADV_POPULATE_WRITE`` (a kernel before
+    5.14) nothing is copied ahead, and the command pays as a forked child does."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        madvise = libc.madvise
+        madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        madvise.restype = ctypes.c_int
+        maps = Path("/proc/self/maps").read_text().splitlines()
+        pagemap = os.open("/proc/self/pagemap", os.O_RDONLY | os.O_CLOEXEC)
+    except (OSError, AttributeError):
+        return 0
+    copied = 0
+    try:
+        for line in maps:
+            fields = line.split()
+            perms, name = fields[1], (fields[5] if len(fields) > 5 else "")
+            if not perms.startswith("rw") or perms[3] != "p" or (name.startswith("[") and name != "[heap]"):
+                continue  # not private and writable, or the stack and the kernel's pages
+            first, end = (int(x, 16) // PAGE for x in fields[0].split("-"))
+            flags = memoryview(os.pread(pagemap, (end - first) * 8, first * 8)).cast("Q")
+            run = None
+            for i in range(len(flags) + 1):
+                shared = i < len(flags) and flags[i] & PRESENT and not flags[i] & EXCLUSIVE
+                if shared and run is None:
+                    run = i
+                elif not shared and run is not None:
+                    if madvise((first + run) * PAGE, (i - run) * PAGE, MADV_POPULATE_WRITE) != 0:
+                        return copied  # not supported here, or no memory for it: the command pays as it would
+                    copied += (i - run) * PAGE
+                    run = None
+    except (OSError, ValueError):
+        pass
+    finally:
+        os.close(pagemap)
+    return copied
+
+
+def _command(conn: socket.socket, fds: list[int], message: dict[str, Any]) -> NoReturn:
+    """Run the client's command in this process (a child that has left the server) and report its status."""
     code = startup.NO_STATUS
     done = threading.Event()
     try:
-        os.setpgid(0, 0)
-        with contextlib.suppress(OSError), open("/proc/self/comm", "w") as comm:
-            comm.write("checkfu")  # what ps and top name it (its command line stays the server's)
-        signal.set_wakeup_fd(-1)
-        for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGWINCH):
-            signal.signal(sig, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        server.selector.close()
-        if server.listener is not None:
-            server.listener.close()
-        for other in server.children.values():
-            other.close()
-        os.close(server.wake_r)
-        os.close(server.wake_w)
-        if server.lock is not None:
-            server.lock.close()
         for target, fd in enumerate(fds):
             os.dup2(fd, target)
         for fd in fds:
@@ -408,10 +634,14 @@ def _child(server: Server, conn: socket.socket, fds: list[int], message: dict[st
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(BaseException):
                 stream.flush()
-        _let_go_of_streams()
-        with contextlib.suppress(BaseException):
-            startup.send_message(conn, {"exit": code})
-        os._exit(code)
+    _exit(conn, code)
+
+
+def _exit(conn: socket.socket, code: int) -> NoReturn:
+    _let_go_of_streams()
+    with contextlib.suppress(BaseException):
+        startup.send_message(conn, {"exit": code})
+    os._exit(code)
 
 
 def _let_go_of_streams() -> None:
@@ -475,7 +705,7 @@ def main(argv: list[str] | None = None) -> int:
     if startup.code_key() != args.key:  # its module path, environment or context is not the client's
         print(f"checkfu server: this process's code is not {args.key}; not serving it", file=sys.stderr)
         return 1
-    server = Server(args.dir, args.key, max(1.0, args.idle))
+    server = Server(args.dir, args.key, max(1.0, args.idle), spare=startup.spare_wanted())
     if not server.claim():
         return 0  # one is already serving this code
     try:
