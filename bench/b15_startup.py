@@ -22,7 +22,10 @@ Every figure times whole processes (wall time, ``subprocess.run``), interleaved 
   init, start it, ``exec true`` in it, remove it, through docker-py in this process, no client to start) and
   ``engine_same_work_over_raw``, its ratio to raw; ``design_floor_over_raw``, that plus Python's own start-up
   (``python -c pass``) over raw: the least any Python command that runs ``true`` in a sandbox of that shape could
-  take, before it records anything.
+  take, before it records anything. Between timed steps the benchmark waits, untimed, until the server has its
+  spare ready (``docs/server.md``), so that making it is not timed as part of the next step; ``spare_rss_mib`` is
+  the spare's own memory, and ``back_to_back_p50`` (with ``back_to_back_over_raw``) times ``checkfu run -- true``
+  run again at once, n times, as a script's loop runs it: no spare is made between those.
 
 The state directory (``XDG_STATE_HOME``) is a temporary one and the runner tag (``CHECKFU_RUNNER_TAG``) the
 benchmark's own; ``left_behind`` counts only Docker objects labelled with that tag. checkfu's own modules are
@@ -35,6 +38,7 @@ import json
 import os
 import re
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -49,6 +53,7 @@ import docker.types
 from harness import Figure, interleave, interleave_many, summarize
 
 import checkfu
+from checkfu.cli import startup
 
 NAMES = ["B15"]
 ROOT = Path(__file__).resolve().parents[1]
@@ -175,6 +180,28 @@ def phase_seconds(said: str) -> float:
     raise SystemExit(f"checkfu run printed no phases: {said[-400:]}")
 
 
+def _status(where: str) -> dict[str, Any]:
+    """The start-up server's answer to ``status``, asked on its socket (no command started for it)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(5)
+        sock.connect(where)
+        startup.send_message(sock, {"op": "status"})
+        answer, _ = startup.recv_message(sock)
+    return answer
+
+
+def _spare_ready(where: str, timeout: float = 5.0) -> None:
+    """Wait until the server has a spare ready (it makes one once commands have been quiet a moment): untimed,
+    so that making it is not timed as part of whatever runs next."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        spare = _status(where).get("spare")
+        if isinstance(spare, dict) and spare.get("ready"):
+            return
+        time.sleep(0.02)
+    raise SystemExit(f"the start-up server at {where} had no spare ready after {timeout:.0f} s")
+
+
 def _rss_mib(pid: int) -> float:
     """The resident memory of process ``pid``, MiB."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -279,9 +306,21 @@ async def run() -> list[Figure]:
         e, f = await interleave(deps, floor, n=n, warmup=1)
         started = subprocess.run([str(CHECKFU), "server", "start", "--json"], env=env, check=True, capture_output=True)
         server = json.loads(started.stdout)
+        where = str(server["socket"])
         try:
-            c, d, g, h = await interleave_many([ours, raw, cold, same_work], n=n, warmup=2)
+            c, d, g, h = await interleave_many(
+                [ours, raw, cold, same_work], n=n, warmup=2, settle=lambda: _spare_ready(where)
+            )
             rss = _rss_mib(int(server["pid"]))
+            spare = _status(where).get("spare") or {}
+            spare_rss = int(spare.get("rss_kib") or 0) / 1024
+            # One command straight after another, as a script's loop runs them: no spare is made between them.
+            _spare_ready(where)
+            back_to_back = []
+            for _ in range(n):
+                t0 = time.perf_counter()
+                ours()
+                back_to_back.append(time.perf_counter() - t0)
         finally:
             subprocess.run([str(CHECKFU), "server", "stop"], env=env, capture_output=True, check=False)
             _ended(int(server["pid"]))
@@ -302,6 +341,9 @@ async def run() -> list[Figure]:
         second.extra["cold_p50"] = statistics.median(g)
         second.extra["cold_over_raw"] = statistics.median(g) / statistics.median(d)
         second.extra["server_rss_mib"] = rss
+        second.extra["spare_rss_mib"] = spare_rss
+        second.extra["back_to_back_p50"] = statistics.median(back_to_back)
+        second.extra["back_to_back_over_raw"] = statistics.median(back_to_back) / statistics.median(d)
         second.extra["python_floor_p50"] = statistics.median(f)
         second.extra["deps_import_p50"] = statistics.median(e)
         second.extra["deps_import_over_raw"] = statistics.median(e) / statistics.median(d)

@@ -96,17 +96,25 @@ async def interleave(ours: Step, raw: Step, *, n: int, warmup: int) -> tuple[lis
     return a, b
 
 
-async def interleave_many(steps: list[Step], *, n: int, warmup: int) -> list[list[float]]:
-    """Times of each step, their order rotated every round (A B C / B C A / C A B ...), after ``warmup`` rounds."""
+async def interleave_many(
+    steps: list[Step], *, n: int, warmup: int, settle: Callable[[], None] | None = None
+) -> list[list[float]]:
+    """Times of each step, their order rotated every round (A B C / B C A / C A B ...), after ``warmup`` rounds.
+    ``settle``, untimed after every step: waits until what a step left working in the background is done, so it
+    is not timed as part of the next."""
     for _ in range(warmup):
         for step in steps:
             await _call(step)
+            if settle is not None:
+                settle()
     times: list[list[float]] = [[] for _ in steps]
     k = len(steps)
     for i in range(n):
         for j in range(k):
             which = (i + j) % k
             times[which].append(await timed(steps[which]))
+            if settle is not None:
+                settle()
     return times
 
 
