@@ -244,3 +244,78 @@ async def test_a_misbehaving_result_is_never_settled_live(make_rig: Any, journal
     assert clone_row.allocation_key not in rig.held_keys()
     await session.release_all()
     assert rig.memory.live_objects() == ()
+
+
+def test_housekeeping_says_what_each_opening_pass_would_find(tmp_path: Path) -> None:
+    """``Journal.housekeeping``'s one read agrees with each pass's own query (``SandboxBook.due``,
+    ``expired_snapshots``, ``owned_running_runs``), for this runner's tag only, as rows come and go."""
+    from checkfu.runner.journal import allocations, leases, runs, sandboxes  # noqa: PLC0415
+    from checkfu.runner.sandboxes import SandboxBook  # noqa: PLC0415
+
+    journal = Journal(sqlite_url(tmp_path / "j.sqlite"))
+    now, tag = 1000.0, "mine"
+
+    def agrees() -> tuple[bool, bool, bool]:
+        said = journal.housekeeping(runner_tag=tag, now=now)
+        found = (
+            bool(SandboxBook(journal).due(tag, now)),
+            bool(journal.expired_snapshots(now=now, runner_tag=tag)),
+            bool(journal.owned_running_runs(runner_tag=tag)),
+        )
+        assert (said.sandboxes, said.snapshots, said.orphans) == found
+        return found
+
+    def insert(table: sa.Table, **values: Any) -> None:
+        with journal.tx() as c:
+            c.execute(table.insert().values(**values))
+
+    def update(table: sa.Table, where: Any, **values: Any) -> None:
+        with journal.tx() as c:
+            c.execute(table.update().where(where).values(**values))
+
+    try:
+        assert agrees() == (False, False, False)
+        for who in ("theirs", tag):  # another runner's rows first: they are never this runner's to act on
+            insert(runs, run_id=f"r-{who}", runner_tag=who, status="running", created_at=now, owner="h/1/2")
+            insert(
+                allocations,
+                allocation_key=f"s-{who}",
+                run_id=f"r-{who}",
+                kind="snapshot",
+                target=OTHER.model_dump_json(),
+                runner_tag=who,
+                lease_id="l",
+                state="live",
+                created_at=now,
+                updated_at=now,
+                expires_at=now + 60,
+            )
+            insert(leases, lease_id=f"l-{who}", run_id=f"r-{who}", owner="h/1/2", epoch=1, expires_at=now + 60)
+            insert(
+                sandboxes,
+                sandbox_id=f"b-{who}",
+                run_id=f"r-{who}",
+                runner_tag=who,
+                target=OTHER.model_dump_json(),
+                allocation_key=f"k-{who}",
+                lease_id=f"l-{who}",
+                profile=memory_profile().model_dump_json(),
+                mounts='{"plans": [], "roots": []}',
+                state="live",
+                created_at=now,
+                expires_at=now + 60,
+            )
+            assert agrees() == (False, False, who == tag)  # a Run with an owner is looked at by the reaper
+        update(allocations, allocations.c.allocation_key == f"s-{tag}", expires_at=now)
+        assert agrees() == (False, True, True)
+        update(leases, leases.c.lease_id == f"l-{tag}", expires_at=now - 1)
+        assert agrees() == (True, True, True)
+        update(leases, leases.c.lease_id == f"l-{tag}", expires_at=now + 60)
+        update(sandboxes, sandboxes.c.sandbox_id == f"b-{tag}", owner="h/1/2")
+        update(allocations, allocations.c.allocation_key == f"s-{tag}", state="deleted")
+        update(runs, runs.c.run_id == f"r-{tag}", status="succeeded")
+        assert agrees() == (True, False, False)
+        update(sandboxes, sandboxes.c.sandbox_id == f"b-{tag}", state="released")
+        assert agrees() == (False, False, False)
+    finally:
+        journal.close()

@@ -19,7 +19,14 @@ from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 from checkfu.contract.errors import SandboxError
 from checkfu.runner.clock import SystemClock
 from checkfu.runner.expiry import ExpiryReport, sweep_expired_snapshots
-from checkfu.runner.journal import DEFAULT_JOURNAL_DEADLINE, AllocationRow, Journal, JournalError, sqlite_url
+from checkfu.runner.journal import (
+    DEFAULT_JOURNAL_DEADLINE,
+    AllocationRow,
+    Housekeeping,
+    Journal,
+    JournalError,
+    sqlite_url,
+)
 from checkfu.runner.migrate import JournalTooNew
 from checkfu.runner.registry import Registry, load_registry
 from checkfu.wire.credentials import Credential, CredentialError, read_credential
@@ -99,16 +106,23 @@ def open_journal(url: str | None, *, reap: bool = True) -> Journal:
 
     Every command opens the journal here, so this is where orphans are reaped (``checkfu.cli.reaping``): a Run
     whose owner process is gone is reclaimed and settled as ``orphaned`` before the command goes on. That costs
-    one indexed query when there is nothing to reap. ``reap=False`` for the one command that does it itself
-    (``checkfu runner reconcile``, which reports it).
+    one read when there is nothing to reap, reclaim or sweep (``Journal.housekeeping``). ``reap=False`` for the one
+    command that does it itself (``checkfu runner reconcile``, which reports it).
 
     Raises:
         typer.BadParameter: the journal cannot be opened (a usage error naming ``--db``, exit 2).
     """
     journal = _open(url)
-    reclaim_sandboxes(journal, url)  # long-lived sandboxes past their time-to-live or whose owner is gone
-    sweep_expired(journal, url)  # snapshots past their lifetime
-    if reap:
+    try:  # one read says which of the passes below have anything to look at (usually none)
+        due = journal.housekeeping(runner_tag=runner_tag(url), now=time.time())
+    except JournalError:
+        due = Housekeeping(sandboxes=True, snapshots=True, orphans=True)  # each pass reports its own trouble
+    RECLAIMED.clear()
+    if due.sandboxes:
+        reclaim_sandboxes(journal, url)  # long-lived sandboxes past their time-to-live or whose owner is gone
+    if due.snapshots:
+        sweep_expired(journal, url)  # snapshots past their lifetime
+    if reap and due.orphans:
         from checkfu.cli.reaping import reap as reap_orphans  # noqa: PLC0415
 
         reap_orphans(journal, runner_tag=runner_tag(url))

@@ -357,6 +357,18 @@ class RunRow:
 
 
 @dataclass(frozen=True)
+class Housekeeping:
+    """What a command's opening pass may have to do (``Journal.housekeeping``)."""
+
+    sandboxes: bool
+    """Long-lived sandboxes that may be due for reclaiming."""
+    snapshots: bool
+    """Snapshots past their expiry."""
+    orphans: bool
+    """Runs still recorded running that have an owner process (whose liveness the reaper checks)."""
+
+
+@dataclass(frozen=True)
 class OwnedRun:
     """A Run still recorded ``running`` with an owner process: a candidate orphan."""
 
@@ -606,6 +618,40 @@ class Journal:
                 .values(status=ABANDONED, finished_at=now, summary=json.dumps(summary))
             ).rowcount
         return bool(done == 1)
+
+    @journaled("housekeeping")
+    def housekeeping(self, *, runner_tag: str, now: float) -> Housekeeping:
+        """Whether ``runner_tag`` has anything a command's opening pass would act on, in one read: long-lived
+        sandboxes that may be due (``SandboxBook.due``'s condition), expired snapshots (``expired_snapshots``'),
+        Runs with an owner process still recorded running (``owned_running_runs``'). Each is the same condition as
+        that query's or wider, so a pass skipped on a ``False`` would have found nothing."""
+        maybe_due = (
+            sa.select(sa.literal(1))
+            .select_from(sandboxes.join(leases, leases.c.lease_id == sandboxes.c.lease_id))
+            .where(
+                sandboxes.c.state.in_(["provisioning", "live"]),
+                sandboxes.c.runner_tag == runner_tag,
+                sa.or_(
+                    sandboxes.c.expires_at < now,
+                    leases.c.expires_at < now,
+                    leases.c.ended.is_(True),
+                    sandboxes.c.owner.is_not(None),
+                ),
+            )
+        )
+        expired = sa.select(sa.literal(1)).where(
+            allocations.c.kind == "snapshot",
+            allocations.c.state == "live",
+            allocations.c.expires_at <= now,
+            allocations.c.runner_tag == runner_tag,
+        )
+        owned = sa.select(sa.literal(1)).where(
+            runs.c.status == "running", runs.c.owner.is_not(None), runs.c.runner_tag == runner_tag
+        )
+        q = sa.select(maybe_due.exists(), expired.exists(), owned.exists())
+        with self.tx() as c:
+            row = c.execute(q).one()
+        return Housekeeping(sandboxes=bool(row[0]), snapshots=bool(row[1]), orphans=bool(row[2]))
 
     @journaled("owned_running_runs")
     def owned_running_runs(self, *, runner_tag: str | None = None) -> list[OwnedRun]:
