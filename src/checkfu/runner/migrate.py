@@ -44,6 +44,17 @@ def current_revision(conn: Connection) -> str | None:
     return None if row is None else str(row[0])
 
 
+def _at_head(conn: Connection) -> bool:
+    """Whether the journal is surely at ``HEAD``, in one read (no look at the catalogue first). Any error, a
+    journal without ``alembic_version`` included, answers ``False``: the locked path then looks carefully, and
+    raises what it meets."""
+    try:
+        row = conn.exec_driver_sql("SELECT version_num FROM alembic_version").first()
+    except sa.exc.DBAPIError:
+        return False
+    return row is not None and str(row[0]) == HEAD
+
+
 def upgrade(engine: Engine) -> None:
     """Bring the journal behind ``engine`` to ``HEAD``; a no-op when it is there already.
 
@@ -52,7 +63,7 @@ def upgrade(engine: Engine) -> None:
         sqlalchemy.exc.SQLAlchemyError: the database refused (locked past the busy timeout, say).
     """
     with engine.connect() as conn:
-        if current_revision(conn) == HEAD:
+        if _at_head(conn):
             return
     with engine.connect() as conn:
         _lock(conn)
