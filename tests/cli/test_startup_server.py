@@ -551,3 +551,53 @@ def test_preload_leaves_nothing_for_a_run_to_import(servers: Servers, engine: An
         assert json.loads(done.stderr.decode().strip().splitlines()[-1]) == []
     finally:
         assert _clean(engine, servers.tag) == []
+
+
+def test_the_servers_rehearsal_leaves_a_runs_statements_compiled(tmp_path: Path) -> None:
+    """After ``rehearse`` (what the server does before it serves), a Run on a journal of its own compiles almost
+    nothing: its statements were compiled in the rehearsal, in the dialect and cache every SQLite journal of the
+    process shares. Counted beside the same Run without the rehearsal, in a process of its own each."""
+    script = (
+        "import asyncio, sys, tempfile\n"
+        "from pathlib import Path\n"
+        "from sqlalchemy.sql import compiler\n"
+        "from checkfu.cli.startup_server import rehearse\n"
+        "from checkfu.cli.state import open_journal\n"
+        "from checkfu.runner.job import run_job\n"
+        "from checkfu.runner.journal import sqlite_url\n"
+        "from checkfu.runner.leases import current_owner\n"
+        "from checkfu.runner.registry import Adapter, Registry\n"
+        "from checkfu.runner.runner import Runner\n"
+        "from checkfu.testing import MemoryProvider, memory_profile\n"
+        "if sys.argv[1] == 'rehearsed':\n"
+        "    rehearse()\n"
+        "where = Path(sys.argv[2])\n"
+        "open_journal(sqlite_url(where / 'journal.sqlite')).close()  # made, at HEAD, as a user's journal is\n"
+        "compiled = []\n"
+        "real = compiler.SQLCompiler.__init__\n"
+        "def counted(self, *a, **k):\n"
+        "    compiled.append(1)\n"
+        "    real(self, *a, **k)\n"
+        "compiler.SQLCompiler.__init__ = counted\n"
+        "journal = open_journal(sqlite_url(where / 'journal.sqlite'))\n"
+        "memory = MemoryProvider()\n"
+        "registry = Registry()\n"
+        "registry.add(Adapter(envelope=memory.envelope, provider=memory, source='test'))\n"
+        "runner = Runner(registry, journal, runner_tag='test')\n"
+        "result = asyncio.run(run_job(runner, memory.target, memory_profile(), ['true'], capture_root=where / 'c',\n"
+        "                             owner=current_owner(), keep_output=1 << 20, noted={'engine': 'x'}))\n"
+        "journal.close()\n"
+        "assert result.exit_code == 0\n"
+        "print(len(compiled))\n"
+    )
+    counts = {}
+    for how in ("rehearsed", "cold"):
+        where = tmp_path / how
+        where.mkdir()
+        done = subprocess.run(
+            [sys.executable, "-c", script, how, str(where)], capture_output=True, timeout=120, check=False
+        )
+        assert done.returncode == 0, done.stderr.decode()[-2000:]
+        counts[how] = int(done.stdout)
+    assert counts["cold"] >= 8, counts  # what a Run compiles on its own
+    assert counts["rehearsed"] <= counts["cold"] // 5, counts

@@ -319,3 +319,31 @@ def test_housekeeping_says_what_each_opening_pass_would_find(tmp_path: Path) -> 
         assert agrees() == (False, False, False)
     finally:
         journal.close()
+
+
+def test_sqlite_journals_of_a_process_share_what_they_compiled(tmp_path: Path) -> None:
+    """Every SQLite file's journal in a process uses one dialect and one compiled-statement cache, so a statement
+    one journal compiled is found compiled by the next (SQLAlchemy keys its cache by the dialect object); an
+    in-memory journal keeps its own."""
+    from checkfu.runner import journal as J  # noqa: PLC0415
+
+    first, second, memory = (Journal(sqlite_url(tmp_path / f"{n}.sqlite")) for n in ("a", "b", "c"))
+    in_memory = Journal("sqlite://")
+    hits: list[Any] = []
+
+    def seen(_conn: Any, _cursor: Any, statement: str, _params: Any, context: Any, _many: bool) -> None:
+        if statement.startswith("INSERT INTO runs"):
+            hits.append(context.cache_hit)
+
+    try:
+        (shared, _cache) = J._SHARED_SQLITE[0]
+        assert first.engine.dialect is second.engine.dialect is memory.engine.dialect is shared
+        assert in_memory.engine.dialect is not shared
+        sa.event.listen(second.engine, "before_cursor_execute", seen)
+        first.start_run("r-1", runner_tag="t", target=OTHER, now=1.0)
+        second.start_run("r-2", runner_tag="t", target=OTHER, now=1.0)
+        assert hits == [shared.CACHE_HIT], "the second journal's insert was compiled by the first"
+        assert second.run("r-2") is not None and first.run("r-2") is None, "each still writes its own file"
+    finally:
+        for journal in (first, second, memory, in_memory):
+            journal.close()

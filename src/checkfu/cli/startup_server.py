@@ -122,7 +122,51 @@ def preload() -> list[str]:
         if name not in skipped:
             commands.load(name)
     _parse_once(typer.main.get_command(commands.app), "checkfu", None)
+    try:
+        rehearse()
+    except Exception:  # a warm-up only: each command's journal compiles what it uses, as without a server
+        skipped.append("rehearsal")
     return skipped
+
+
+def rehearse() -> None:
+    """Open a journal in a scratch directory as a command does, and run one Run through it on the in-memory
+    provider (``checkfu.testing.MemoryProvider``): every statement a Run writes to its journal is then compiled
+    once, here, in the dialect and cache every SQLite journal of this process shares
+    (``checkfu.runner.journal._share_compiled``), and a child's journal finds them compiled. Nothing outside the
+    scratch directory is touched, and it is gone afterwards."""
+    import asyncio  # noqa: PLC0415
+    import tempfile  # noqa: PLC0415
+
+    from checkfu.cli.state import open_journal  # noqa: PLC0415
+    from checkfu.runner.job import run_job  # noqa: PLC0415
+    from checkfu.runner.journal import sqlite_url  # noqa: PLC0415
+    from checkfu.runner.leases import current_owner  # noqa: PLC0415
+    from checkfu.runner.registry import Adapter, Registry  # noqa: PLC0415
+    from checkfu.runner.runner import Runner  # noqa: PLC0415
+    from checkfu.testing import MemoryProvider, memory_profile  # noqa: PLC0415
+
+    with tempfile.TemporaryDirectory(prefix="checkfu-rehearsal-") as scratch:
+        journal = open_journal(sqlite_url(Path(scratch) / "journal.sqlite"))
+        try:
+            memory = MemoryProvider()
+            registry = Registry()
+            registry.add(Adapter(envelope=memory.envelope, provider=memory, source="the start-up server's rehearsal"))
+            runner = Runner(registry, journal, runner_tag="checkfu-rehearsal")
+            asyncio.run(
+                run_job(
+                    runner,
+                    memory.target,
+                    memory_profile(),
+                    ["true"],
+                    capture_root=Path(scratch) / "captures",
+                    owner=current_owner(),
+                    keep_output=1 << 20,
+                    noted={"engine": "rehearsal"},
+                )
+            )
+        finally:
+            journal.close()
 
 
 def _parse_once(command: _click.Command, name: str, parent: _click.Context | None) -> None:
