@@ -13,7 +13,7 @@ import sys
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any
+    from typing import Any, NoReturn
 
 EXIT_REFUSED = 1
 EXIT_INTERNAL = 70
@@ -55,12 +55,23 @@ def main() -> None:
         except KeyboardInterrupt:  # Ctrl-C before any server took the command: nothing ran
             sys.exit(EXIT_INTERRUPTED)
         if code is not None:
-            sys.exit(code)
+            _relayed(code)
     try:
         run_here()
     finally:
         if serving and _should_start_server():
             _start_server()
+
+
+def _relayed(code: int) -> NoReturn:
+    """Exit with the status a server's child reported, at once: this process only relayed the command, and
+    Python's own finalization would add milliseconds to every one (4 ms measured, of a `checkfu run` of 490)."""
+    for stream in (sys.stdout, sys.stderr):
+        try:  # noqa: SIM105 - contextlib is not loaded here
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
 
 
 def _server_mode() -> str:
