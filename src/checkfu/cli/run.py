@@ -225,14 +225,17 @@ def _pin_image(read: ReadProfile, provider: str, quiet: bool, early: Any = None)
 
 
 def _ask_early(read: ReadProfile, provider: str) -> Any:
-    """For the Docker tier, the engine's two read-only questions of a Run's start, sent now so that it answers
-    them while the journal opens: the tag's image id (returned, for ``_pin_image``) and the engine's facts
-    (taken by the provider's ``describe``). None for another provider, or a profile that needs no pinning."""
+    """For the Docker tier, the engine's read-only questions of a Run's start, sent now so that it answers them
+    while the journal opens: the tag's image id (returned, for ``_pin_image``), and the engine's facts and whether
+    it holds the egress image (taken by the provider's ``describe``). None for another provider, or a profile that
+    needs no pinning."""
     if provider != "docker":
         return None
     from checkfu.providers.docker import ask_pin_early, engine  # noqa: PLC0415 - only the Docker tier pins
+    from checkfu.providers.docker.provider import EGRESS_IMAGE  # noqa: PLC0415
 
     engine.ask_info_early()
+    engine.ask_image_early(EGRESS_IMAGE)
     return ask_pin_early(read.tag) if read.tag is not None else None
 
 

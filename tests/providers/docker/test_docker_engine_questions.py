@@ -134,3 +134,28 @@ def test_a_unix_sockets_client_asks_everything_through_one_connection(client: An
         assert pool.pool.maxsize == 8, "of the size asked for"
     finally:
         made.close()
+
+
+@pytest.mark.docker
+def test_an_image_asked_early_is_the_engines_and_taken_once(client: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    engine = E.Engine()
+    asked: list[str] = []
+    real = engine.api.inspect_image
+
+    def counted(ref: str) -> Any:
+        asked.append(ref)
+        return real(ref)
+
+    monkeypatch.setattr(engine.api, "inspect_image", counted)
+    present, missing = "checkfu/busybox:1", "checkfu/no-such-image:0"
+    try:
+        E.ask_image_early(present)
+        E.ask_image_early(missing)
+        assert engine.image_id(present) == client.images.get(present).id
+        assert engine.image_id(missing) is None, "the engine's 404, taken as it came"
+        assert asked == [], "both answers were taken, nothing asked again"
+        assert engine.image_id(present) == client.images.get(present).id
+        assert engine.image_id("checkfu/debian:12") is not None
+        assert asked == [present, "checkfu/debian:12"], "an answer is taken once, and only for what it asked"
+    finally:
+        engine.close()

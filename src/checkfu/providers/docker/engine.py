@@ -17,6 +17,7 @@ import re
 import socket
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -220,29 +221,29 @@ class Early:
 
 
 EARLY_INFO_SECONDS = 5.0
-"""How old a question ``ask_info_early`` sent may be and still be taken instead of asking again."""
-_EARLY_INFO: dict[tuple[str, ...], Early] = {}
+"""How old a question sent early (``ask_info_early``, ``ask_image_early``) may be and still be taken instead of
+asking again."""
+_EARLY_INFO: dict[tuple[tuple[str, ...], str], Early] = {}
+"""The questions sent early and not yet taken, by the engine's address and the path asked."""
 _EARLY_GUARD = threading.Lock()
 
 
-def ask_info_early() -> None:
-    """Send the local engine its ``/info`` question now (``Early``). The next ``Engine.info`` of a local engine at
-    the same address in this process takes that answer, when the question is at most ``EARLY_INFO_SECONDS`` old,
-    instead of asking again: for a command that knows it will describe the Docker tier and has other work to do
-    first. Any failure leaves the later call to ask itself."""
-    asked = Early.ask("/info")
+def _ask_early(path: str) -> None:
+    asked = Early.ask(path)
     if asked is None:
         return
     with _EARLY_GUARD:
-        stale = _EARLY_INFO.pop(_address(), None)
-        _EARLY_INFO[_address()] = asked
+        stale = _EARLY_INFO.pop((_address(), path), None)
+        _EARLY_INFO[(_address(), path)] = asked
     if stale is not None:
         stale.close()
 
 
-def _early_info() -> dict[str, Any] | None:
+def _take_early(path: str) -> tuple[int, Any] | None:
+    """The status and decoded body of the question about ``path`` sent early to this address; None when there
+    is none, it is older than ``EARLY_INFO_SECONDS``, or its answer did not come whole (the caller asks)."""
     with _EARLY_GUARD:
-        asked = _EARLY_INFO.pop(_address(), None)
+        asked = _EARLY_INFO.pop((_address(), path), None)
     if asked is None:
         return None
     if time.monotonic() - asked.asked > EARLY_INFO_SECONDS:
@@ -250,9 +251,33 @@ def _early_info() -> dict[str, Any] | None:
         return None
     try:
         status, _, body = asked.answer()
-        info = json.loads(body) if status == 200 else None
+        return status, (json.loads(body) if status == 200 else None)
     except (OSError, ValueError):
         return None
+
+
+def ask_info_early() -> None:
+    """Send the local engine its ``/info`` question now (``Early``). The next ``Engine.info`` of a local engine at
+    the same address in this process takes that answer, when the question is at most ``EARLY_INFO_SECONDS`` old,
+    instead of asking again: for a command that knows it will describe the Docker tier and has other work to do
+    first. Any failure leaves the later call to ask itself."""
+    _ask_early("/info")
+
+
+def _image_path(ref: str) -> str:
+    return f"/images/{urllib.parse.quote(ref, safe='/:@')}/json"
+
+
+def ask_image_early(ref: str) -> None:
+    """Send the local engine the question ``Engine.image_id(ref)`` will ask, now, as ``ask_info_early`` does."""
+    _ask_early(_image_path(ref))
+
+
+def _early_info() -> dict[str, Any] | None:
+    taken = _take_early("/info")
+    if taken is None:
+        return None
+    info = taken[1]
     return info if isinstance(info, dict) else None
 
 
@@ -315,6 +340,25 @@ class Engine:
                 return early
         found: dict[str, Any] = await self.run("info", self.api.info)
         return found
+
+    def image_id(self, ref: str) -> str | None:
+        """The id of the image ``ref`` names on this engine, or None when it has none (blocking: call it through
+        ``run``). For the engine ``local_client`` reaches, the answer to the question ``ask_image_early(ref)``
+        sent, when that is recent and came whole; otherwise asked now."""
+        if self._local_default:
+            taken = _take_early(_image_path(ref))
+            if taken is not None:
+                status, body = taken
+                if status == 200 and isinstance(body, dict) and str(body.get("Id", "")).startswith("sha256:"):
+                    return str(body["Id"])
+                if status == 404:
+                    return None
+        try:
+            return str(self.api.inspect_image(ref)["Id"])
+        except Exception as exc:
+            if getattr(exc, "status_code", None) in (400, 404):
+                return None
+            raise
 
     def build_client(self) -> Any:
         """A separate client whose reads may wait as long as an image build may take."""

@@ -130,6 +130,8 @@ from checkfu.providers.docker.staging import (
 
 T = TypeVar("T")
 
+EGRESS_IMAGE = "checkfu/debian:12"
+"""The image an ``allowlist`` sandbox's egress proxy and door run in, unless the provider is given another."""
 SWEEP_INTERVAL = 60.0
 """The least time between two sweeps of a runner tag's expired snapshots made in passing (at a call)."""
 
@@ -276,7 +278,7 @@ class DockerProvider:
         progress: BuildLine | None = None,
         workers: int = DEFAULT_WORKERS,
         facts: HostFacts | None = None,
-        egress_image: str = "checkfu/debian:12",
+        egress_image: str = EGRESS_IMAGE,
         egress_dns: tuple[str, ...] = (),
         hold: bool = False,
     ) -> None:
@@ -433,13 +435,9 @@ class DockerProvider:
     # describe, materialize ------------------------------------------------------------------
 
     def _egress_image_id(self) -> str | None:
-        """The id of ``egress_image`` on the engine, or ``None`` when it has none."""
-        try:
-            return str(self.engine.api.inspect_image(self.egress_image)["Id"])
-        except Exception as exc:
-            if _status(exc) in (400, 404):
-                return None
-            raise
+        """The id of ``egress_image`` on the engine, or ``None`` when it has none (the answer to the question
+        ``engine.ask_image_early`` sent, when a command sent it)."""
+        return self.engine.image_id(self.egress_image)
 
     def _require_egress_image(self) -> str:
         """Raises SandboxCapabilityUnavailable when the engine has no ``egress_image``."""
