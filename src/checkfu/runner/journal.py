@@ -489,6 +489,22 @@ def make_engine(url: str) -> Engine:
     return sa.create_engine(url, pool_pre_ping=True)
 
 
+def sandboxes_maybe_due(runner_tag: str, now: float) -> list[Any]:
+    """Which long-lived sandboxes of ``runner_tag`` may be reclaimable at ``now``, over ``sandboxes`` joined with
+    their ``leases``: deadline passed, owned by a process (whose liveness the caller checks), or a lease ended or
+    run out (``SandboxBook.due`` and ``Journal.housekeeping`` ask it)."""
+    return [
+        sandboxes.c.state.in_(["provisioning", "live"]),
+        sandboxes.c.runner_tag == runner_tag,
+        sa.or_(
+            sandboxes.c.expires_at < now,
+            leases.c.expires_at < now,
+            leases.c.ended.is_(True),
+            sandboxes.c.owner.is_not(None),
+        ),
+    ]
+
+
 _SHARED_SQLITE: list[tuple[Any, Any]] = []
 """The process's SQLite dialect and its compiled-statement cache, once a SQLite file's journal has opened."""
 
@@ -654,16 +670,7 @@ class Journal:
         maybe_due = (
             sa.select(sa.literal(1))
             .select_from(sandboxes.join(leases, leases.c.lease_id == sandboxes.c.lease_id))
-            .where(
-                sandboxes.c.state.in_(["provisioning", "live"]),
-                sandboxes.c.runner_tag == runner_tag,
-                sa.or_(
-                    sandboxes.c.expires_at < now,
-                    leases.c.expires_at < now,
-                    leases.c.ended.is_(True),
-                    sandboxes.c.owner.is_not(None),
-                ),
-            )
+            .where(*sandboxes_maybe_due(runner_tag, now))
         )
         expired = sa.select(sa.literal(1)).where(
             allocations.c.kind == "snapshot",

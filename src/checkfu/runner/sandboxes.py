@@ -58,6 +58,7 @@ from checkfu.runner.journal import (
     leases,
     sandbox_snapshots,
     sandboxes,
+    sandboxes_maybe_due,
 )
 from checkfu.runner.leases import LeaseStore, current_owner, owner_alive
 from checkfu.runner.mounts import DirectorySource, GitSource, MountSpec, ResolvedMount, resolve_mount
@@ -317,16 +318,7 @@ class SandboxBook:
         q = (
             sa.select(sandboxes)
             .join(leases, leases.c.lease_id == sandboxes.c.lease_id)
-            .where(
-                sandboxes.c.state.in_(["provisioning", "live"]),
-                sandboxes.c.runner_tag == runner_tag,
-                sa.or_(
-                    sandboxes.c.expires_at < now,
-                    leases.c.expires_at < now,
-                    leases.c.ended.is_(True),
-                    sandboxes.c.owner.is_not(None),
-                ),
-            )
+            .where(*sandboxes_maybe_due(runner_tag, now))
         )
         with self.journal.tx() as c:
             rows = c.execute(q).mappings().all()
