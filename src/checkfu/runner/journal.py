@@ -505,6 +505,20 @@ def sandboxes_maybe_due(runner_tag: str, now: float) -> list[Any]:
     ]
 
 
+def _snapshots_expired(now: float, runner_tag: str | None) -> list[Any]:
+    """Settled (``live``) snapshots, of ``runner_tag`` when given, whose ``expires_at`` is at or before ``now``
+    (``Journal.expired_snapshots`` and ``Journal.housekeeping`` ask it)."""
+    tagged = [] if runner_tag is None else [allocations.c.runner_tag == runner_tag]
+    return [allocations.c.kind == "snapshot", allocations.c.state == "live", allocations.c.expires_at <= now, *tagged]
+
+
+def _runs_owned_running(runner_tag: str | None) -> list[Any]:
+    """Runs still ``running`` that have an owner process, of ``runner_tag`` when given
+    (``Journal.owned_running_runs`` and ``Journal.housekeeping`` ask it)."""
+    tagged = [] if runner_tag is None else [runs.c.runner_tag == runner_tag]
+    return [runs.c.status == "running", runs.c.owner.is_not(None), *tagged]
+
+
 _SHARED_SQLITE: list[tuple[Any, Any]] = []
 """The process's SQLite dialect and its compiled-statement cache, once a SQLite file's journal has opened."""
 
@@ -665,22 +679,15 @@ class Journal:
     def housekeeping(self, *, runner_tag: str, now: float) -> Housekeeping:
         """Whether ``runner_tag`` has anything a command's opening pass would act on, in one read: long-lived
         sandboxes that may be due (``SandboxBook.due``'s condition), expired snapshots (``expired_snapshots``'),
-        Runs with an owner process still recorded running (``owned_running_runs``'). Each is the same condition as
-        that query's or wider, so a pass skipped on a ``False`` would have found nothing."""
+        Runs with an owner process still recorded running (``owned_running_runs``'). Each is built by the same
+        function as that query's, so a pass skipped on a ``False`` would have found nothing."""
         maybe_due = (
             sa.select(sa.literal(1))
             .select_from(sandboxes.join(leases, leases.c.lease_id == sandboxes.c.lease_id))
             .where(*sandboxes_maybe_due(runner_tag, now))
         )
-        expired = sa.select(sa.literal(1)).where(
-            allocations.c.kind == "snapshot",
-            allocations.c.state == "live",
-            allocations.c.expires_at <= now,
-            allocations.c.runner_tag == runner_tag,
-        )
-        owned = sa.select(sa.literal(1)).where(
-            runs.c.status == "running", runs.c.owner.is_not(None), runs.c.runner_tag == runner_tag
-        )
+        expired = sa.select(sa.literal(1)).where(*_snapshots_expired(now, runner_tag))
+        owned = sa.select(sa.literal(1)).where(*_runs_owned_running(runner_tag))
         q = sa.select(maybe_due.exists(), expired.exists(), owned.exists())
         with self.tx() as c:
             row = c.execute(q).one()
@@ -692,10 +699,8 @@ class Journal:
         ``status`` index, reading five columns (what every journal-opening command pays to find orphans when there
         are none)."""
         q = sa.select(runs.c.run_id, runs.c.runner_tag, runs.c.target, runs.c.owner, runs.c.owner_boot).where(
-            runs.c.status == "running", runs.c.owner.is_not(None)
+            *_runs_owned_running(runner_tag)
         )
-        if runner_tag is not None:
-            q = q.where(runs.c.runner_tag == runner_tag)
         with self.tx() as c:
             rows = c.execute(q).all()
         return [OwnedRun(r.run_id, r.runner_tag, r.target, r.owner, r.owner_boot) for r in rows]
@@ -839,13 +844,7 @@ class Journal:
     @journaled("expired_snapshots")
     def expired_snapshots(self, *, now: float, runner_tag: str | None = None) -> list[AllocationRow]:
         """Settled (``live``) snapshots whose ``expires_at`` is at or before ``now``, oldest expiry first."""
-        q = allocations.select().where(
-            allocations.c.kind == "snapshot",
-            allocations.c.state == "live",
-            allocations.c.expires_at <= now,
-        )
-        if runner_tag is not None:
-            q = q.where(allocations.c.runner_tag == runner_tag)
+        q = allocations.select().where(*_snapshots_expired(now, runner_tag))
         with self.tx() as c:
             rows = c.execute(q.order_by(allocations.c.expires_at)).mappings().all()
         return [_allocation_row(r) for r in rows]
