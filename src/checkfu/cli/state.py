@@ -141,7 +141,8 @@ def _open(url: str | None) -> Journal:
 
 
 RECLAIMED: list[Any] = []
-"""The sandboxes the last ``open_journal`` of this process reclaimed (``checkfu ps`` shows them)."""
+"""The sandboxes the last ``open_journal`` of this process reclaimed (``checkfu ps`` shows them); it empties the
+list first."""
 
 
 def reclaim_sandboxes(journal: Journal, url: str | None) -> None:
@@ -151,7 +152,6 @@ def reclaim_sandboxes(journal: Journal, url: str | None) -> None:
     from checkfu.runner.sandboxes import due_for_sweep, sweep  # noqa: PLC0415
 
     tag = runner_tag(url)
-    RECLAIMED.clear()
     try:
         if not due_for_sweep(journal, tag):
             return
