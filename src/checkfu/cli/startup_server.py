@@ -134,7 +134,8 @@ def rehearse() -> None:
     provider (``checkfu.testing.MemoryProvider``): every statement a Run writes to its journal is then compiled
     once, here, in the dialect and cache every SQLite journal of this process shares
     (``checkfu.runner.journal._share_compiled``), and a child's journal finds them compiled. Nothing outside the
-    scratch directory is touched, and it is gone afterwards."""
+    scratch directory is touched, and it is gone afterwards. It also writes and reads an enrollment, as a Run of an
+    in-tree provider does before it starts (the in-memory provider is not one)."""
     import asyncio  # noqa: PLC0415
     import tempfile  # noqa: PLC0415
 
@@ -165,6 +166,17 @@ def rehearse() -> None:
                     noted={"engine": "rehearsal"},
                 )
             )
+            # As ``Runner.record_in_tree`` does for an in-tree adapter (the in-memory one is not one).
+            journal.record_enrollment(
+                memory.target,
+                source="the start-up server's rehearsal",
+                kind="in_tree",
+                envelope_digest="sha256:" + "0" * 64,
+                envelope=memory.envelope.model_dump_json(),
+                ceiling="{}",
+                now=0.0,
+            )
+            journal.enrollment(memory.target)
         finally:
             journal.close()
 
