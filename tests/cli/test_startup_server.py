@@ -414,6 +414,53 @@ def test_a_child_lets_go_of_the_clients_streams_before_it_reports(tmp_path: Path
     assert (out, err) == (b"said\n", b"warned\n")
 
 
+def test_what_a_command_leaves_until_its_status_is_told_runs_after_it(tmp_path: Path) -> None:
+    """A child reports its status first, then does what the command left for then (``state.AFTER_REPLY``: a
+    journal's close), then exits: its client has the status while that work still runs, and the work is done."""
+    marker = tmp_path / "done"
+    script = (
+        "import socket, sys, time\n"
+        "from pathlib import Path\n"
+        "from checkfu.cli import state\n"
+        "from checkfu.cli.startup_server import _exit\n"
+        "conn = socket.socket(fileno=int(sys.argv[1]))\n"
+        "def later():\n"
+        "    time.sleep(0.5)\n"
+        "    Path(sys.argv[2]).write_text('done')\n"
+        "state.AFTER_REPLY = [later, lambda: 1 / 0, lambda: Path(sys.argv[2]).write_text('all done')]\n"
+        "_exit(conn, 3)\n"
+    )
+    ours, theirs = socket.socketpair()
+    with ours:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", script, str(theirs.fileno()), str(marker)], pass_fds=[theirs.fileno()]
+        )
+        theirs.close()
+        ours.settimeout(30)
+        message, _ = startup.recv_message(ours)
+        assert message == {"exit": 3}
+        assert not marker.exists(), "the work ran before the status was told"
+        assert proc.wait(timeout=30) == 3
+    assert marker.read_text() == "all done"  # each job on its own: one that fails leaves the next to run
+
+
+def test_a_run_in_the_server_closes_its_journal_after_telling_its_status(servers: Servers) -> None:
+    """A Run's child closes its journal after its client has the status: closing the last connection copies the
+    write-ahead log back and removes it, as a command of its own does; and the Run's records are there."""
+    servers.start()
+    done = servers("run", "-q", "--provider", "host-process", "--", "true")
+    assert done.returncode == 0, done.stderr.decode()
+    log = Path(servers.env["XDG_STATE_HOME"]) / "checkfu" / "journal.sqlite-wal"
+    deadline = time.monotonic() + 20
+    while (log.exists() or servers.current()["running"]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not log.exists(), "a child left its journal open"
+    listed = servers("runs", "list", "--json")
+    assert listed.returncode == 0, listed.stderr.decode()
+    (run,) = json.loads(listed.stdout)
+    assert (run["status"], run["exit_code"]) == ("succeeded", 0), run
+
+
 def test_modes() -> None:
     assert startup.mode({}) == "auto"
     assert startup.mode({"CHECKFU_SERVER": "OFF"}) == "off"

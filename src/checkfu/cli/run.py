@@ -26,6 +26,7 @@ from checkfu.cli.engines import EngineCertsOpt, EngineOpt, engine_sites
 from checkfu.cli.profiles import ReadProfile, pinned, read_profile
 from checkfu.cli.state import (
     client_credential,
+    close_journal,
     current_engine,
     enrolled_credential,
     is_url,
@@ -744,7 +745,7 @@ def _admit_and_run(
             )
         )
     finally:
-        journal.close()
+        close_journal(journal)
 
 
 async def _registry(

@@ -686,6 +686,9 @@ def _command(conn: socket.socket, fds: list[int], message: dict[str, Any]) -> No
             code = 1
         else:
             threading.Thread(target=_watch_client, args=(conn, done), daemon=True).start()
+            from checkfu.cli import state  # noqa: PLC0415 - loaded already (``preload``)
+
+            state.AFTER_REPLY = []
             code = _run()
     except BaseException:  # nothing of the server's may run on in a child
         code = startup.NO_STATUS
@@ -707,7 +710,17 @@ def _exit(conn: socket.socket, code: int) -> NoReturn:
     _let_go_of_streams()
     with contextlib.suppress(BaseException):
         startup.send_message(conn, {"exit": code})
+    _after_reply()
     os._exit(code)
+
+
+def _after_reply() -> None:
+    """What the command left until its status was told (``checkfu.cli.state.AFTER_REPLY``, a journal's close):
+    each done now, on its own; nothing of it can change the status, which the client already has."""
+    state = sys.modules.get("checkfu.cli.state")
+    for job in getattr(state, "AFTER_REPLY", None) or ():
+        with contextlib.suppress(BaseException):
+            job()
 
 
 def _let_go_of_streams() -> None:
