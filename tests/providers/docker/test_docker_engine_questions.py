@@ -11,6 +11,7 @@ from typing import Any
 
 import docker
 import pytest
+import requests
 
 from checkfu.providers.docker import engine as E
 from checkfu.providers.docker.transport import EngineUrl
@@ -132,6 +133,26 @@ def test_a_unix_sockets_client_asks_everything_through_one_connection(client: An
         assert _pools(made) == [pool]
         assert opened == [], "one after another, the requests share the first one's connection"
         assert pool.pool.maxsize == 8, "of the size asked for"
+    finally:
+        made.close()
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize("how", ["local_client", "engine_url"])
+def test_a_unix_sockets_client_reads_no_environment_per_request(
+    client: Any, how: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """requests looks for proxies (and ``.netrc``) in the environment at every request unless told not to; nothing
+    of either applies to a Unix socket, so its client does not look."""
+    url = EngineUrl.parse(f"unix://{E.socket_path()}")
+    made = E.local_client(max_pool_size=2) if how == "local_client" else url.client(workers=2)
+    looked: list[str] = []
+    monkeypatch.setattr(requests.sessions, "get_environ_proxies", lambda url, **_: looked.append(url) or {})
+    monkeypatch.setattr(requests.sessions, "get_netrc_auth", lambda url, **_: looked.append(url))
+    try:
+        made.api.ping()
+        made.api.containers(all=True, filters={"label": "checkfu.test=no-environment"})
+        assert looked == []
     finally:
         made.close()
 
