@@ -26,6 +26,7 @@ comes with a new revision in ``migrations/versions``.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import json
@@ -556,6 +557,12 @@ class Journal:
         self.unrecorded = 0
         """Provider calls whose event could not be recorded (the journal was unavailable): they still happened."""
         self.engine = make_engine(url)
+        self._sqlite_file = self.engine.url.get_backend_name() == "sqlite" and self.engine.url.database not in (
+            None,
+            "",
+            ":memory:",
+        )
+        """A SQLite database in a file: what ``tx(durable=True)`` syncs to disk itself."""
         try:
             self._upgrade()
         except BaseException:
@@ -578,9 +585,29 @@ class Journal:
                 time.sleep(min(_BACKOFF[min(attempt, len(_BACKOFF) - 1)], max(0.0, self.deadline - waited)))
 
     @contextmanager
-    def tx(self) -> Iterator[Connection]:
-        with self.engine.begin() as conn:
-            yield conn
+    def tx(self, *, durable: bool = False) -> Iterator[Connection]:
+        """One transaction. ``durable``: committed only once it is on disk, for a record a provider is asked to
+        act on next (an allocation's, before it is asked for), which a loss of power must not take back.
+
+        A SQLite file's journal writes ahead to its log (WAL) with ``synchronous=NORMAL``: each commit is written
+        to the log, which the kernel syncs to disk later (a process that dies loses nothing; a machine that loses
+        power may lose the last commits). A durable transaction is committed with ``synchronous=FULL``, which syncs
+        the log first (measured here: 0.4 ms, against 0.03 ms). Every other database this journal supports
+        commits durably already."""
+        if not (durable and self._sqlite_file):
+            with self.engine.begin() as conn:
+                yield conn
+            return
+        with self.engine.connect() as conn:
+            sqlite = conn.connection.driver_connection
+            assert sqlite is not None
+            sqlite.execute("PRAGMA synchronous=FULL")  # outside any transaction: the driver begins one at a write
+            try:
+                with conn.begin():
+                    yield conn
+            finally:
+                with contextlib.suppress(Exception):  # a connection that broke is not pooled again
+                    sqlite.execute("PRAGMA synchronous=NORMAL")
 
     def close(self) -> None:
         self.engine.dispose()
@@ -789,10 +816,13 @@ class Journal:
         With ``fence``, only while that lease is current (its epoch, not ended), checked in the same
         transaction: a runner whose attempt was taken over journals nothing.
 
+        The record is on disk when this returns (``tx(durable=True)``): a provider may hold what it allocates
+        past a loss of power (a created container does), and compensation finds it only by this record's key.
+
         Raises:
             SandboxLeaseFenced: ``fence`` was taken over or ended; nothing was written.
         """
-        with self.tx() as c:
+        with self.tx(durable=True) as c:
             if fence is not None:
                 _hold(c, fence)
             c.execute(
