@@ -541,6 +541,25 @@ async def test_a_restarted_provider_adopts_an_instance_from_its_label(kit: Kit) 
 
 
 @pytest.mark.anyio
+async def test_activation_is_recorded_beside_the_label_not_by_replacing_it(kit: Kit) -> None:
+    """Activating makes a file of its own (``state.mark_active``) rather than renaming a new label over the old one,
+    which ext4 makes wait for the new file's data; a provider started afresh reads each state back."""
+    layout = Layout(kit.provider.state_dir)
+    provisioned = await kit.provisioned("ak-mark")
+    label = layout.instance_label("ak-mark")
+    before = label.stat().st_ino
+    fresh = make_kit(HostProcessProvider(state_dir=kit.provider.state_dir))
+    assert (await fresh.provider.inspect(InspectRequest(**provisioned))).state == "provisioning"
+    await kit.provider.activate(ActivateRequest(**provisioned))
+    assert label.stat().st_ino == before
+    assert layout.instance_active("ak-mark").is_file()
+    again = make_kit(HostProcessProvider(state_dir=kit.provider.state_dir))
+    assert (await again.provider.inspect(InspectRequest(**provisioned))).state == "active"
+    await kit.release(provisioned)
+    assert not layout.instance_dir("ak-mark").exists()
+
+
+@pytest.mark.anyio
 async def test_undeclared_members_are_unsupported(kit: Kit) -> None:
     call = await kit.active("ak-x")
     with pytest.raises(SandboxOperationUnsupported):

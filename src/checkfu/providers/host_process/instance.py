@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
 
 from checkfu.contract.labels import owner_labels
 from checkfu.contract.members import InstanceState
@@ -46,7 +45,3 @@ class Instance:
             cgroups=self.cgroups.as_label() if self.cgroups is not None else {},
             groups=list(self.groups),
         )
-
-    def label_as(self, new: Literal["provisioning", "active"]) -> InstanceLabel:
-        """The label this instance will have in state ``new``."""
-        return self.label().model_copy(update={"state": new})

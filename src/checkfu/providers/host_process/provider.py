@@ -247,7 +247,7 @@ class HostProcessProvider:
         async with instance.lock:
             transition(instance.state, "activate")
             with seam("activate"):
-                state.write_label(self._layout.instance_label(instance.key), instance.label_as("active"))
+                state.mark_active(self._layout.instance_active(instance.key))
             instance.state = "active"
         return InstanceResult(**echo(request, state=instance.state))
 
@@ -588,7 +588,7 @@ class HostProcessProvider:
             key=label.allocation_key,
             instance_id=label.instance_id,
             runner_tag=label.runner_tag,
-            state=label.state,
+            state="active" if self._layout.instance_active(label.allocation_key).exists() else label.state,
             workdir=self._layout.workdir(label.allocation_key),
             cgroups=recorded if recorded.dirs else None,
             groups=self._recorded_groups(label.allocation_key, label),
