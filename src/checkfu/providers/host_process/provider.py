@@ -365,9 +365,14 @@ class HostProcessProvider:
                 transition(instance.state, "release")
                 instance.closing = True
                 with seam("release"):
-                    await asyncio.to_thread(
-                        self._store.destroy, instance.key, [instance.cgroups], list(instance.groups), self._kill_grace
-                    )
+                    if instance.cgroups is not None or not self._store.destroy_at_once(instance.key, instance.groups):
+                        await asyncio.to_thread(
+                            self._store.destroy,
+                            instance.key,
+                            [instance.cgroups],
+                            list(instance.groups),
+                            self._kill_grace,
+                        )
                 self._released(instance)
         return ReleaseResult(**echo(request, state="released", destroyed=True))
 
@@ -638,7 +643,10 @@ class HostProcessProvider:
         self._by_key[key] = instance.instance_id
         try:
             with seam("provision"):
-                await asyncio.to_thread(self._store.create, instance, limits)
+                if instance.cgroups is None:  # a label and two directories: sooner here than a worker thread's trip
+                    self._store.create(instance, limits)
+                else:
+                    await asyncio.to_thread(self._store.create, instance, limits)
         except BaseException:
             del self._by_key[key]
             raise

@@ -1,13 +1,16 @@
 """The state directory's blocking operations: creating, destroying, snapshotting, listing.
 
 Every method here touches the disk, cgroup files or ``/proc`` and may block:
-call them from a worker thread, never on the event loop. Order is what makes a
+call them from a worker thread, never on the event loop, except where one says it
+is bounded (a few calls, no waiting). Order is what makes a
 crash at any point reclaimable by label: a label is written before anything it
 names exists, and removed after everything it names is gone.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 from collections.abc import Iterable
 from contextlib import AbstractContextManager, nullcontext
 from typing import Literal
@@ -95,6 +98,46 @@ class Store:
             label.unlink(missing_ok=True)
             directory.rmdir()
         return existed
+
+    def destroy_at_once(self, key: str, groups: Iterable[tuple[int, int]]) -> bool:
+        """``destroy`` for an instance with no cgroups, no process left in its recorded groups and an empty
+        working directory: done here, on the caller's thread, and ``True``. It is a few calls (a signal-0 probe per
+        group, then removals), where a worker thread's round trip costs 0.35 ms here, a tenth of a first command
+        on this tier. ``False``, with nothing removed, for anything else (a process to end, files to remove, an
+        entry it does not know): ``destroy`` does that, on a worker thread.
+
+        Raises:
+            OSError: a removal failed after the first (the instance is then partly gone; ``destroy`` finishes it).
+        """
+        for pgid, _start in groups:
+            try:
+                os.killpg(pgid, 0)
+            except ProcessLookupError:
+                continue
+            except PermissionError:
+                pass
+            return False  # something holds that group id: ``destroy`` tells whether it is ours and ends it
+        directory = self.layout.instance_dir(key)
+        known = {
+            self.layout.instance_label(key).name,
+            self.layout.workdir(key).name,
+            self.layout.instance_groups(key).name,
+            self.layout.instance_active(key).name,
+        }
+        try:
+            if not set(os.listdir(directory)) <= known:
+                return False
+            os.rmdir(self.layout.workdir(key))  # not empty, or a mount point: left to ``destroy``
+        except FileNotFoundError:
+            pass
+        except OSError:
+            return False
+        for path in (self.layout.instance_groups(key), self.layout.instance_active(key)):
+            path.unlink(missing_ok=True)
+        self.layout.instance_label(key).unlink(missing_ok=True)  # last: it names everything above
+        with contextlib.suppress(FileNotFoundError):
+            os.rmdir(directory)
+        return True
 
     def write_snapshot(self, instance: Instance, label: SnapshotLabel) -> None:
         """Label, then write, a tarball of the instance's working directory, held still while it is read.
