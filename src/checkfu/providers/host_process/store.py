@@ -107,7 +107,8 @@ class Store:
         entry it does not know): ``destroy`` does that, on a worker thread.
 
         Raises:
-            OSError: a removal failed after the first (the instance is then partly gone; ``destroy`` finishes it).
+            OSError: a removal failed after the working directory's (the instance is partly gone, its label last;
+                a release tried again, or ``destroy``, finishes it).
         """
         for pgid, _start in groups:
             try:
