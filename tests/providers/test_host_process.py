@@ -560,6 +560,16 @@ async def test_activation_is_recorded_beside_the_label_not_by_replacing_it(kit: 
 
 
 @pytest.mark.anyio
+async def test_release_takes_what_its_processes_left_beside_their_working_directory(kit: Kit) -> None:
+    """A process of the instance replaced the activation marker with a directory of its own: release still
+    removes everything, on its worker thread."""
+    call = await kit.active("ak-beside")
+    assert (await kit.sh(call, "rm ../active && mkdir ../active && echo x > ../active/f")).exit_code == 0
+    await kit.release(call)
+    assert not Layout(kit.provider.state_dir).instance_dir("ak-beside").exists()
+
+
+@pytest.mark.anyio
 async def test_undeclared_members_are_unsupported(kit: Kit) -> None:
     call = await kit.active("ak-x")
     with pytest.raises(SandboxOperationUnsupported):

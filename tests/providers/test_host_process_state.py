@@ -110,6 +110,19 @@ def test_destroying_at_once_leaves_anything_else_whole_for_the_worker(tmp_path: 
     assert not layout.instance_dir("ak-2").exists()
 
 
+def test_a_name_of_the_wrong_kind_is_left_for_the_worker(tmp_path: Path) -> None:
+    """A process of the instance can write beside its working directory: a directory where the provider makes a
+    file (``active``, ``groups``) is ``destroy``'s to remove, and nothing is removed before that is known."""
+    store, layout = _made(tmp_path, "ak-4")
+    layout.instance_active("ak-4").unlink()
+    layout.instance_active("ak-4").mkdir()
+    (layout.instance_active("ak-4") / "inside").write_text("x")
+    assert store.destroy_at_once("ak-4", []) is False
+    assert layout.instance_label("ak-4").is_file() and layout.workdir("ak-4").is_dir()
+    assert store.destroy("ak-4", [None], [], 0.0) is True
+    assert not layout.instance_dir("ak-4").exists()
+
+
 def test_a_working_directory_that_is_a_mount_point_is_left_for_the_worker(tmp_path: Path) -> None:
     store, layout = _made(tmp_path, "ak-3")
     source = tmp_path / "source"

@@ -365,7 +365,7 @@ class HostProcessProvider:
                 transition(instance.state, "release")
                 instance.closing = True
                 with seam("release"):
-                    if instance.cgroups is not None or not self._store.destroy_at_once(instance.key, instance.groups):
+                    if instance.cgroups is not None or not self._destroyed_at_once(instance):
                         await asyncio.to_thread(
                             self._store.destroy,
                             instance.key,
@@ -375,6 +375,14 @@ class HostProcessProvider:
                         )
                 self._released(instance)
         return ReleaseResult(**echo(request, state="released", destroyed=True))
+
+    def _destroyed_at_once(self, instance: Instance) -> bool:
+        """Whether ``Store.destroy_at_once`` took the whole instance; one it left partly removed (a removal
+        failed) is ``destroy``'s to finish, as is anything it would not take."""
+        try:
+            return self._store.destroy_at_once(instance.key, instance.groups)
+        except OSError:
+            return False
 
     async def compensate(self, request: CompensateRequest) -> CompensateResult:
         """Reclaim whatever carries ``allocation_key`` and ``runner_tag``, trusting no earlier answer.

@@ -4,14 +4,17 @@ Layout, all below one ``state_dir``::
 
     instances/<allocation_key>/label.json     the instance's label, written first, removed last
     instances/<allocation_key>/work/          its working directory (cwd and HOME of its processes)
+    instances/<allocation_key>/groups         the process groups its spawns lead, appended one per line
+    instances/<allocation_key>/active         empty, made when it was activated
     instances/<allocation_key>/clone.tar      transient, while a clone copies its source
     snapshots/<allocation_key>.json           a snapshot's label, written before its bytes
     snapshots/<allocation_key>.tar            the snapshot: a tarball of a working directory
 
 Every label carries the contract's owner labels (``checkfu.contract.labels``); an
 object exists only while its label does, so compensation and enumeration need
-nothing but the state directory. Labels are replaced atomically (write, then
-rename), so a reader sees the old label or the new one, never half of one.
+nothing but the state directory. A label is written atomically (write, then rename),
+so a reader sees all of one or none; an instance's is written once, and what changes
+later (activation, the groups) lives in files of their own beside it.
 """
 
 from __future__ import annotations

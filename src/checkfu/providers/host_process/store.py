@@ -119,15 +119,19 @@ class Store:
                 pass
             return False  # something holds that group id: ``destroy`` tells whether it is ours and ends it
         directory = self.layout.instance_dir(key)
-        known = {
+        files = {
             self.layout.instance_label(key).name,
-            self.layout.workdir(key).name,
             self.layout.instance_groups(key).name,
             self.layout.instance_active(key).name,
         }
+        work = self.layout.workdir(key).name
         try:
-            if not set(os.listdir(directory)) <= known:
-                return False
+            with os.scandir(directory) as entries:
+                for entry in entries:
+                    # Each name as this provider makes it (a process of the instance may have made another kind)
+                    expected = entry.is_dir(follow_symlinks=False) if entry.name == work else entry.name in files
+                    if not expected or (entry.name in files and not entry.is_file(follow_symlinks=False)):
+                        return False
             os.rmdir(self.layout.workdir(key))  # not empty, or a mount point: left to ``destroy``
         except FileNotFoundError:
             pass
