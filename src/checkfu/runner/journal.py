@@ -599,9 +599,12 @@ class Journal:
                 yield conn
             return
         with self.engine.connect() as conn:
-            sqlite = conn.connection.driver_connection
-            assert sqlite is not None
-            sqlite.execute("PRAGMA synchronous=FULL")  # outside any transaction: the driver begins one at a write
+            sqlite, dbapi = conn.connection.driver_connection, self.engine.dialect.dbapi
+            assert sqlite is not None and dbapi is not None
+            try:
+                sqlite.execute("PRAGMA synchronous=FULL")  # outside any transaction: the driver begins one at a write
+            except dbapi.Error as exc:  # raised as SQLAlchemy raises the driver's errors, for ``journaled`` to judge
+                raise sa_exc.DBAPIError.instance("PRAGMA synchronous=FULL", None, exc, dbapi.Error) from None
             try:
                 with conn.begin():
                     yield conn
