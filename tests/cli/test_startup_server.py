@@ -24,7 +24,8 @@ from typing import Any
 
 import pytest
 
-from checkfu.cli import consoles, startup
+from checkfu.cli import consoles, startup, state
+from checkfu.runner.journal import Journal, sqlite_url
 
 from .test_run_docker import BUSYBOX, connect, leftovers
 
@@ -442,6 +443,25 @@ def test_what_a_command_leaves_until_its_status_is_told_runs_after_it(tmp_path: 
         assert not marker.exists(), "the work ran before the status was told"
         assert proc.wait(timeout=30) == 3
     assert marker.read_text() == "all done"  # each job on its own: one that fails leaves the next to run
+
+
+def test_a_journal_is_closed_at_once_or_after_the_reply(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``close_journal`` closes at once in a command of its own, and in a server's child leaves the close for
+    ``AFTER_REPLY``: its pooled connection stays open until then."""
+    journal = Journal(sqlite_url(tmp_path / "journal.sqlite"))
+    journal.list_runs()
+    assert journal.engine.pool.checkedin() == 1
+    monkeypatch.setattr(state, "AFTER_REPLY", [])
+    state.close_journal(journal)
+    assert journal.engine.pool.checkedin() == 1
+    assert state.AFTER_REPLY is not None
+    (later,) = state.AFTER_REPLY
+    later()
+    assert journal.engine.pool.checkedin() == 0
+    journal.list_runs()
+    monkeypatch.setattr(state, "AFTER_REPLY", None)
+    state.close_journal(journal)
+    assert journal.engine.pool.checkedin() == 0
 
 
 def test_a_run_in_the_server_closes_its_journal_after_telling_its_status(servers: Servers) -> None:
