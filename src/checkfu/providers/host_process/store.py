@@ -127,10 +127,12 @@ class Store:
         work = self.layout.workdir(key).name
         try:
             with os.scandir(directory) as entries:
-                for entry in entries:
-                    # Each name as this provider makes it (a process of the instance may have made another kind)
-                    expected = entry.is_dir(follow_symlinks=False) if entry.name == work else entry.name in files
-                    if not expected or (entry.name in files and not entry.is_file(follow_symlinks=False)):
+                for entry in entries:  # each of the kind this provider makes (a process of the instance may not)
+                    if entry.name == work:
+                        made = entry.is_dir(follow_symlinks=False)
+                    else:
+                        made = entry.name in files and entry.is_file(follow_symlinks=False)
+                    if not made:
                         return False
             os.rmdir(self.layout.workdir(key))  # not empty, or a mount point: left to ``destroy``
         except FileNotFoundError:
