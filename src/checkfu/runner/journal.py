@@ -524,6 +524,11 @@ _SHARED_SQLITE: list[tuple[Any, Any]] = []
 """The process's SQLite dialect and its compiled-statement cache, once a SQLite file's journal has opened."""
 
 
+def _sqlite_file(engine: Engine) -> bool:
+    """Whether ``engine`` reaches a SQLite database in a file (not in memory, not another database)."""
+    return engine.url.get_backend_name() == "sqlite" and engine.url.database not in (None, "", ":memory:")
+
+
 def _share_compiled(engine: Engine) -> None:
     """Give ``engine`` (once connected) the process's one SQLite dialect and compiled-statement cache.
 
@@ -533,7 +538,7 @@ def _share_compiled(engine: Engine) -> None:
     in a process, so every SQLite file's engine can use the first one's dialect (initialized when it connected)
     and cache; the start-up server fills them before it forks (``rehearse``). An in-memory database and every
     other database keep their own."""
-    if engine.url.get_backend_name() != "sqlite" or engine.url.database in (None, "", ":memory:"):
+    if not _sqlite_file(engine):
         return
     if not _SHARED_SQLITE:
         if getattr(engine.dialect, "server_version_info", None) is not None:  # initialized: it has connected
@@ -557,12 +562,8 @@ class Journal:
         self.unrecorded = 0
         """Provider calls whose event could not be recorded (the journal was unavailable): they still happened."""
         self.engine = make_engine(url)
-        self._sqlite_file = self.engine.url.get_backend_name() == "sqlite" and self.engine.url.database not in (
-            None,
-            "",
-            ":memory:",
-        )
-        """A SQLite database in a file: what ``tx(durable=True)`` syncs to disk itself."""
+        self._sqlite_file = _sqlite_file(self.engine)
+        """What ``tx(durable=True)`` syncs to disk itself."""
         try:
             self._upgrade()
         except BaseException:
