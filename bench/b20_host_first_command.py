@@ -6,7 +6,9 @@ run ``true`` from Python. Both run in this process, interleaved.
 
 Figures:
 - ``B20 host-process time to first command``: the provider as this host gives it
-  (with cgroups when the host allows; the figure says which);
+  (with cgroups when the host allows; the figure says which). No target when it has
+  cgroups: making, filling and removing a control group is the kernel's work, and the
+  issue's target (at most ``TARGET`` times raw) is set for the fallback below;
 - ``B20 host-process time to first command (no cgroups)``: the process-group fallback;
 - ``B20 host-process exec under a high RLIMIT_NOFILE``: one ``exec true`` in a live
   instance with the soft open-file limit at the hard limit, beside the same at
@@ -95,6 +97,8 @@ async def first_command(state: Path, name: str, cgroups: str) -> Figure:
     ours, plain = await interleave(FirstCommand(provider), raw, n=rounds(), warmup=5)
     figure = summarize(name, ours, plain, target=f"<={TARGET}x", met=lambda ratio, _a, _b: ratio <= TARGET)
     figure.extra["cgroups"] = "yes" if provider.cgroup_reason is None else "no"
+    if provider.cgroup_reason is None:
+        figure.target, figure.met = f"none with cgroups (<={TARGET}x is the fallback's)", None
     figure.extra["warmup"] = 5
     return figure
 

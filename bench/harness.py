@@ -27,7 +27,8 @@ class Figure:
     raw_p50: float | None
     ratio: float | None
     target: str
-    met: bool
+    met: bool | None
+    """``None``: the figure has no target (it is stated beside one that has)."""
     n: int
     unit: str = "s"
     extra: dict[str, Any] = field(default_factory=dict)
@@ -38,7 +39,7 @@ class Figure:
         extra = "".join(f" {k}={_show(v)}" for k, v in self.extra.items())
         return (
             f"{self.name}: ours p50={_fmt(self.ours_p50, self.unit)} raw p50={raw} ratio={ratio} "
-            f"target={self.target} met={'yes' if self.met else 'no'} (n={self.n}){extra}"
+            f"target={self.target} met={'-' if self.met is None else 'yes' if self.met else 'no'} (n={self.n}){extra}"
         )
 
     def record(self) -> dict[str, Any]:
