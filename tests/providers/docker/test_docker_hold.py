@@ -76,6 +76,25 @@ async def test_a_held_sandbox_waits_frozen_and_thaws_with_its_mounts_staged_and_
     assert not [o for o in leftovers(client, adopter.runner_tag) if o[2] == key]
 
 
+async def test_a_held_sandbox_whose_last_upload_fails_is_frozen_again(held: Kit, adopter: Kit, client: Any) -> None:
+    """A held sandbox thaws while its mounts' last files go up; when that upload fails, it is paused again and
+    reads ``provisioning`` (no thaw mark), so nothing runs in it, and its release leaves nothing."""
+    files = {"/workspace/f": b"never lands\n"}
+    key, made = await held.provision("held-fails", mounts=plans_for(files))
+    box = Box(adopter, key, made.instance_id)
+    try:
+        await adopter.stage(box.call, files)  # spooled: it goes up at activate
+        client.api.remove_container(L.stager_name(made.instance_id), force=True)  # behind the provider's back
+        with pytest.raises(Exception, match="uploading staged files"):
+            await adopter.provider.activate(ActivateRequest(**box.call))
+        state = client.api.inspect_container(made.instance_id)["State"]
+        assert state["Paused"], state
+        assert (await adopter.provider.inspect(InspectRequest(**box.call))).state == "provisioning"
+    finally:
+        await box.release()
+    assert not [o for o in leftovers(client, adopter.runner_tag) if o[2] == key]
+
+
 async def test_a_held_sandbox_is_reclaimed_cold(held: Kit, client: Any, tmp_path: Any) -> None:
     key, made = await held.provision("held-cold", mounts=plans_for({"/data/x": b"x"}))
     assert client.api.inspect_container(made.instance_id)["State"]["Paused"]

@@ -219,6 +219,7 @@ async def test_a_large_file_with_the_wrong_digest_is_stopped_and_keeps_activate_
         assert raised.value.field == "digest"
         with pytest.raises(SandboxProviderFailed, match="'/workspace/big' may be partly written"):
             await kit.provider.activate(ActivateRequest(**call))
+        assert kit.client.api.inspect_container(inst.instance_id)["State"]["Status"] == "created"  # not started
         cold = provider_module.DockerProvider(state_dir=kit.docker.state_dir, cache_tag=kit.runner_tag, workers=4)
         try:  # the mark is on disk: a provider built later refuses too
             with pytest.raises(SandboxProviderFailed, match="may be partly written"):
@@ -231,3 +232,48 @@ async def test_a_large_file_with_the_wrong_digest_is_stopped_and_keeps_activate_
     finally:
         await kit.provider.release(ReleaseRequest(**call))
     assert not list((Path(kit.docker.state_dir) / "staging").glob(f"{inst.instance_id}~*"))
+
+
+async def test_the_sandbox_starts_while_the_last_files_go_up_and_an_upload_that_fails_stops_it_again(
+    kit: Kit, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``activate`` starts the sandbox while it uploads what the spool still holds (nothing of the sandbox user's
+    runs before it returns); when that upload fails, the sandbox is stopped again, and released whole."""
+    files = {"a.txt": b"first\n", "b.txt": b"second\n"}
+    key, inst = await kit.provision("start-beside", mounts=(_plan("/workspace", files),))
+    call = {"target": kit.target, "lease": LEASE, "allocation_key": key, "instance_id": inst.instance_id}
+    seen: list[str] = []
+    upload = provider_module.DockerProvider._upload_segment
+
+    def watched(self: provider_module.DockerProvider, stager: str, segment: Any) -> None:
+        seen.append(segment.name)
+        upload(self, stager, segment)
+
+    monkeypatch.setattr(provider_module.DockerProvider, "_upload_segment", watched)
+    try:
+        await _write(kit, call, "/workspace/a.txt", files["a.txt"])
+        await _write(kit, call, "/workspace/b.txt", files["b.txt"])
+        await kit.provider.activate(ActivateRequest(**call))
+        assert seen, "activate uploaded nothing: the files were not left in the spool"
+        out = await kit.provider.exec(
+            ExecRequest(
+                **call, argv=["cat", "/workspace/a.txt", "/workspace/b.txt"], timeout_ms=10_000, max_output_bytes=1024
+            )
+        )
+        assert out.stdout == b"first\nsecond\n"
+        assert not kit.client.containers.list(all=True, filters={"name": L.stager_name(inst.instance_id)})
+    finally:
+        await kit.provider.release(ReleaseRequest(**call))
+
+    key, inst = await kit.provision("start-beside-fails", mounts=(_plan("/workspace", files),))
+    call = {"target": kit.target, "lease": LEASE, "allocation_key": key, "instance_id": inst.instance_id}
+    try:
+        await _write(kit, call, "/workspace/a.txt", files["a.txt"])  # spooled: it goes up at activate
+        kit.client.api.remove_container(L.stager_name(inst.instance_id), force=True)  # behind the provider's back
+        with pytest.raises(SandboxProviderFailed, match="activate: uploading staged files"):
+            await kit.provider.activate(ActivateRequest(**call))
+        state = kit.client.api.inspect_container(inst.instance_id)["State"]
+        assert not state["Running"], state
+    finally:
+        await kit.provider.release(ReleaseRequest(**call))
+    assert not [x for x in leftovers(kit.client, kit.runner_tag) if x[2] == key]

@@ -1080,19 +1080,35 @@ class DockerProvider:
             self._fill_writable(instance, target)
 
     def _start_blocking(self, instance: Instance) -> None:
-        """Flush the staged files into the mount volumes, drop the stager, start the sandbox and verify it."""
+        """Flush the staged files into the mount volumes and start the sandbox meanwhile, drop the stager, and
+        verify the sandbox.
+
+        The sandbox starts (or thaws) while the last staged files go up: until ``activate`` returns, all that runs
+        in it is its init, and the sandbox user's first process is asked for only after that, so every mount is
+        whole before anything of theirs can read it. A file marked partly written refuses before anything starts;
+        an upload that fails leaves the sandbox as it was (stopped again, or paused again when held).
+        """
         api = self.engine.api
-        if instance.stager is not None:
+        if instance.stager is None:
+            self._start_or_thaw(instance)
+        else:
             spool = self.spools.get(instance.name, instance.runner_tag)
             with spool.lock:
                 spool.seal()
-                self._drain(spool, instance.stager, "activate")
                 if spool.partial:
                     path = sorted(spool.partial)[0]
                     raise SandboxProviderFailed(
                         f"activate: {path!r} may be partly written in its mount (its upload failed or its bytes did "
                         "not match their digest); write it again, or release the instance"
                     )
+                started = self._fanout.submit(self._start_or_thaw, instance)
+                try:
+                    self._drain(spool, instance.stager, "activate")
+                except BaseException:
+                    if started.exception() is None:
+                        self._stop_again(instance)
+                    raise
+            started.result()
             if instance.held:  # its work is done; a held sandbox's thaw does not wait for its removal
                 self._in_background(
                     instance.name, self._gone, functools.partial(api.remove_container, instance.stager, force=True)
@@ -1103,13 +1119,6 @@ class DockerProvider:
                 except Exception as exc:
                     if _status(exc) != 404:
                         raise
-        if instance.held:
-            mark = self._thaw_mark(instance.name, instance.runner_tag)
-            mark.parent.mkdir(parents=True, exist_ok=True)
-            mark.touch()
-            api.unpause(instance.container_id)
-        else:
-            api.start(instance.container_id)
         if instance.proxy is None:
             if not instance.held:  # a held one's flags were checked when it was started, at provision
                 self._verify_sealed(instance)
@@ -1132,6 +1141,29 @@ class DockerProvider:
         if instance.restore is None:
             for target in instance.writable:
                 self._fill_writable(instance, target)
+
+    def _start_or_thaw(self, instance: Instance) -> None:
+        """Start the sandbox; thaw it when held (marked thawed first)."""
+        api = self.engine.api
+        if instance.held:
+            mark = self._thaw_mark(instance.name, instance.runner_tag)
+            mark.parent.mkdir(parents=True, exist_ok=True)
+            mark.touch()
+            api.unpause(instance.container_id)
+        else:
+            api.start(instance.container_id)
+
+    def _stop_again(self, instance: Instance) -> None:
+        """Put a sandbox whose activation failed after it started back as it was before: paused when held (and no
+        longer marked thawed), else stopped. Best effort: releasing it removes it either way."""
+        api = self.engine.api
+        with contextlib.suppress(Exception):
+            if instance.held:
+                api.pause(instance.container_id)
+                self._unmark_thawed(instance.name, instance.runner_tag)
+            else:
+                api.kill(instance.container_id)
+                api.wait(instance.container_id, timeout=10)
 
     def _fill_writable(self, instance: Instance, target: str) -> None:
         """Extract a writable mount's spool into its area of the started sandbox (the engine writes into the
