@@ -144,14 +144,17 @@ def test_a_runner_file_open_in_a_process_is_found(tmp_path: Any) -> None:
     path.write_bytes(b"x")
     with open(path, "rb") as held:
         child = subprocess.Popen(
-            [sys.executable, "-c", "import time; time.sleep(30)"],
+            [sys.executable, "-c", "import time; print('ready', flush=True); time.sleep(30)"],
             stdin=held,
-            stdout=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
         )
         try:
+            # Once it has started: while the interpreter starts, the loader holds the libraries it maps open
+            # (libm.so.6 on fd 3, say), and one the runner holds open too would be found beside the file.
+            assert child.stdout is not None and child.stdout.readline() == b"ready\n"
             found = posture.leaked(posture.read(child.pid), posture.runner_identities(), inherited_pipes=True)
             assert [(d.fd, d.target) for d in found] == [(0, str(path))]
         finally:
             child.kill()
-            child.wait()
+            child.communicate()
