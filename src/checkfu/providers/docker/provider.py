@@ -1653,6 +1653,10 @@ class DockerProvider:
             first.append(lambda: api.images(filters=selector))
         found = self._all(*first)
         volumes = instance.volumes + ((egress.socket_volume(instance.name),) if instance.proxy is not None else ())
+        if not has_handle:
+            # Only the volumes named after the instance (its mounts', its egress socket's) outlive its container:
+            # the anonymous ones (its areas, among the volumes of one read from the engine) went with it (v=True).
+            volumes = tuple(v for v in volumes if v.startswith(f"{instance.name}-"))
         if handle is not None:
             volumes += tuple(v for v in handle.volumes if v not in volumes)
         second: list[Callable[[], int]] = [
