@@ -8,8 +8,8 @@ the same arguments (a module that imported another's console keeps the same obje
 
 When a console writes to no terminal and in no colour (a pipe, a file: every ``checkfu run`` a script or a benchmark
 reads), a line of markup prints as its plain text, written at once (``PlainWhenPiped.print``): the text rich would
-have written, without building the segments that only a terminal needs. A Run prints some twenty such lines, and
-rich's whole path cost about 0.35 ms a line there.
+have written, without building the segments that only a terminal needs. A Run prints some twenty such lines: rich's
+whole path took 0.1 to 0.4 ms a line in one (measured), the plain one about 0.03 ms.
 """
 
 from __future__ import annotations
