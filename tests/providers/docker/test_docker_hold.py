@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from docker_kit import LEASE, Box, Kit, leftovers, plans_for
 
-from checkfu.contract.errors import SandboxAdapterUnavailable, SandboxStateConflict
+from checkfu.contract.errors import SandboxAdapterUnavailable, SandboxProviderFailed, SandboxStateConflict
 from checkfu.contract.members import ActivateRequest, CompensateRequest, InspectRequest, SnapshotRequest
 from checkfu.providers.docker import DockerProvider, create
 from checkfu.providers.docker import labels as L
@@ -85,7 +85,7 @@ async def test_a_held_sandbox_whose_last_upload_fails_is_frozen_again(held: Kit,
     try:
         await adopter.stage(box.call, files)  # spooled: it goes up at activate
         client.api.remove_container(L.stager_name(made.instance_id), force=True)  # behind the provider's back
-        with pytest.raises(Exception, match="uploading staged files"):
+        with pytest.raises(SandboxProviderFailed, match="activate: uploading staged files"):
             await adopter.provider.activate(ActivateRequest(**box.call))
         state = client.api.inspect_container(made.instance_id)["State"]
         assert state["Paused"], state

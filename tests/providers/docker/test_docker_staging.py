@@ -245,7 +245,7 @@ async def test_the_sandbox_starts_while_the_last_files_go_up_and_an_upload_that_
     seen: list[str] = []
     upload = provider_module.DockerProvider._upload_segment
 
-    def watched(self: provider_module.DockerProvider, stager: str, segment: Any) -> None:
+    def watched(self: provider_module.DockerProvider, stager: str, segment: Path) -> None:
         seen.append(segment.name)
         upload(self, stager, segment)
 
