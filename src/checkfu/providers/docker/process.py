@@ -72,6 +72,11 @@ class FrameDecoder:
         """Bytes of an incomplete frame held back."""
         return len(self._buf) - self._pos
 
+    @property
+    def ended(self) -> bool:
+        """Whether the stream said it has ended (never: an exec's stream ends when the engine closes it)."""
+        return False
+
 
 @dataclass
 class Capture:
@@ -116,12 +121,26 @@ def hijack(
         SandboxProviderFailed: the engine refused the start otherwise, or closed the connection.
         OSError: the engine cannot be reached.
     """
+    body = b'{"Detach":false,"Tty":true}' if tty else b'{"Detach":false,"Tty":false}'
+    return upgrade(dial, f"/v{api_version}/exec/{exec_id}/start", body, "exec start", timeout=timeout)
+
+
+def upgrade(
+    dial: Callable[[float], Stream], path: str, body: bytes, what: str, *, timeout: float = 60.0
+) -> tuple[Stream, bytes]:
+    """``POST path`` asking the engine to turn the connection into a raw stream (an exec's start, a container's
+    attach); the stream and the bytes already read past the answer's headers.
+
+    Raises:
+        SandboxNotFound, SandboxStateConflict: as the engine's status says.
+        SandboxProviderFailed: the engine refused otherwise, or closed the connection.
+        OSError: the engine cannot be reached.
+    """
     sock = dial(timeout)
     try:
         sock.settimeout(timeout)
-        body = b'{"Detach":false,"Tty":true}' if tty else b'{"Detach":false,"Tty":false}'
         head = (
-            f"POST /v{api_version}/exec/{exec_id}/start HTTP/1.1\r\nHost: docker\r\n"
+            f"POST {path} HTTP/1.1\r\nHost: docker\r\n"
             f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
             "Connection: Upgrade\r\nUpgrade: tcp\r\n\r\n"
         ).encode()
@@ -130,10 +149,10 @@ def hijack(
         while b"\r\n\r\n" not in buf:
             chunk = sock.recv(4096)
             if not chunk:
-                raise SandboxProviderFailed("exec start: the engine closed the connection before answering")
+                raise SandboxProviderFailed(f"{what}: the engine closed the connection before answering")
             buf += chunk
             if len(buf) > 1 << 16:
-                raise SandboxProviderFailed("exec start: the engine's answer has no end of headers")
+                raise SandboxProviderFailed(f"{what}: the engine's answer has no end of headers")
         header, _, rest = buf.partition(b"\r\n\r\n")
         status = int(header.split(b" ", 2)[1])
         if status in (101, 200):
@@ -141,7 +160,7 @@ def hijack(
             return sock, rest
         message = _error_message(rest)
         cls = STATUS_ERRORS.get(status)
-        detail = f"exec start: engine answered {status}" + (f" ({message})" if message else "")
+        detail = f"{what}: engine answered {status}" + (f" ({message})" if message else "")
         if cls is not None:
             raise cls(detail)
         raise SandboxProviderFailed(detail, retryable=status >= 500)
@@ -167,14 +186,17 @@ def pump(
     cap: int,
     deadline: float,
     cancel: threading.Event,
+    decoder: FrameDecoder | None = None,
+    captures: tuple[Capture, Capture] | None = None,
 ) -> tuple[Capture, Capture, bool]:
     """Feed ``stdin`` (then half-close) and collect both streams until EOF, the deadline or ``cancel``.
 
-    Returns the two captures and whether the stream ended (``False`` when the
-    deadline passed or the caller cancelled first).
+    Returns the two captures and whether the stream ended (``False`` when the deadline passed or the caller
+    cancelled first). A ``decoder`` whose ``ended`` turns true (``starter.Records``: the process's exit was
+    reported in the stream itself) ends the stream there. ``captures``: what was already read of the streams.
     """
-    out, err = Capture(cap), Capture(cap)
-    decoder = FrameDecoder()
+    out, err = captures if captures is not None else (Capture(cap), Capture(cap))
+    decoder = decoder if decoder is not None else FrameDecoder()
 
     def take(data: bytes) -> None:
         for stream, payload in decoder.feed(data):
@@ -184,6 +206,8 @@ def pump(
                 err.add(payload)
 
     take(initial)
+    if decoder.ended:
+        return out, err, True
     pending = memoryview(stdin) if stdin is not None else None
     if pending is not None and len(pending) == 0:
         _close_write(sock)
@@ -223,6 +247,8 @@ def pump(
                 if not data:
                     return out, err, True
                 take(data)
+                if decoder.ended:
+                    return out, err, True
 
 
 def _close_write(sock: Stream) -> None:
