@@ -3,8 +3,9 @@
 in it.
 
 The processes are found through the engine (the container's init pid) and the process table (everything in its
-pid namespace: the init, the sandbox's command, a ``docker exec`` process kept open through ``openProcess``),
-never through the provider. The oracle is itself checked: on a plain container without the hardening it finds
+pid namespace: the init, the sandbox's starter and the subshell it runs its line in, the first process kept open
+through ``openProcess``, which the starter started, and a second, a ``docker exec`` process), never through the
+provider. The oracle is itself checked: on a plain container without the hardening it finds
 every axis not held, so a pass cannot come from an oracle that never fails.
 """
 
@@ -23,6 +24,7 @@ from docker_kit import Box, Kit
 import posture
 from checkfu.contract.enforcement import AXES, counts_as_enforcement
 from checkfu.contract.members import OpenProcessRequest
+from checkfu.contract.process import ProcessExit
 from checkfu.contract.profile import SandboxProfile
 from checkfu.providers.docker import labels as L
 from checkfu.providers.docker.spec import split_disk
@@ -41,29 +43,41 @@ class Posed:
 
 @pytest.fixture
 async def posed(kit: Kit) -> AsyncIterator[Posed]:
-    """A sandbox with a mount, tight limits, and a process kept open in it while the oracle reads."""
+    """A sandbox with a mount, tight limits, and two processes kept open in it while the oracle reads: the first,
+    which the sandbox's starter started, and a second, an exec."""
     profile = kit.profile(cpu_millis=250, memory_mib=64, pids=32, disk_mib=16)
     box = await kit.up("posture", profile=profile, files={"/workspace/README": b"hello\n"})
     try:
-        proc = await kit.provider.open_process(OpenProcessRequest(**box.call, argv=("sh", "-c", "read x; echo $x")))
+        procs = [
+            await kit.provider.open_process(OpenProcessRequest(**box.call, argv=("sh", "-c", "read x; echo $x")))
+            for _ in range(2)
+        ]
+        assert procs[0].started.process_id.startswith("starter-") and not procs[1].started.process_id.startswith(
+            "starter-"
+        )
         init = int(kit.client.api.inspect_container(box.instance_id)["State"]["Pid"])
         found: list[posture.Posture] = []
         for _ in range(200):  # the exec'd shell appears a moment after openProcess answers, first as runc's init
             found = posture.read_all(posture.pids_in_namespace_of(init))
-            if sorted(p.comm for p in found) == ["docker-init", "sh", "sleep"]:
+            if sorted(p.comm for p in found) == PROCESSES:
                 break
             await asyncio.sleep(0.05)
         yield Posed(box, profile, found)
-        await proc.send_stdin(b"bye\n")
-        await proc.close_stdin()
-        _ = [e async for e in proc.events()]
+        for proc in procs:
+            await proc.send_stdin(b"bye\n")
+            await proc.close_stdin()
+            assert [e async for e in proc.events()][-1] == ProcessExit(exit_code=0)
     finally:
         await box.release()
 
 
+PROCESSES = ["docker-init", "sh", "sh", "sh", "sh"]
+"""The engine's init, the starter and its subshell, the first process and the exec."""
+
+
 async def test_every_process_holds_every_axis_the_envelope_claims(posed: Posed, kit: Kit) -> None:
     envelope = (await kit.provider.describe()).envelope
-    assert sorted(p.comm for p in posed.postures) == ["docker-init", "sh", "sleep"], posed.postures
+    assert sorted(p.comm for p in posed.postures) == PROCESSES, posed.postures
     asked = posture.Asked(posed.profile, mount_targets=("/workspace",), user_namespace=envelope.user_namespace)
     report = posture.examine(posed.postures, asked)
     expected = {axis: counts_as_enforcement(envelope.enforcement.authority(axis)) for axis in AXES}

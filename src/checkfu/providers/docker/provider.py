@@ -51,6 +51,7 @@ import shutil
 import tempfile
 import threading
 import time
+import weakref
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -109,7 +110,7 @@ from checkfu.contract.members import (
 from checkfu.contract.model import format_timestamp, parse_timestamp
 from checkfu.contract.mounts import link_problem
 from checkfu.contract.paths import is_within
-from checkfu.providers.docker import egress, files, snapshots, spec
+from checkfu.providers.docker import egress, files, snapshots, spec, starter
 from checkfu.providers.docker import labels as L
 from checkfu.providers.docker.engine import DEFAULT_WORKERS, Engine, translate
 from checkfu.providers.docker.envelope import HostFacts, build_envelope, check_target, host_facts, require_served
@@ -127,8 +128,18 @@ from checkfu.providers.docker.staging import (
     discard_writable,
     writable_spool_name,
 )
+from checkfu.providers.docker.transport import Stream
 
 T = TypeVar("T")
+
+
+def _close_starters(guard: threading.Lock, starters: dict[str, tuple[Stream, bytes]]) -> None:
+    with guard:
+        attached = list(starters.values())
+        starters.clear()
+    for sock, _ in attached:
+        starter.close_quietly(sock)
+
 
 EGRESS_IMAGE = "checkfu/debian:12"
 """The image an ``allowlist`` sandbox's egress proxy and door run in, unless the provider is given another."""
@@ -310,12 +321,18 @@ class DockerProvider:
         self._unstarted: dict[str, str] = {}  # a proxy whose background start failed: the engine's reason
         self._handles: dict[str, _Handle] = {}  # instance name -> its handle, once made (removed with it)
         self._swept: dict[str, float] = {}  # runner tag -> when its expired snapshots were last swept in passing
+        self._starters: dict[str, tuple[Stream, bytes]] = {}
+        """Container id -> the stream to its starter, attached at activation, until its first process takes it.
+        Closed with this object, or when it is collected without ``close`` (a stream is never left to the
+        collector)."""
+        weakref.finalize(self, _close_starters, self._guard, self._starters)
         self.wall: Callable[[], float] = time.time
         """The wall clock expiries are stated and judged by."""
 
     def close(self) -> None:
         """Release the engine's threads and connections. Sandboxes are left as they are."""
         self._fanout.shutdown(wait=False, cancel_futures=True)
+        _close_starters(self._guard, self._starters)
         self.spools.close()
         self.rw_spools.close()
         self.engine.close()
@@ -1039,6 +1056,47 @@ class DockerProvider:
         return WriteFileResult(**echo(request, path=request.path, size=request.size, digest=request.digest))
 
     def _activate_blocking(self, instance: Instance) -> None:
+        """Activate ``instance``; its starter's stream (attached as it starts) is kept for its first process only
+        when the activation succeeds."""
+        try:
+            self._activate_sandbox(instance)
+        except BaseException:
+            self._drop_starter(instance.container_id)
+            raise
+
+    def _attach_starter(self, container_id: str) -> tuple[Stream, bytes] | None:
+        """The stream to a sandbox's starter; ``None`` when the engine would not attach (its processes are then
+        all execs)."""
+        try:
+            return starter.attach(self.engine.dial, self.engine.api_version, container_id)
+        except Exception:
+            return None
+
+    def _take_starter(
+        self, container_id: str, argv: list[str], env: dict[str, str], cwd: str
+    ) -> tuple[Stream, bytes, str, bytes] | None:
+        """The starter of ``container_id`` with the line for this process, when it has one and the process is one
+        it can start; taken, so no other process gets it."""
+        with self._guard:
+            if container_id not in self._starters:
+                return None
+        nonce = starter.new_nonce()
+        data = starter.line(nonce, argv, env, cwd)
+        if data is None:
+            return None
+        with self._guard:
+            attached = self._starters.pop(container_id, None)
+        if attached is None:
+            return None
+        return attached[0], attached[1], nonce, data
+
+    def _drop_starter(self, container_id: str) -> None:
+        with self._guard:
+            attached = self._starters.pop(container_id, None)
+        if attached is not None:
+            starter.close_quietly(attached[0])
+
+    def _activate_sandbox(self, instance: Instance) -> None:
         if instance.restore is None:
             self._start_blocking(instance)
             return
@@ -1143,8 +1201,14 @@ class DockerProvider:
                 self._fill_writable(instance, target)
 
     def _start_or_thaw(self, instance: Instance) -> None:
-        """Start the sandbox; thaw it when held (marked thawed first)."""
+        """Start the sandbox; thaw it when held (marked thawed first). Its starter is attached to just before."""
         api = self.engine.api
+        attached = self._attach_starter(instance.container_id)
+        if attached is not None:
+            with self._guard:
+                kept = self._starters.setdefault(instance.container_id, attached)
+            if kept is not attached:  # attached already (a repeated start): closing it would end the starter's stdin
+                starter.close_quietly(attached[0])
         if instance.held:
             mark = self._thaw_mark(instance.name, instance.runner_tag)
             mark.parent.mkdir(parents=True, exist_ok=True)
@@ -1241,21 +1305,42 @@ class DockerProvider:
         """
         container_id = await self._running_id(request, "exec")
         cancel = threading.Event()
+        cwd = request.cwd or self.user.home
+        taken = self._take_starter(container_id, list(request.argv), dict(request.env), cwd)
+        outcome: ExecOutcome | None = None
         try:
-            outcome: ExecOutcome = await self.engine.run(
-                "exec",
-                run_exec,
-                self.engine,
-                container_id=container_id,
-                argv=list(request.argv),
-                env=dict(request.env),
-                cwd=request.cwd or self.user.home,
-                user=self.user.spec,
-                stdin=request.stdin,
-                cap=request.max_output_bytes,
-                timeout=request.timeout_ms / 1000,
-                cancel=cancel,
-            )
+            if taken is not None:
+                sock, initial, nonce, data = taken
+                outcome = await self.engine.run(
+                    "exec",
+                    starter.run,
+                    self.engine.api,
+                    sock,
+                    initial,
+                    nonce=nonce,
+                    data=data,
+                    container_id=container_id,
+                    user=self.user.spec,
+                    stdin=request.stdin,
+                    cap=request.max_output_bytes,
+                    timeout=request.timeout_ms / 1000,
+                    cancel=cancel,
+                )
+            if outcome is None:
+                outcome = await self.engine.run(
+                    "exec",
+                    run_exec,
+                    self.engine,
+                    container_id=container_id,
+                    argv=list(request.argv),
+                    env=dict(request.env),
+                    cwd=cwd,
+                    user=self.user.spec,
+                    stdin=request.stdin,
+                    cap=request.max_output_bytes,
+                    timeout=request.timeout_ms / 1000,
+                    cancel=cancel,
+                )
         except asyncio.CancelledError:
             cancel.set()
             raise
@@ -1308,6 +1393,19 @@ class DockerProvider:
             SandboxNotFound: no such instance.
         """
         container_id = await self._running_id(request, "openProcess")
+        cwd = request.cwd or self.user.home
+        taken = (
+            None
+            if request.tty is not None
+            else self._take_starter(container_id, list(request.argv), dict(request.env), cwd)
+        )
+        if taken is not None:
+            sock, initial, nonce, data = taken
+            opened = await self.engine.run("openProcess", starter.open_started, sock, initial, nonce=nonce, data=data)
+            if opened is not None:
+                records, frames = opened
+                started = ProcessStarted(**echo(request, process_id=f"starter-{nonce}"))
+                return starter.StartedProcess(self.engine, started, sock, records, frames, container_id, self.user.spec)
         try:
             exec_id, sock, initial = await self.engine.run("openProcess", self._open_blocking, container_id, request)
         except SandboxError as exc:
@@ -1627,6 +1725,7 @@ class DockerProvider:
         api = self.engine.api
         with self._guard:
             self._releasing.add(instance.container_id)
+        self._drop_starter(instance.container_id)
         self._settle(instance.name)
         with self._guard:
             handle = self._handles.pop(instance.name, None)

@@ -42,6 +42,7 @@ from checkfu.contract.paths import is_within
 from checkfu.contract.profile import SandboxProfile
 from checkfu.providers.docker import egress
 from checkfu.providers.docker import labels as L
+from checkfu.providers.docker.starter import STARTER
 
 RESERVED_ROOTS = ("/proc", "/sys", "/dev")
 """Kernel and device trees a mount may not be placed in (``/dev/shm`` is a writable area)."""
@@ -312,7 +313,8 @@ def sandbox_spec(
         environment.update(egress.sandbox_environment())
     return {
         "image": image,
-        "command": ["sleep", "infinity"],
+        "command": ["sh", "-c", STARTER],
+        "stdin_open": True,
         "name": instance,
         "user": user.spec,
         "working_dir": user.home,

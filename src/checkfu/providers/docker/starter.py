@@ -1,0 +1,401 @@
+"""The sandbox's first process, started by its init rather than by an exec.
+
+An exec costs the engine a runtime call of its own (``runc exec``: about 40 ms here, more than everything
+else a short command needs), so the first process of a sandbox is started from inside instead. The sandbox's
+main process (under the engine's init) is the ``STARTER``, a line of ``sh`` that waits on the container's
+standard input for one line from the runner, runs it, and then idles as ``sleep infinity`` did before it:
+
+- The activating provider attaches to the container (``attach``) while the sandbox starts: one raw stream
+  carries the container's stdin to the starter and its stdout and stderr back, multiplexed as an exec's are.
+- The first ``exec`` or ``openProcess`` without a terminal writes its line (``line``): change to the working
+  directory, set the request's environment, look for the program where ``execvp`` would, then start it in a
+  session of its own (``setsid``, so it is ended as an exec is, by its process group) with the rest of the
+  stream as its stdin, and report in the stream itself its pid, then its exit status, each a record marked by
+  a random nonce (``Records``). The status goes on both streams, after everything the process wrote to each.
+- Anything the line cannot do as an exec would (no such directory, no such program, no ``setsid`` in the
+  image) is reported before anything of the request's runs (``u``), and the same request is then made as an
+  exec: every refusal and exit status stays the engine's own.
+- Every later process, a terminal's, a request naming variables ``sh`` cannot set, and every process of a
+  sandbox this provider object did not activate (a live sandbox reached from another process) is an exec.
+
+The process runs in the same container as an exec's would (namespaces, control group, user, capabilities,
+seccomp, no new privileges, limits): only who asks the kernel to start it differs. Differences from an exec,
+measured or by construction: its parent is the starter rather than outside the sandbox, and while it runs the
+starter holds one more pid of ``pids``; its output ends with its exit (an exec's stream waits for every process
+that still holds its stdout); a file with no ``#!`` line that is no binary is run by ``sh`` as ``execvp`` does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import secrets
+import socket
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any, NoReturn
+
+from checkfu.contract.errors import SandboxNotFound, SandboxProviderFailed
+from checkfu.contract.members import ProcessStarted
+from checkfu.contract.process import ProcessEvent, ProcessExit, ProcessOutput, ProcessStreamEnd
+from checkfu.providers.docker.engine import Engine
+from checkfu.providers.docker.process import (
+    EXIT_WAIT,
+    READ_SIZE,
+    STDERR,
+    STDOUT,
+    Capture,
+    DockerProcess,
+    ExecOutcome,
+    FrameDecoder,
+    pump,
+    upgrade,
+)
+from checkfu.providers.docker.transport import Stream
+
+STARTER = (
+    'nl=\'\n\'; IFS= read -r line && { (eval "$line"); s=$?; eval "${line%%;*}"; '
+    'printf \'\\000%s:x %d\\n\' "$n" "$s"; printf \'\\000%s:x %d\\n\' "$n" "$s" >&2; }; '
+    "exec sleep infinity </dev/null >/dev/null 2>&1"
+)
+"""The sandbox's main process: one line from the runner (``line``), run in a subshell (so no mistake in it can
+end the sandbox), whose status it then reports on both streams, after all the process wrote to each; then it
+idles. Without a line (no one attached, or the stream closed first) it idles at once. ``nl`` is how a line
+carries a newline inside an argument; the line's first command sets the nonce ``n`` its records are marked by.
+Neither shell holds a descriptor beyond 0-2 while the process runs, and the one that reaps the process has its
+stderr on ``/dev/null`` by then (a shell says "Killed" of a child a signal ended)."""
+
+MAX_LINE = 16 << 10
+"""A longer line is made as an exec instead (``sh`` reads its line a byte at a time)."""
+START_WAIT = 10.0
+"""How long to wait for the starter to report the process started (or that it could not start it)."""
+NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+UNSET = ("PWD", "OLDPWD", "SHLVL")
+"""Variables ``sh`` exports of its own; an exec's process does not get them (unless the request sets them)."""
+
+
+def quote(value: str) -> str:
+    """``value`` as one word of ``sh``, on one line: single quotes, a newline spliced in from ``$nl``."""
+    return "'" + value.replace("'", "'\\''").replace("\n", "'\"$nl\"'") + "'"
+
+
+def new_nonce() -> str:
+    return secrets.token_hex(16)
+
+
+def line(nonce: str, argv: list[str], env: dict[str, str], cwd: str) -> bytes | None:
+    """The starter's line for one process; ``None`` when the request is one to make as an exec."""
+    if not argv or not argv[0] or not cwd:
+        return None
+    if any("\0" in a for a in (*argv, cwd, *env, *env.values())) or not all(NAME.fullmatch(k) for k in env):
+        return None
+
+    def say(what: str) -> str:
+        return f"printf '\\000{nonce}:{what}\\n'"
+
+    unstarted = f"{{ {say('u')}; {say('u')} >&2; exit; }}"
+    unset = [name for name in UNSET if name not in env]
+    parts = [
+        f"n={nonce}",
+        f"cd -- {quote(cwd)} 2>/dev/null || {unstarted}",
+        *([f"unset {' '.join(unset)}"] if unset else []),
+        *(f"export {quote(f'{k}={v}')}" for k, v in env.items()),
+        "command -v setsid >/dev/null 2>&1 || " + unstarted,
+        f"c={quote(argv[0])}",
+        'case $c in */*) [ -f "$c" ] && [ -x "$c" ] || c= ;; '
+        '*) f=; set -f; IFS=:; for d in $PATH; do [ -f "${d:-.}/$c" ] && [ -x "${d:-.}/$c" ] && { f=1; break; }; '
+        'done; unset IFS; set +f; [ -n "$f" ] || c= ;; esac',
+        f'[ -n "$c" ] || {unstarted}',
+        "exec 3<&0",
+        f"( exec setsid {' '.join(quote(a) for a in argv)} <&3 3<&- ) & p=$!",
+        "exec 3<&- 2>/dev/null",
+        f"printf '\\000{nonce}:p %d\\n' \"$p\"",
+        'wait "$p"',
+        "exit $?",
+    ]
+    data = ("; ".join(parts) + "\n").encode()
+    return data if len(data) <= MAX_LINE else None
+
+
+class _Splitter:
+    """One stream's bytes with the starter's records taken out; nothing after its exit record."""
+
+    def __init__(self, marker: bytes) -> None:
+        self.marker = marker
+        self.held = b""
+        self.records: list[str] = []
+        self.done = False
+
+    def feed(self, data: bytes) -> bytes:
+        if self.done:
+            return b""
+        buf, out = self.held + data, bytearray()
+        marker = self.marker
+        while (i := buf.find(marker)) >= 0:
+            j = buf.find(b"\n", i)
+            if j < 0:
+                break
+            out += buf[:i]
+            record = buf[i + len(marker) : j].decode("ascii", "replace")
+            buf = buf[j + 1 :]
+            self.records.append(record)
+            if record == "u" or record.startswith("x "):
+                self.done = True
+                self.held = b""
+                return bytes(out)
+        i = buf.find(marker)
+        if i >= 0:  # a record whose end has not come yet
+            out += buf[:i]
+            self.held = buf[i:]
+            return bytes(out)
+        # the tail may be the start of a record: hold it back until the next bytes say
+        k = buf.rfind(b"\0", max(0, len(buf) - len(marker) + 1))
+        hold = k if k >= 0 and marker.startswith(buf[k:]) else len(buf)
+        out += buf[:hold]
+        self.held = buf[hold:]
+        return bytes(out)
+
+
+class Records(FrameDecoder):
+    """The attach stream of a starter: frames as an exec's, with the starter's records taken out of them.
+
+    ``pid`` (the process's, in the sandbox) once reported; ``exit_code`` and ``ended`` once its exit was
+    reported on both streams; ``unstarted`` when the starter could not start it as an exec would.
+    """
+
+    def __init__(self, nonce: str) -> None:
+        super().__init__()
+        marker = b"\0" + nonce.encode() + b":"
+        self._streams = {STDOUT: _Splitter(marker), STDERR: _Splitter(marker)}
+
+    def feed(self, data: bytes) -> list[tuple[int, bytes]]:
+        out = []
+        for stream, payload in super().feed(data):
+            split = self._streams.get(stream)
+            kept = split.feed(payload) if split is not None else payload
+            if kept:
+                out.append((stream, kept))
+        return out
+
+    def _records(self) -> list[str]:
+        return self._streams[STDOUT].records + self._streams[STDERR].records
+
+    @property
+    def unstarted(self) -> bool:
+        return "u" in self._records()
+
+    @property
+    def pid(self) -> int | None:
+        for record in self._streams[STDOUT].records:
+            if record.startswith("p ") and record[2:].isdigit():
+                return int(record[2:])
+        return None
+
+    @property
+    def exit_code(self) -> int | None:
+        for record in self._streams[STDOUT].records + self._streams[STDERR].records:
+            if record.startswith("x ") and record[2:].isdigit():
+                return int(record[2:])
+        return None
+
+    @property
+    def ended(self) -> bool:
+        return self.unstarted or all(s.done for s in self._streams.values())
+
+
+def attach(dial: Callable[[float], Stream], api_version: str, container_id: str) -> tuple[Stream, bytes]:
+    """A raw stream to the container's stdin, stdout and stderr (its starter's), opened before it starts."""
+    path = f"/v{api_version}/containers/{container_id}/attach?stream=1&stdin=1&stdout=1&stderr=1"
+    return upgrade(dial, path, b"", "attach", timeout=30.0)
+
+
+def kill(api: Any, container_id: str, user: str, pid: int) -> None:
+    """SIGKILL the process group of the starter's process ``pid`` (a session leader, by ``setsid``) from inside
+    the sandbox, as the sandbox user: only the sandbox's own processes can be reached. A pid the starter has not
+    reaped yet cannot have been reused; nothing when it already ended."""
+    try:
+        created = api.exec_create(
+            container_id, ["sh", "-c", 'kill -s KILL -- "-$0" 2>/dev/null; exit 0', str(pid)], user=user
+        )
+        api.exec_start(created["Id"])
+    except Exception as exc:
+        raise SandboxProviderFailed(f"cannot end process {pid} of the sandbox: {exc}") from exc
+
+
+def run(
+    api: Any,
+    sock: Stream,
+    initial: bytes,
+    *,
+    nonce: str,
+    data: bytes,
+    container_id: str,
+    user: str,
+    stdin: bytes,
+    cap: int,
+    timeout: float,
+    cancel: threading.Event,
+) -> ExecOutcome | None:
+    """One process through the starter, as ``process.run_exec`` runs one through an exec; ``None`` when the
+    starter did not start it (nothing of it ran: make it as an exec). Closes ``sock``."""
+    opened = open_started(sock, initial, nonce=nonce, data=data)
+    if opened is None:
+        return None
+    records, frames = opened
+    out, err = Capture(cap), Capture(cap)
+    for stream, payload in frames:
+        (out if stream == STDOUT else err).add(payload)
+    deadline = time.monotonic() + timeout
+    try:
+        _, _, ended = pump(
+            sock, b"", stdin=stdin, cap=cap, deadline=deadline, cancel=cancel, decoder=records, captures=(out, err)
+        )
+        overran = not ended
+        if overran and records.pid is not None:
+            kill(api, container_id, user, records.pid)
+            if not cancel.is_set():  # its exit, once ended; what it wrote meanwhile is not kept, as for an exec
+                pump(
+                    sock,
+                    b"",
+                    stdin=None,
+                    cap=cap,
+                    deadline=time.monotonic() + EXIT_WAIT,
+                    cancel=cancel,
+                    decoder=records,
+                )
+    finally:
+        sock.close()
+    code = records.exit_code
+    if code is None:
+        if not cancel.is_set():
+            sandbox_ended(api, container_id, wait=False)
+        code = 137
+    return ExecOutcome(
+        exit_code=code,
+        timed_out=overran and not cancel.is_set(),
+        stdout=bytes(out.data),
+        stderr=bytes(err.data),
+        stdout_truncated=out.truncated,
+        stderr_truncated=err.truncated,
+    )
+
+
+def sandbox_ended(api: Any, container_id: str, *, wait: bool = True) -> NoReturn:
+    """Raise what the engine says of a sandbox whose starter's stream ended before its process's exit was
+    reported, as an exec's exit is asked of the engine: it is gone, or (``wait``: once it has stopped) it stopped.
+
+    Raises:
+        SandboxNotFound: the sandbox was removed.
+        SandboxProviderFailed: the sandbox stopped (or, not ``wait``, it runs on); the process's exit is not
+            known, and none is made up.
+    """
+    try:
+        if wait:
+            api.wait(container_id)
+        else:
+            api.inspect_container(container_id)
+    except Exception as exc:
+        if getattr(getattr(exc, "response", None), "status_code", None) == 404:
+            raise SandboxNotFound("the sandbox was removed while its process ran; its exit is not known") from None
+        raise
+    raise SandboxProviderFailed("the sandbox stopped before its process's exit was reported; none is made up")
+
+
+def open_started(
+    sock: Stream, initial: bytes, *, nonce: str, data: bytes
+) -> tuple[Records, list[tuple[int, bytes]]] | None:
+    """Write the line of a process and wait until the starter reports it started: the stream's records and the
+    frames its output already filled (to be read first). ``None`` when the starter did not start it: it said
+    so, or the stream ended with nothing from it (a stream attached and closed before, by an activation that
+    failed, closed the starter's stdin for good). On ``None`` and on error, ``sock`` is closed.
+
+    Raises:
+        SandboxProviderFailed: the starter said nothing within ``START_WAIT``.
+    """
+    records = Records(nonce)
+    frames = records.feed(initial)
+    try:
+        sock.settimeout(START_WAIT)
+        sock.sendall(data)
+        end = time.monotonic() + START_WAIT
+        while records.pid is None and not records.ended:
+            if time.monotonic() >= end:
+                raise SandboxProviderFailed("the sandbox's starter did not report its first process started")
+            try:
+                chunk = sock.recv(READ_SIZE)
+            except TimeoutError:
+                continue
+            if not chunk:
+                break
+            frames += records.feed(chunk)
+        if records.unstarted or records.pid is None:
+            sock.close()
+            return None
+        sock.settimeout(None)
+    except BaseException:
+        sock.close()
+        raise
+    return records, frames
+
+
+def close_quietly(sock: Stream) -> None:
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
+    with contextlib.suppress(OSError):
+        sock.close()
+
+
+class StartedProcess(DockerProcess):
+    """An open process the starter started: ``ProcessStream`` over the attach stream, its records taken out."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        started: ProcessStarted,
+        sock: Stream,
+        records: Records,
+        frames: list[tuple[int, bytes]],
+        container_id: str,
+        user: str,
+    ) -> None:
+        super().__init__(engine, started, sock, b"", container_id)
+        self._records = records
+        self._frames = frames
+        self._user = user
+
+    async def events(self) -> AsyncIterator[ProcessEvent]:
+        """Output chunks as they arrive, one end per stream, then the exit the starter reported."""
+        pending, self._frames = self._frames, []
+        try:
+            while True:
+                for stream, payload in pending:
+                    if payload and stream in (STDOUT, STDERR):
+                        yield ProcessOutput(stream="out" if stream == STDOUT else "err", data=payload)
+                if self._records.ended:
+                    break
+                data = await self._engine.run("openProcess read", self._recv)
+                if not data:
+                    break
+                pending = self._records.feed(data)
+            yield ProcessStreamEnd(stream="out")
+            yield ProcessStreamEnd(stream="err")
+            yield await self._exit()
+        finally:
+            self._sock.close()
+
+    async def _exit(self) -> ProcessExit:
+        code = self._records.exit_code
+        self._finished = True
+        self._sock.close()
+        if code is None:  # the stream ended first: the engine says what became of the sandbox
+            await self._engine.run("openProcess exit", sandbox_ended, self._engine.api, self._container_id)
+        assert code is not None
+        return ProcessExit(exit_code=code)
+
+    async def kill(self) -> None:
+        """SIGKILL the process and its group; idempotent."""
+        pid = self._records.pid
+        if self._finished or self._records.ended or pid is None:
+            return
+        await self._engine.run("openProcess kill", kill, self._engine.api, self._container_id, self._user, pid)
