@@ -16,9 +16,9 @@ from docker_kit import Box, Kit
 from hypothesis import given
 from hypothesis import strategies as st
 
-from checkfu.contract.members import ExecRequest, ExecResult, OpenProcessRequest
+from checkfu.contract.members import ActivateRequest, ExecRequest, ExecResult, OpenProcessRequest
 from checkfu.contract.process import ProcessExit, ProcessOutput
-from checkfu.providers.docker import starter
+from checkfu.providers.docker import DockerProvider, starter
 from checkfu.providers.docker.starter import Records
 
 NONCE = "0123456789abcdef0123456789abcdef"
@@ -201,5 +201,26 @@ async def test_a_sandbox_whose_first_process_is_interrupted_keeps_running(kit: K
         after = await kit.provider.exec(exec_request(box, "sh", "-c", "ps -o args | grep -c '[s]leep 30' || true"))
         assert after.exit_code == 0
         assert kit.client.api.inspect_container(box.instance_id)["State"]["Running"]
+    finally:
+        await box.release()
+
+
+@pytest.mark.docker
+@pytest.mark.anyio
+async def test_a_held_sandbox_adopted_by_another_provider_starts_its_first_process_too(
+    kit: Kit, runner_tag: str, busybox_id: str
+) -> None:
+    held = DockerProvider(state_dir=kit.docker.state_dir, cache_tag=runner_tag, workers=4, hold=True)
+    try:
+        key, made = await Kit(held, kit.client, runner_tag, busybox_id, docker=held).provision("starter-held")
+    finally:
+        held.close()
+    box = Box(kit, key, made.instance_id)
+    try:
+        await kit.provider.activate(ActivateRequest(**box.call))
+        proc = await kit.provider.open_process(OpenProcessRequest(**box.call, argv=("echo", "thawed")))
+        assert proc.started.process_id.startswith("starter-")
+        events = [e async for e in proc.events()]
+        assert events[0] == ProcessOutput(stream="out", data=b"thawed\n") and events[-1] == ProcessExit(exit_code=0)
     finally:
         await box.release()

@@ -1201,14 +1201,9 @@ class DockerProvider:
                 self._fill_writable(instance, target)
 
     def _start_or_thaw(self, instance: Instance) -> None:
-        """Start the sandbox; thaw it when held (marked thawed first). Its starter is attached to just before."""
+        """Start the sandbox; thaw it when held (marked thawed first). Then attach to its starter (the engine
+        refuses to attach to a paused container; the starter says nothing until it is given a line)."""
         api = self.engine.api
-        attached = self._attach_starter(instance.container_id)
-        if attached is not None:
-            with self._guard:
-                kept = self._starters.setdefault(instance.container_id, attached)
-            if kept is not attached:  # attached already (a repeated start): closing it would end the starter's stdin
-                starter.close_quietly(attached[0])
         if instance.held:
             mark = self._thaw_mark(instance.name, instance.runner_tag)
             mark.parent.mkdir(parents=True, exist_ok=True)
@@ -1216,6 +1211,12 @@ class DockerProvider:
             api.unpause(instance.container_id)
         else:
             api.start(instance.container_id)
+        attached = self._attach_starter(instance.container_id)
+        if attached is not None:
+            with self._guard:
+                kept = self._starters.setdefault(instance.container_id, attached)
+            if kept is not attached:  # attached already (a repeated start): closing it would end the starter's stdin
+                starter.close_quietly(attached[0])
 
     def _stop_again(self, instance: Instance) -> None:
         """Put a sandbox whose activation failed after it started back as it was before: paused when held (and no
