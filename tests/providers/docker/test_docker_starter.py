@@ -139,6 +139,9 @@ def same(a: ExecResult, b: ExecResult, *, unordered: bool = False) -> bool:
         (("id",), {}),
         (("sh", "-c", "cat /proc/self/status | grep -E '^(Cap|NoNewPrivs|Seccomp)'"), {}),
         (("sh", "-c", "umask; ulimit -a"), {}),
+        (("sh", "-c", "grep -E '^Sig(Ign|Blk)' /proc/self/status"), {}),  # no signal ignored (SIGINT, SIGQUIT)
+        (("printf", "%s|", "two\nlines"), {"env": {"nl": "X", "c": "y", "IFS": "0"}}),  # the starter's own names
+        (("-n",), {}),  # a program named like an option
     ],
     ids=lambda v: repr(v)[:40],
 )

@@ -1056,13 +1056,10 @@ class DockerProvider:
         return WriteFileResult(**echo(request, path=request.path, size=request.size, digest=request.digest))
 
     def _activate_blocking(self, instance: Instance) -> None:
-        """Activate ``instance``; its starter's stream (attached as it starts) is kept for its first process only
-        when the activation succeeds."""
-        try:
-            self._activate_sandbox(instance)
-        except BaseException:
-            self._drop_starter(instance.container_id)
-            raise
+        """Activate ``instance``. Its starter's stream, attached as it starts, stays even when the activation fails
+        after that (closing it would close the starter's stdin for good, as ``StdinOnce`` says): a later activation
+        uses it, and the release closes it."""
+        self._activate_sandbox(instance)
 
     def _attach_starter(self, container_id: str) -> tuple[Stream, bytes] | None:
         """The stream to a sandbox's starter; ``None`` when the engine would not attach (its processes are then
@@ -1211,12 +1208,13 @@ class DockerProvider:
             api.unpause(instance.container_id)
         else:
             api.start(instance.container_id)
-        attached = self._attach_starter(instance.container_id)
-        if attached is not None:
-            with self._guard:
-                kept = self._starters.setdefault(instance.container_id, attached)
-            if kept is not attached:  # attached already (a repeated start): closing it would end the starter's stdin
-                starter.close_quietly(attached[0])
+        with self._guard:
+            attached_before = instance.container_id in self._starters
+        if not attached_before:  # a second attach, closed, would close the starter's stdin as the first would
+            attached = self._attach_starter(instance.container_id)
+            if attached is not None:
+                with self._guard:
+                    self._starters[instance.container_id] = attached
 
     def _stop_again(self, instance: Instance) -> None:
         """Put a sandbox whose activation failed after it started back as it was before: paused when held (and no
@@ -1309,38 +1307,23 @@ class DockerProvider:
         cwd = request.cwd or self.user.home
         taken = self._take_starter(container_id, list(request.argv), dict(request.env), cwd)
         outcome: ExecOutcome | None = None
+        common: dict[str, Any] = {
+            "container_id": container_id,
+            "user": self.user.spec,
+            "stdin": request.stdin,
+            "cap": request.max_output_bytes,
+            "timeout": request.timeout_ms / 1000,
+            "cancel": cancel,
+        }
         try:
             if taken is not None:
                 sock, initial, nonce, data = taken
                 outcome = await self.engine.run(
-                    "exec",
-                    starter.run,
-                    self.engine.api,
-                    sock,
-                    initial,
-                    nonce=nonce,
-                    data=data,
-                    container_id=container_id,
-                    user=self.user.spec,
-                    stdin=request.stdin,
-                    cap=request.max_output_bytes,
-                    timeout=request.timeout_ms / 1000,
-                    cancel=cancel,
+                    "exec", starter.run, self.engine, sock, initial, nonce=nonce, data=data, **common
                 )
             if outcome is None:
                 outcome = await self.engine.run(
-                    "exec",
-                    run_exec,
-                    self.engine,
-                    container_id=container_id,
-                    argv=list(request.argv),
-                    env=dict(request.env),
-                    cwd=cwd,
-                    user=self.user.spec,
-                    stdin=request.stdin,
-                    cap=request.max_output_bytes,
-                    timeout=request.timeout_ms / 1000,
-                    cancel=cancel,
+                    "exec", run_exec, self.engine, argv=list(request.argv), env=dict(request.env), cwd=cwd, **common
                 )
         except asyncio.CancelledError:
             cancel.set()
@@ -1405,7 +1388,7 @@ class DockerProvider:
             opened = await self.engine.run("openProcess", starter.open_started, sock, initial, nonce=nonce, data=data)
             if opened is not None:
                 records, frames = opened
-                started = ProcessStarted(**echo(request, process_id=f"starter-{nonce}"))
+                started = ProcessStarted(**echo(request, process_id=f"starter-{starter.new_nonce()[:24]}"))
                 return starter.StartedProcess(self.engine, started, sock, records, frames, container_id, self.user.spec)
         try:
             exec_id, sock, initial = await self.engine.run("openProcess", self._open_blocking, container_id, request)

@@ -28,15 +28,18 @@ that still holds its stdout); a file with no ``#!`` line that is no binary is ru
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import secrets
+import select
+import signal
 import socket
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any, NoReturn
 
-from checkfu.contract.errors import SandboxNotFound, SandboxProviderFailed
+from checkfu.contract.errors import SandboxNotFound, SandboxProviderFailed, SandboxStateConflict
 from checkfu.contract.members import ProcessStarted
 from checkfu.contract.process import ProcessEvent, ProcessExit, ProcessOutput, ProcessStreamEnd
 from checkfu.providers.docker.engine import Engine
@@ -73,6 +76,14 @@ START_WAIT = 10.0
 NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 UNSET = ("PWD", "OLDPWD", "SHLVL")
 """Variables ``sh`` exports of its own; an exec's process does not get them (unless the request sets them)."""
+OWN = frozenset({"n", "nl", "c", "f", "d", "s", "line", "IFS", *UNSET})
+"""The starter's own shell variables, ``IFS`` (which its lines split by) and what a shell exports of its own: a
+request setting one is made as an exec."""
+CHILD = 'exec 2>/proc/1/fd/2; unset PWD OLDPWD SHLVL; printf "\\000%s:p %d\\n" "$0" "$$"; exec setsid "$@"'
+"""The process's first moments, in ``/bin/sh``: take the container's stderr again (the shell that waits for it has
+its own on ``/dev/null``, so that its words on a child a signal ended, such as "Killed", are no output of the
+process), report its pid, and become the program in a session of its own. Started in the foreground, so it keeps
+every signal's default (an ``&`` job of a shell without job control ignores SIGINT and SIGQUIT for good)."""
 
 
 def quote(value: str) -> str:
@@ -86,35 +97,35 @@ def new_nonce() -> str:
 
 def line(nonce: str, argv: list[str], env: dict[str, str], cwd: str) -> bytes | None:
     """The starter's line for one process; ``None`` when the request is one to make as an exec."""
-    if not argv or not argv[0] or not cwd:
+    if not argv or not argv[0] or argv[0].startswith("-") or not cwd:
+        return None  # a program named like an option would be read as one of setsid's
+    if any("\0" in a for a in (*argv, cwd, *env, *env.values())):
         return None
-    if any("\0" in a for a in (*argv, cwd, *env, *env.values())) or not all(NAME.fullmatch(k) for k in env):
+    if not all(NAME.fullmatch(k) and k not in OWN for k in env):
         return None
 
     def say(what: str) -> str:
         return f"printf '\\000{nonce}:{what}\\n'"
 
     unstarted = f"{{ {say('u')}; {say('u')} >&2; exit; }}"
-    unset = [name for name in UNSET if name not in env]
     parts = [
         f"n={nonce}",
-        f"cd -- {quote(cwd)} 2>/dev/null || {unstarted}",
-        *([f"unset {' '.join(unset)}"] if unset else []),
+        f"cd -P -- {quote(cwd)} 2>/dev/null || {unstarted}",  # as chdir: links resolved, not ".." taken back
         *(f"export {quote(f'{k}={v}')}" for k, v in env.items()),
-        "command -v setsid >/dev/null 2>&1 || " + unstarted,
+        "command -v setsid >/dev/null 2>&1 && [ -x /bin/sh ] && [ -w /proc/1/fd/2 ] || " + unstarted,
         f"c={quote(argv[0])}",
         'case $c in */*) [ -f "$c" ] && [ -x "$c" ] || c= ;; '
         '*) f=; set -f; IFS=:; for d in $PATH; do [ -f "${d:-.}/$c" ] && [ -x "${d:-.}/$c" ] && { f=1; break; }; '
         'done; unset IFS; set +f; [ -n "$f" ] || c= ;; esac',
         f'[ -n "$c" ] || {unstarted}',
-        "exec 3<&0",
-        f"( exec setsid {' '.join(quote(a) for a in argv)} <&3 3<&- ) & p=$!",
-        "exec 3<&- 2>/dev/null",
-        f"printf '\\000{nonce}:p %d\\n' \"$p\"",
-        'wait "$p"',
-        "exit $?",
+        "exec 2>/dev/null",
+        f"/bin/sh -c {quote(CHILD)} {nonce} {' '.join(quote(a) for a in argv)}",
+        'exit "$?"',
     ]
-    data = ("; ".join(parts) + "\n").encode()
+    try:
+        data = ("; ".join(parts) + "\n").encode()
+    except UnicodeEncodeError:  # a lone surrogate: no bytes to pass as a shell word
+        return None
     return data if len(data) <= MAX_LINE else None
 
 
@@ -210,21 +221,47 @@ def attach(dial: Callable[[float], Stream], api_version: str, container_id: str)
     return upgrade(dial, path, b"", "attach", timeout=30.0)
 
 
-def kill(api: Any, container_id: str, user: str, pid: int) -> None:
-    """SIGKILL the process group of the starter's process ``pid`` (a session leader, by ``setsid``) from inside
-    the sandbox, as the sandbox user: only the sandbox's own processes can be reached. A pid the starter has not
-    reaped yet cannot have been reused; nothing when it already ended."""
+def kill(engine: Engine, container_id: str, user: str, pid: int) -> None:
+    """SIGKILL the process group of the starter's process ``pid`` (the sandbox's pid of a session leader, by
+    ``setsid``). On this host's engine from outside, as an exec's group is ended (``process.kill_group``): the
+    host pid whose innermost pid is ``pid`` and whose control group is the sandbox's, so no limit inside the
+    sandbox (its pids all taken) can stop it. On a remote engine from inside, by an exec as the sandbox user. A pid
+    its starter has not reaped yet cannot have been reused; nothing when it already ended."""
+    if engine.local:
+        host = _host_pid(container_id, pid)
+        if host is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(host, signal.SIGKILL)
+        return
     try:
-        created = api.exec_create(
+        created = engine.api.exec_create(
             container_id, ["sh", "-c", 'kill -s KILL -- "-$0" 2>/dev/null; exit 0', str(pid)], user=user
         )
-        api.exec_start(created["Id"])
+        engine.api.exec_start(created["Id"])
     except Exception as exc:
         raise SandboxProviderFailed(f"cannot end process {pid} of the sandbox: {exc}") from exc
 
 
+def _host_pid(container_id: str, pid: int) -> int | None:
+    """The host pid of the sandbox's process ``pid``: its ``NSpid`` ends with it, and its cgroup is the sandbox's."""
+    with os.scandir("/proc") as entries:
+        names = [e.name for e in entries if e.name.isdigit()]
+    for name in names:
+        try:
+            with open(f"/proc/{name}/status", encoding="utf-8") as f:
+                nspid = next((ln.split()[1:] for ln in f if ln.startswith("NSpid:")), [])
+            if len(nspid) < 2 or int(nspid[-1]) != pid:
+                continue
+            with open(f"/proc/{name}/cgroup", encoding="utf-8") as f:
+                if container_id in f.read():
+                    return int(name)
+        except (OSError, ValueError):
+            continue
+    return None
+
+
 def run(
-    api: Any,
+    engine: Engine,
     sock: Stream,
     initial: bytes,
     *,
@@ -239,6 +276,7 @@ def run(
 ) -> ExecOutcome | None:
     """One process through the starter, as ``process.run_exec`` runs one through an exec; ``None`` when the
     starter did not start it (nothing of it ran: make it as an exec). Closes ``sock``."""
+    deadline = time.monotonic() + timeout
     opened = open_started(sock, initial, nonce=nonce, data=data)
     if opened is None:
         return None
@@ -246,14 +284,13 @@ def run(
     out, err = Capture(cap), Capture(cap)
     for stream, payload in frames:
         (out if stream == STDOUT else err).add(payload)
-    deadline = time.monotonic() + timeout
     try:
         _, _, ended = pump(
             sock, b"", stdin=stdin, cap=cap, deadline=deadline, cancel=cancel, decoder=records, captures=(out, err)
         )
         overran = not ended
         if overran and records.pid is not None:
-            kill(api, container_id, user, records.pid)
+            kill(engine, container_id, user, records.pid)
             if not cancel.is_set():  # its exit, once ended; what it wrote meanwhile is not kept, as for an exec
                 pump(
                     sock,
@@ -269,7 +306,7 @@ def run(
     code = records.exit_code
     if code is None:
         if not cancel.is_set():
-            sandbox_ended(api, container_id, wait=False)
+            sandbox_ended(engine.api, container_id, wait=False)
         code = 137
     return ExecOutcome(
         exit_code=code,
@@ -315,6 +352,7 @@ def open_started(
     """
     records = Records(nonce)
     frames = records.feed(initial)
+    heard = bool(initial)
     try:
         sock.settimeout(START_WAIT)
         sock.sendall(data)
@@ -328,10 +366,13 @@ def open_started(
                 continue
             if not chunk:
                 break
+            heard = True
             frames += records.feed(chunk)
-        if records.unstarted or records.pid is None:
+        if records.unstarted or (records.pid is None and not heard):
             sock.close()
             return None
+        if records.pid is None:  # it said something, then the stream ended: it may have started; never run twice
+            raise SandboxProviderFailed("the sandbox's stream ended before its first process was reported started")
         sock.settimeout(None)
     except BaseException:
         sock.close()
@@ -363,6 +404,37 @@ class StartedProcess(DockerProcess):
         self._records = records
         self._frames = frames
         self._user = user
+
+    async def send_stdin(self, data: bytes) -> None:
+        """Write ``data`` to the process; waits while the process is not reading, and stops once it has ended (the
+        engine's init holds the container's stdin too, so a write to a process that no longer reads it would
+        otherwise wait for good).
+
+        Raises:
+            SandboxStateConflict: stdin was closed, or the process has ended.
+        """
+        if self._stdin_closed:
+            raise SandboxStateConflict("stdin: already closed", field="stdin")
+        await self._engine.run("openProcess stdin", self._send, memoryview(data))
+
+    def _send(self, data: memoryview) -> None:
+        while len(data):
+            if self._records.ended or self._finished:
+                self._stdin_closed = True
+                raise SandboxStateConflict("stdin: the process has ended", field="stdin")
+            _, ready, _ = select.select([], [self._sock], [], 0.25)
+            if ready:
+                try:
+                    if isinstance(self._sock, socket.socket):  # never blocks past what select said it can take
+                        sent = self._sock.send(data[: 1 << 16], socket.MSG_DONTWAIT)
+                    else:
+                        sent = self._sock.send(data[: 1 << 12])
+                except BlockingIOError:
+                    continue
+                except (BrokenPipeError, ConnectionResetError):
+                    self._stdin_closed = True
+                    raise SandboxStateConflict("stdin: the process has stopped reading it", field="stdin") from None
+                data = data[sent:]
 
     async def events(self) -> AsyncIterator[ProcessEvent]:
         """Output chunks as they arrive, one end per stream, then the exit the starter reported."""
@@ -398,4 +470,4 @@ class StartedProcess(DockerProcess):
         pid = self._records.pid
         if self._finished or self._records.ended or pid is None:
             return
-        await self._engine.run("openProcess kill", kill, self._engine.api, self._container_id, self._user, pid)
+        await self._engine.run("openProcess kill", kill, self._engine, self._container_id, self._user, pid)
