@@ -5,24 +5,33 @@ else a short command needs), so the first process of a sandbox is started from i
 main process (under the engine's init) is the ``STARTER``, a line of ``sh`` that waits on the container's
 standard input for one line from the runner, runs it, and then idles as ``sleep infinity`` did before it:
 
-- The activating provider attaches to the container (``attach``) while the sandbox starts: one raw stream
-  carries the container's stdin to the starter and its stdout and stderr back, multiplexed as an exec's are.
+- The activating provider attaches to the container (``attach``) just after it starts or thaws (the engine will
+  not attach to a paused one): one raw stream carries the container's stdin to the starter and its stdout and
+  stderr back, multiplexed as an exec's are.
 - The first ``exec`` or ``openProcess`` without a terminal writes its line (``line``): change to the working
-  directory, set the request's environment, look for the program where ``execvp`` would, then start it in a
-  session of its own (``setsid``, so it is ended as an exec is, by its process group) with the rest of the
-  stream as its stdin, and report in the stream itself its pid, then its exit status, each a record marked by
-  a random nonce (``Records``). The status goes on both streams, after everything the process wrote to each.
-- Anything the line cannot do as an exec would (no such directory, no such program, no ``setsid`` in the
-  image) is reported before anything of the request's runs (``u``), and the same request is then made as an
-  exec: every refusal and exit status stays the engine's own.
-- Every later process, a terminal's, a request naming variables ``sh`` cannot set, and every process of a
-  sandbox this provider object did not activate (a live sandbox reached from another process) is an exec.
+  directory, set the request's environment, look for the program where ``execvp`` would, then start it in the
+  foreground through ``/bin/sh`` (``CHILD``), which reports its pid and becomes the program in a session of its
+  own (``setsid``, so it is ended as an exec is, by its process group), with the rest of the stream as its
+  stdin. Its exit status follows on both streams, after everything it wrote to each. Each record is marked
+  by a random nonce (``Records``) and taken out of the output.
+- Anything the line cannot do as an exec would (no such directory, no such program, no ``setsid``, ``/bin/sh``
+  or ``/proc/1/fd``) is reported before anything of the request's runs (``u``), and the same request is then
+  made as an exec: every such refusal and exit status stays the engine's own.
+- Every later process is an exec, and so are: a terminal's; a request setting the starter's own variables
+  (``OWN``) or a name ``sh`` cannot set; a program named like an option; and every process of a sandbox this
+  provider object did not activate (a live sandbox reached from another process).
 
 The process runs in the same container as an exec's would (namespaces, control group, user, capabilities,
-seccomp, no new privileges, limits): only who asks the kernel to start it differs. Differences from an exec,
-measured or by construction: its parent is the starter rather than outside the sandbox, and while it runs the
-starter holds one more pid of ``pids``; its output ends with its exit (an exec's stream waits for every process
-that still holds its stdout); a file with no ``#!`` line that is no binary is run by ``sh`` as ``execvp`` does.
+seccomp, no new privileges, limits, no signal ignored): only who asks the kernel to start it differs. The
+differences from an exec, measured or by construction:
+
+- its parent is the starter, not something outside the sandbox;
+- while it runs, the starter's two shells hold two more pids of ``pids``;
+- its output ends with its exit, where an exec's stream waits for every process that still holds its stdout;
+- a file with no ``#!`` line that is no binary is run by ``sh``, as ``execvp`` does, where an exec refuses it;
+- a script whose interpreter is missing exits 127 (``setsid``'s word), where an exec says 126;
+- a starter stream that breaks while the sandbox runs on (the engine restarted) leaves the process's exit to
+  be asked of the engine when the sandbox stops (``sandbox_ended``).
 """
 
 from __future__ import annotations
