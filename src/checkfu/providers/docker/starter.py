@@ -88,7 +88,7 @@ UNSET = ("PWD", "OLDPWD", "SHLVL")
 OWN = frozenset({"n", "nl", "c", "f", "d", "s", "line", "IFS", *UNSET})
 """The starter's own shell variables, ``IFS`` (which its lines split by) and what a shell exports of its own: a
 request setting one is made as an exec."""
-CHILD = 'exec 2>/proc/1/fd/2; unset PWD OLDPWD SHLVL; printf "\\000%s:p %d\\n" "$0" "$$"; exec setsid "$@"'
+CHILD = f'exec 2>/proc/1/fd/2; unset {" ".join(UNSET)}; printf "\\000%s:p %d\\n" "$0" "$$"; exec setsid "$@"'
 """The process's first moments, in ``/bin/sh``: take the container's stderr again (the shell that waits for it has
 its own on ``/dev/null``, so that its words on a child a signal ended, such as "Killed", are no output of the
 process), report its pid, and become the program in a session of its own. Started in the foreground, so it keeps
