@@ -1385,7 +1385,13 @@ class DockerProvider:
         )
         if taken is not None:
             sock, initial, nonce, data = taken
-            opened = await self.engine.run("openProcess", starter.open_started, sock, initial, nonce=nonce, data=data)
+            try:
+                opened = await self.engine.run(
+                    "openProcess", starter.open_started, sock, initial, nonce=nonce, data=data
+                )
+            except asyncio.CancelledError:  # no one will read it: the stream is not left to the collector
+                starter.close_quietly(sock)
+                raise
             if opened is not None:
                 records, frames = opened
                 started = ProcessStarted(**echo(request, process_id=f"starter-{starter.new_nonce()[:24]}"))
