@@ -94,13 +94,17 @@ async def test_root_read_only_inside(box: Box, kit: Kit) -> None:
 
 
 def test_non_root_outside(info: dict[str, Any]) -> None:
-    assert info["Config"]["User"] == "1000:1000"
+    assert info["Config"]["User"] == "1000:1000" and info["HostConfig"]["GroupAdd"] == ["1000"]
 
 
 async def test_non_root_inside(box: Box) -> None:
-    r = await box.sh("id -u; id -g; grep ^Uid: /proc/1/status")
-    uid, gid, pid1 = r.stdout.decode().splitlines()
-    assert (uid, gid) == ("1000", "1000") and pid1.split()[1:] == ["1000"] * 4
+    r = await box.sh("id -u; id -g; id -G; grep ^Uid: /proc/1/status")
+    uid, gid, groups, pid1 = r.stdout.decode().splitlines()
+    assert uid == "1000" and pid1.split()[1:] == ["1000"] * 4
+    # each process under a group of its own (no process may trace another), the sandbox user's group added
+    assert gid not in ("0", "1000") and "1000" in groups.split() and "0" not in groups.split(), (gid, groups)
+    again = await box.sh("id -g")
+    assert again.stdout.decode().strip() not in (gid, "1000")
 
 
 # no_new_privileges ------------------------------------------------------------------------

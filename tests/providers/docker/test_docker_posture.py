@@ -3,9 +3,8 @@
 in it.
 
 The processes are found through the engine (the container's init pid) and the process table (everything in its
-pid namespace: the init, the sandbox's starter and the subshell it runs its line in, the first process kept open
-through ``openProcess``, which the starter started, and a second, a ``docker exec`` process), never through the
-provider. The oracle is itself checked: on a plain container without the hardening it finds
+pid namespace: the init, the sandbox's command and two ``docker exec`` processes kept open through
+``openProcess``), never through the provider. The oracle is itself checked: on a plain container without the hardening it finds
 every axis not held, so a pass cannot come from an oracle that never fails.
 """
 
@@ -43,8 +42,7 @@ class Posed:
 
 @pytest.fixture
 async def posed(kit: Kit) -> AsyncIterator[Posed]:
-    """A sandbox with a mount, tight limits, and two processes kept open in it while the oracle reads: the first,
-    which the sandbox's starter started, and a second, an exec."""
+    """A sandbox with a mount, tight limits, and two processes kept open in it while the oracle reads."""
     profile = kit.profile(cpu_millis=250, memory_mib=64, pids=32, disk_mib=16)
     box = await kit.up("posture", profile=profile, files={"/workspace/README": b"hello\n"})
     try:
@@ -52,9 +50,6 @@ async def posed(kit: Kit) -> AsyncIterator[Posed]:
             await kit.provider.open_process(OpenProcessRequest(**box.call, argv=("sh", "-c", "read x; echo $x")))
             for _ in range(2)
         ]
-        assert procs[0].started.process_id.startswith("starter-") and not procs[1].started.process_id.startswith(
-            "starter-"
-        )
         init = int(kit.client.api.inspect_container(box.instance_id)["State"]["Pid"])
         found: list[posture.Posture] = []
         for _ in range(200):  # the exec'd shell appears a moment after openProcess answers, first as runc's init
@@ -71,8 +66,8 @@ async def posed(kit: Kit) -> AsyncIterator[Posed]:
         await box.release()
 
 
-PROCESSES = ["docker-init", "sh", "sh", "sh", "sh"]
-"""The engine's init, the starter and its subshell, the first process and the exec."""
+PROCESSES = ["docker-init", "sh", "sh", "sleep"]
+"""The engine's init, the two processes and the sandbox's command."""
 
 
 async def test_every_process_holds_every_axis_the_envelope_claims(posed: Posed, kit: Kit) -> None:
@@ -84,6 +79,16 @@ async def test_every_process_holds_every_axis_the_envelope_claims(posed: Posed, 
     assert all(expected.values()), "the Docker tier claims all nine axes"
     assert report.failures(expected) == []
     assert report.fields_checked >= len(posed.postures) * 20
+
+
+async def test_each_process_runs_under_a_group_of_its_own(posed: Posed, kit: Kit) -> None:
+    """Seen from the host: the two processes and the sandbox's command run as the sandbox user, each under a primary
+    group of its own, the user's group among their groups; so none may trace another (``ptrace_may_access``)."""
+    user = kit.docker.user
+    ours = [p for p in posed.postures if p.comm in ("sh", "sleep")]
+    assert all(set(p.uids) == {user.uid} and user.gid in p.groups for p in ours), ours
+    primary = [p.gids for p in ours]
+    assert all(len(set(g)) == 1 for g in primary) and len({g[0] for g in primary}) == 3, primary
 
 
 async def test_exactly_what_the_profile_asked(posed: Posed, kit: Kit) -> None:
@@ -104,7 +109,8 @@ async def test_exactly_what_the_profile_asked(posed: Posed, kit: Kit) -> None:
         workspace = p.mount_at("/workspace")
         assert workspace is not None and workspace.read_only and workspace.fstype != "tmpfs"
         assert p.interfaces == ("lo",) and p.routes == ()
-        assert min(p.uids) > 0 and p.uids == (kit.docker.user.uid,) * 4 and p.gids == (kit.docker.user.gid,) * 4
+        assert min(p.uids) > 0 and p.uids == (kit.docker.user.uid,) * 4
+        assert min(p.gids) > 0 and len(set(p.gids)) == 1 and kit.docker.user.gid in (p.gids[0], *p.groups)
         assert p.seccomp == posture.SECCOMP_FILTER and p.no_new_privs == 1
         assert p.namespaces["user"] == host["user"], "the envelope claims no user namespace on this engine"
         assert [d.fd for d in p.descriptors] == [0, 1, 2], p.descriptors

@@ -72,11 +72,6 @@ class FrameDecoder:
         """Bytes of an incomplete frame held back."""
         return len(self._buf) - self._pos
 
-    @property
-    def ended(self) -> bool:
-        """Whether the stream said it has ended (never: an exec's stream ends when the engine closes it)."""
-        return False
-
 
 @dataclass
 class Capture:
@@ -186,17 +181,14 @@ def pump(
     cap: int,
     deadline: float,
     cancel: threading.Event,
-    decoder: FrameDecoder | None = None,
-    captures: tuple[Capture, Capture] | None = None,
 ) -> tuple[Capture, Capture, bool]:
     """Feed ``stdin`` (then half-close) and collect both streams until EOF, the deadline or ``cancel``.
 
     Returns the two captures and whether the stream ended (``False`` when the deadline passed or the caller
-    cancelled first). A ``decoder`` whose ``ended`` turns true (``starter.Records``: the process's exit was
-    reported in the stream itself) ends the stream there. ``captures``: what was already read of the streams.
+    cancelled first). Only the engine ends the stream (by closing it): nothing the process writes can.
     """
-    out, err = captures if captures is not None else (Capture(cap), Capture(cap))
-    decoder = decoder if decoder is not None else FrameDecoder()
+    out, err = Capture(cap), Capture(cap)
+    decoder = FrameDecoder()
 
     def take(data: bytes) -> None:
         for stream, payload in decoder.feed(data):
@@ -206,8 +198,6 @@ def pump(
                 err.add(payload)
 
     take(initial)
-    if decoder.ended:
-        return out, err, True
     pending = memoryview(stdin) if stdin is not None else None
     if pending is not None and len(pending) == 0:
         _close_write(sock)
@@ -247,8 +237,6 @@ def pump(
                 if not data:
                     return out, err, True
                 take(data)
-                if decoder.ended:
-                    return out, err, True
 
 
 def _close_write(sock: Stream) -> None:

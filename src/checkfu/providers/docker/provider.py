@@ -51,7 +51,6 @@ import shutil
 import tempfile
 import threading
 import time
-import weakref
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -110,7 +109,7 @@ from checkfu.contract.members import (
 from checkfu.contract.model import format_timestamp, parse_timestamp
 from checkfu.contract.mounts import link_problem
 from checkfu.contract.paths import is_within
-from checkfu.providers.docker import egress, files, snapshots, spec, starter
+from checkfu.providers.docker import egress, files, snapshots, spec
 from checkfu.providers.docker import labels as L
 from checkfu.providers.docker.engine import DEFAULT_WORKERS, Engine, translate
 from checkfu.providers.docker.envelope import HostFacts, build_envelope, check_target, host_facts, require_served
@@ -128,17 +127,8 @@ from checkfu.providers.docker.staging import (
     discard_writable,
     writable_spool_name,
 )
-from checkfu.providers.docker.transport import Stream
 
 T = TypeVar("T")
-
-
-def _close_starters(guard: threading.Lock, starters: dict[str, tuple[Stream, bytes]]) -> None:
-    with guard:
-        attached = list(starters.values())
-        starters.clear()
-    for sock, _ in attached:
-        starter.close_quietly(sock)
 
 
 EGRESS_IMAGE = "checkfu/debian:12"
@@ -321,18 +311,13 @@ class DockerProvider:
         self._unstarted: dict[str, str] = {}  # a proxy whose background start failed: the engine's reason
         self._handles: dict[str, _Handle] = {}  # instance name -> its handle, once made (removed with it)
         self._swept: dict[str, float] = {}  # runner tag -> when its expired snapshots were last swept in passing
-        self._starters: dict[str, tuple[Stream, bytes]] = {}
-        """Container id -> the stream to its starter, attached at activation, until its first process takes it.
-        Closed with this object, or when it is collected without ``close`` (a stream is never left to the
-        collector)."""
-        weakref.finalize(self, _close_starters, self._guard, self._starters)
+        self._groups: spec.ProcessGroups | None = None  # made at the first process, once the engine says if remapped
         self.wall: Callable[[], float] = time.time
         """The wall clock expiries are stated and judged by."""
 
     def close(self) -> None:
         """Release the engine's threads and connections. Sandboxes are left as they are."""
         self._fanout.shutdown(wait=False, cancel_futures=True)
-        _close_starters(self._guard, self._starters)
         self.spools.close()
         self.rw_spools.close()
         self.engine.close()
@@ -1056,44 +1041,6 @@ class DockerProvider:
         return WriteFileResult(**echo(request, path=request.path, size=request.size, digest=request.digest))
 
     def _activate_blocking(self, instance: Instance) -> None:
-        """Activate ``instance``. Its starter's stream, attached as it starts, stays even when the activation fails
-        after that (closing it would close the starter's stdin for good, as ``StdinOnce`` says): a later activation
-        uses it, and the release closes it."""
-        self._activate_sandbox(instance)
-
-    def _attach_starter(self, container_id: str) -> tuple[Stream, bytes] | None:
-        """The stream to a sandbox's starter; ``None`` when the engine would not attach (its processes are then
-        all execs)."""
-        try:
-            return starter.attach(self.engine.dial, self.engine.api_version, container_id)
-        except Exception:
-            return None
-
-    def _take_starter(
-        self, container_id: str, argv: list[str], env: dict[str, str], cwd: str
-    ) -> tuple[Stream, bytes, str, bytes] | None:
-        """The starter of ``container_id`` with the line for this process, when it has one and the process is one
-        it can start; taken, so no other process gets it."""
-        with self._guard:
-            if container_id not in self._starters:
-                return None
-        nonce = starter.new_nonce()
-        data = starter.line(nonce, argv, env, cwd)
-        if data is None:
-            return None
-        with self._guard:
-            attached = self._starters.pop(container_id, None)
-        if attached is None:
-            return None
-        return attached[0], attached[1], nonce, data
-
-    def _drop_starter(self, container_id: str) -> None:
-        with self._guard:
-            attached = self._starters.pop(container_id, None)
-        if attached is not None:
-            starter.close_quietly(attached[0])
-
-    def _activate_sandbox(self, instance: Instance) -> None:
         if instance.restore is None:
             self._start_blocking(instance)
             return
@@ -1198,8 +1145,7 @@ class DockerProvider:
                 self._fill_writable(instance, target)
 
     def _start_or_thaw(self, instance: Instance) -> None:
-        """Start the sandbox; thaw it when held (marked thawed first). Then attach to its starter (the engine
-        refuses to attach to a paused container; the starter says nothing until it is given a line)."""
+        """Start the sandbox; thaw it when held (marked thawed first)."""
         api = self.engine.api
         if instance.held:
             mark = self._thaw_mark(instance.name, instance.runner_tag)
@@ -1208,13 +1154,6 @@ class DockerProvider:
             api.unpause(instance.container_id)
         else:
             api.start(instance.container_id)
-        with self._guard:
-            attached_before = instance.container_id in self._starters
-        if not attached_before:  # a second attach, closed, would close the starter's stdin as the first would
-            attached = self._attach_starter(instance.container_id)
-            if attached is not None:
-                with self._guard:
-                    self._starters[instance.container_id] = attached
 
     def _stop_again(self, instance: Instance) -> None:
         """Put a sandbox whose activation failed after it started back as it was before: paused when held (and no
@@ -1303,28 +1242,23 @@ class DockerProvider:
             SandboxProviderFailed: the sandbox stopped, or the engine failed the exec.
         """
         container_id = await self._running_id(request, "exec")
+        user = await self._process_user()
         cancel = threading.Event()
-        cwd = request.cwd or self.user.home
-        taken = self._take_starter(container_id, list(request.argv), dict(request.env), cwd)
-        outcome: ExecOutcome | None = None
-        common: dict[str, Any] = {
-            "container_id": container_id,
-            "user": self.user.spec,
-            "stdin": request.stdin,
-            "cap": request.max_output_bytes,
-            "timeout": request.timeout_ms / 1000,
-            "cancel": cancel,
-        }
         try:
-            if taken is not None:
-                sock, initial, nonce, data = taken
-                outcome = await self.engine.run(
-                    "exec", starter.run, self.engine, sock, initial, nonce=nonce, data=data, **common
-                )
-            if outcome is None:
-                outcome = await self.engine.run(
-                    "exec", run_exec, self.engine, argv=list(request.argv), env=dict(request.env), cwd=cwd, **common
-                )
+            outcome: ExecOutcome = await self.engine.run(
+                "exec",
+                run_exec,
+                self.engine,
+                container_id=container_id,
+                argv=list(request.argv),
+                env=dict(request.env),
+                cwd=request.cwd or self.user.home,
+                user=user,
+                stdin=request.stdin,
+                cap=request.max_output_bytes,
+                timeout=request.timeout_ms / 1000,
+                cancel=cancel,
+            )
         except asyncio.CancelledError:
             cancel.set()
             raise
@@ -1344,7 +1278,15 @@ class DockerProvider:
             )
         )
 
-    def _open_blocking(self, container_id: str, request: OpenProcessRequest) -> tuple[str, Any, bytes]:
+    async def _process_user(self) -> str:
+        """The ``uid:gid`` of the next process: the sandbox user under a group of its own (``spec.ProcessGroups``)."""
+        if self._groups is None:
+            remapped = "user" in await self.namespaces()
+            if self._groups is None:
+                self._groups = spec.ProcessGroups(remapped=remapped)
+        return self._groups.user(self.user)
+
+    def _open_blocking(self, container_id: str, request: OpenProcessRequest, user: str) -> tuple[str, Any, bytes]:
         api = self.engine.api
         tty = request.tty is not None
         created = api.exec_create(
@@ -1356,7 +1298,7 @@ class DockerProvider:
             tty=tty,
             environment=dict(request.env) or None,
             workdir=request.cwd or self.user.home,
-            user=self.user.spec,
+            user=user,
             privileged=False,
         )
         exec_id = str(created["Id"])
@@ -1377,27 +1319,11 @@ class DockerProvider:
             SandboxNotFound: no such instance.
         """
         container_id = await self._running_id(request, "openProcess")
-        cwd = request.cwd or self.user.home
-        taken = (
-            None
-            if request.tty is not None
-            else self._take_starter(container_id, list(request.argv), dict(request.env), cwd)
-        )
-        if taken is not None:
-            sock, initial, nonce, data = taken
-            try:
-                opened = await self.engine.run(
-                    "openProcess", starter.open_started, sock, initial, nonce=nonce, data=data
-                )
-            except asyncio.CancelledError:  # no one will read it: the stream is not left to the collector
-                starter.close_quietly(sock)
-                raise
-            if opened is not None:
-                records, frames = opened
-                started = ProcessStarted(**echo(request, process_id=f"starter-{starter.new_nonce()[:24]}"))
-                return starter.StartedProcess(self.engine, started, sock, records, frames, container_id, self.user.spec)
+        user = await self._process_user()
         try:
-            exec_id, sock, initial = await self.engine.run("openProcess", self._open_blocking, container_id, request)
+            exec_id, sock, initial = await self.engine.run(
+                "openProcess", self._open_blocking, container_id, request, user
+            )
         except SandboxError as exc:
             if exc.code in ("SandboxNotFound", "SandboxStateConflict"):
                 await self._explain(request, "openProcess", exc)
@@ -1715,7 +1641,6 @@ class DockerProvider:
         api = self.engine.api
         with self._guard:
             self._releasing.add(instance.container_id)
-        self._drop_starter(instance.container_id)
         self._settle(instance.name)
         with self._guard:
             handle = self._handles.pop(instance.name, None)

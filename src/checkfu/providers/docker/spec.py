@@ -7,7 +7,9 @@ flag a test checks with ``docker inspect`` is set in exactly one place:
   engine's default seccomp profile (never ``unconfined``), not privileged; a user
   namespace only where the engine runs with ``userns-remap``;
 - ``root_read_only``: ``ReadonlyRootfs``;
-- ``non_root``: ``User`` is the sandbox user (1000:1000 by default);
+- ``non_root``: ``User`` is the sandbox user (1000:1000 by default); each process the runner starts runs as
+  that user under a group of its own, with the user's group added (``GroupAdd``, ``ProcessGroups``), so no
+  process can trace or read another;
 - ``no_new_privileges``: ``SecurityOpt: no-new-privileges``;
 - ``capabilities_dropped``: ``CapDrop: ALL``;
 - ``mounts_sealed``: every mount plan's volume is mounted read-only in the sandbox
@@ -31,6 +33,8 @@ so a sandbox can never hold more than ``memory_mib`` of memory and files togethe
 
 from __future__ import annotations
 
+import itertools
+import secrets
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,7 +46,6 @@ from checkfu.contract.paths import is_within
 from checkfu.contract.profile import SandboxProfile
 from checkfu.providers.docker import egress
 from checkfu.providers.docker import labels as L
-from checkfu.providers.docker.starter import STARTER
 
 RESERVED_ROOTS = ("/proc", "/sys", "/dev")
 """Kernel and device trees a mount may not be placed in (``/dev/shm`` is a writable area)."""
@@ -77,6 +80,34 @@ class SandboxUser:
         return cls(uid=int(uid_text), gid=int(gid_text), home=home.rstrip("/"))
 
 
+class ProcessGroups:
+    """A group id of its own for every process the runner starts in a sandbox, so no process can reach another.
+
+    Every process runs as the sandbox user (``uid``) with the sandbox user's group among its supplementary groups
+    (the container's ``GroupAdd``), but under a primary group of its own. The kernel lets one process trace another,
+    open its ``/proc/PID/mem``, read its ``environ`` or reach its descriptors through ``/proc/PID/fd`` without a
+    capability only when all their user ids *and* all their group ids are equal (``ptrace_may_access``): so a
+    process left behind by an earlier command can neither read nor tamper with a later one, while both still own
+    (as ``uid``) every file either made. Files made in a writable area still belong to the sandbox user's group:
+    the areas' roots are set-group-id (``Area.driver_opts``).
+
+    Ids are taken in turn from a random start, so two processes of one provider object never share one; two
+    provider objects (two ``checkfu exec`` commands against one long-lived sandbox) collide with a chance of one in
+    the span. Under ``userns-remap`` the span is what a remapped sandbox maps (below 65536); else a billion ids.
+    """
+
+    FIRST, SPAN = 1 << 30, 1 << 30
+    REMAPPED_FIRST, REMAPPED_SPAN = 10_000, 50_000
+
+    def __init__(self, *, remapped: bool) -> None:
+        self.first, self.span = (self.REMAPPED_FIRST, self.REMAPPED_SPAN) if remapped else (self.FIRST, self.SPAN)
+        self._turn = itertools.count(secrets.randbelow(self.span))
+
+    def user(self, user: SandboxUser) -> str:
+        """The ``uid:gid`` an exec of ``user`` is made as: the sandbox user, under a group of its own."""
+        return f"{user.uid}:{self.first + next(self._turn) % self.span}"
+
+
 @dataclass(frozen=True)
 class Area:
     """One writable path: a tmpfs volume of ``size_kib``."""
@@ -89,9 +120,13 @@ class Area:
     executable: bool
 
     def driver_opts(self, user: SandboxUser) -> dict[str, str]:
-        opts = [f"size={self.size_kib}k", f"mode={self.mode:04o}", "nosuid", "nodev"]
+        """The tmpfs options: its root set-group-id to the sandbox user's group, so what any process makes there
+        belongs to that group whatever the process's own (``ProcessGroups``)."""
+        opts = [f"size={self.size_kib}k", f"mode={self.mode | 0o2000:04o}", "nosuid", "nodev"]
         if self.owned:
             opts += [f"uid={user.uid}", f"gid={user.gid}"]
+        else:
+            opts.append(f"gid={user.gid}")
         if not self.executable:
             opts.append("noexec")
         return {"type": "tmpfs", "device": "tmpfs", "o": ",".join(opts)}
@@ -288,6 +323,7 @@ def sandbox_spec(
         privileged=False,
         cap_drop=["ALL"],
         security_opt=["no-new-privileges"],
+        group_add=[str(user.gid)],
         mem_limit=memory,
         memswap_limit=memory,
         nano_cpus=limits.cpu_millis * 1_000_000,
@@ -313,8 +349,7 @@ def sandbox_spec(
         environment.update(egress.sandbox_environment())
     return {
         "image": image,
-        "command": ["sh", "-c", STARTER],
-        "stdin_open": True,
+        "command": ["sleep", "infinity"],
         "name": instance,
         "user": user.spec,
         "working_dir": user.home,
