@@ -18,12 +18,12 @@ Every figure times whole processes (wall time, ``subprocess.run``), interleaved 
   rest of its wall time (start-up, opening the journal, exit); ``cold_p50`` and ``cold_over_raw``, the same
   command in a process of its own (``CHECKFU_SERVER=off``: every import paid), interleaved with the two;
   ``server_rss_mib``, the warm server's resident memory, what it costs to keep; ``engine_same_work_p50``, the
-  engine doing what a Run on the Docker tier asked of it before its sandboxes had a starter (``same_work_config``:
-  create the sandbox with a long-lived init, start it, ``exec true`` in it, remove it, through docker-py in this
-  process, no client to start) and ``engine_same_work_over_raw``, its ratio to raw; ``design_floor_over_raw``,
-  that plus Python's own start-up (``python -c pass``) over raw: the least a Python command that runs ``true`` by
-  an exec in a sandbox of that shape could take. No floor of ours any more: the starter starts the first process
-  without an exec (``providers/docker/starter.py``), so ours may come in under it. Between timed steps the
+  engine doing what a Run on the Docker tier asks of it (``same_work_config``: create the sandbox with a long-lived
+  init, start it, ``exec true`` in it, remove it, through docker-py in this process, no client to start) and
+  ``engine_same_work_over_raw``, its ratio to raw; ``design_floor_over_raw``, that plus Python's own start-up
+  (``python -c pass``) over raw: the least a Python command that runs ``true`` by an exec in a sandbox of that
+  shape can take. Every process is an exec, so its exit is the engine's word (issue 28: a first process started
+  from inside the sandbox could have its exit forged by the sandbox). Between timed steps the
   benchmark waits, untimed, until the server has its spare ready (``docs/server.md``), so that making it is not
   timed as part of the next step; ``spare_rss_mib`` is the spare's own memory, and ``back_to_back_p50`` (with
   ``back_to_back_over_raw``) times ``checkfu run -- true`` run again at once, n times, as a script's loop runs it:
