@@ -110,9 +110,9 @@ while time.time() < end:
             seen.add(p)
     time.sleep(0.02)
 """
-"""A process left behind: for a while, every later command it sees (its command line says ``echo ran``) is read (its environment, its stdin), traced and
-written (its memory, its stdin, with a line a shell would take as the next command). What it got is logged in
-``/tmp/stolen``."""
+"""A process left behind: for a while, every later command it sees (its command line says ``echo ran``) is read
+(its environment, its stdin), traced and written (its memory, its stdin, with a line a shell would take as the next
+command). What it got is logged in ``/tmp/stolen``."""
 
 
 @pytest.fixture

@@ -4,8 +4,8 @@ in it.
 
 The processes are found through the engine (the container's init pid) and the process table (everything in its
 pid namespace: the init, the sandbox's command and two ``docker exec`` processes kept open through
-``openProcess``), never through the provider. The oracle is itself checked: on a plain container without the hardening it finds
-every axis not held, so a pass cannot come from an oracle that never fails.
+``openProcess``), never through the provider. The oracle is itself checked: on a plain container without the
+hardening it finds every axis not held, so a pass cannot come from an oracle that never fails.
 """
 
 from __future__ import annotations
