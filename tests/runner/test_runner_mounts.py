@@ -220,6 +220,8 @@ def nobodys_tree() -> Iterator[Path]:
     directory only root may enter); removed with everything in it afterwards."""
     if os.geteuid() != 0 or shutil.which("setpriv") is None:
         pytest.skip("a resolution as another user needs root and setpriv (as root, every directory reads)")
+    if subprocess.run([*NOBODY, sys.executable, "-c", "import checkfu"], capture_output=True, check=False).returncode:
+        pytest.skip(f"user nobody cannot run {sys.executable} with checkfu installed")
     base = Path(tempfile.mkdtemp(prefix="checkfu-mount-"))
     try:
         base.chmod(0o755)
