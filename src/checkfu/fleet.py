@@ -34,6 +34,7 @@ from checkfu.runner.clock import SystemClock
 from checkfu.runner.documents import DocumentError, check_nesting, parse_toml, read_bounded
 from checkfu.runner.journal import Journal, RunRow, sqlite_url
 from checkfu.runner.mounts import DirectorySource, GitSource, MountSpec, parse_mount, resolve_mount
+from checkfu.runner.owner_only import state_dir
 from checkfu.runner.queue import RunQueue, RunRequest, is_terminal
 from checkfu.runner.runner import new_run_id
 
@@ -57,11 +58,9 @@ class RunResult:
 
 
 def default_journal_url() -> str:
-    """The embedded journal every ``checkfu`` command uses when no ``--db`` is given."""
-    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    path = Path(base) / "checkfu"
-    path.mkdir(parents=True, exist_ok=True)
-    return sqlite_url(path / "journal.sqlite")
+    """The embedded journal every ``checkfu`` command uses when no ``--db`` is given, in the state directory (the
+    user's alone: ``checkfu.runner.owner_only.state_dir``)."""
+    return sqlite_url(state_dir() / "journal.sqlite")
 
 
 def pinned_mounts(specs: Sequence[MountSpec]) -> tuple[str, ...]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import stat
 import time
 from pathlib import Path
 
@@ -21,6 +22,7 @@ def sizes_file(c: Cli) -> Path:
 def test_a_host_process_pool_is_filled_listed_and_drained_with_its_provider(cli: Cli) -> None:  # noqa: F811
     filled = cli.json("pool", "fill", "--provider", "host-process", "--profile", HOST, "-n", "2")
     assert len(filled["made"]) == 2 and len(filled["ready"]) == 2  # the ones it made are the ones it reports
+    assert stat.S_IMODE(sizes_file(cli).stat().st_mode) == 0o600  # the user's alone, as all in the state directory
     assert len(cli.json("pool", "ls")["ready"]) == 2
     wrong = cli("pool", "drain", "--provider", "memory", "--json")
     assert wrong.code == 1, str(wrong)

@@ -224,3 +224,18 @@ def test_the_pytest_plugin_runs_the_cases_in_a_users_suite(tmp_path: Path) -> No
     assert done.returncode == 0, done.stdout + done.stderr
     assert "9 passed, 1 skipped" in done.stdout, done.stdout
     assert "case 9: allowlist egress" in done.stdout or "allowlist" in done.stdout
+
+
+@pytest.mark.parametrize("which", ["signer.pub", "signer"])
+def test_keys_are_never_written_through_a_link_even_a_dangling_one(tmp_path: Path, which: str) -> None:
+    (tmp_path / "elsewhere").mkdir()
+    target = tmp_path / "elsewhere" / "planted"
+    link = tmp_path / which
+    link.symlink_to(target)  # dangling: following it would make the file there
+    done = run("keys", "generate", "--out", str(tmp_path / "signer"), cwd=tmp_path, env={"COLUMNS": "400"})
+    said = " ".join(done.stderr.split())
+    assert done.returncode == 2, done.stderr
+    assert f"{link} is a symbolic link" in said and "--out" in said, done.stderr
+    assert not target.exists() and list((tmp_path / "elsewhere").iterdir()) == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["elsewhere", which])  # no half pair either
+    assert link.is_symlink()

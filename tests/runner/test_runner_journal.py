@@ -7,6 +7,7 @@ and against a database in a throwaway PostgreSQL cluster.
 from __future__ import annotations
 
 import sqlite3
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +56,26 @@ def test_sqlite_is_a_file_by_default(tmp_path: Path) -> None:
         assert row is not None and row.target == TARGET
     finally:
         reopened.close()
+
+
+def test_a_sqlite_file_the_journal_makes_is_its_users_alone_and_so_are_its_side_files(tmp_path: Path) -> None:
+    # It holds every Run's argv and output (``checkfu logs``); SQLite gives -wal and -shm the file's mode.
+    made = tmp_path / "made.sqlite"
+    j = Journal(sqlite_url(made))
+    try:
+        j.start_run("run-1", runner_tag="t", target=TARGET, now=1.0)
+        side = sorted(tmp_path.glob("made.sqlite-*"))
+        assert [p.name for p in side] == ["made.sqlite-shm", "made.sqlite-wal"]  # while it is open
+        assert {p.name: stat.S_IMODE(p.stat().st_mode) for p in [made, *side]} == dict.fromkeys(
+            ["made.sqlite", "made.sqlite-shm", "made.sqlite-wal"], 0o600
+        )
+    finally:
+        j.close()
+    kept = tmp_path / "kept.sqlite"  # a file that exists is the user's: its mode is theirs to choose
+    kept.touch(mode=0o640)
+    kept.chmod(0o640)
+    Journal(sqlite_url(kept)).close()
+    assert stat.S_IMODE(kept.stat().st_mode) == 0o640
 
 
 def test_same_schema_on_both_engines(journal: Journal) -> None:

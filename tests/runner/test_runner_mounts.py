@@ -7,9 +7,14 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import os
+import shutil
+import subprocess
+import sys
+import tempfile
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -193,6 +198,107 @@ def test_directory_problems(tmp_path: Path, workspace: Path) -> None:
     fifo = workspace / "fifo"
     os.mkfifo(fifo)  # not a regular file: never read (reading a FIFO would block)
     assert "fifo" not in {f.path for f in resolve_mount(MountSpec(DirectorySource(workspace), "/w")).plan.files}
+
+
+NOBODY = ("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups")
+RESOLVE_AND_SAY = """
+import json, sys
+from checkfu.contract.errors import SandboxError
+from checkfu.runner.mounts import parse_mount, resolve_mount
+try:
+    plan = resolve_mount(parse_mount(sys.argv[1], stage_all=sys.argv[2] == "stage_all")).plan
+except SandboxError as exc:
+    print(json.dumps({"code": exc.code, "field": exc.field, "message": exc.message}))
+else:
+    print(json.dumps({"files": [f.path for f in plan.files]}))
+"""
+
+
+@pytest.fixture
+def nobodys_tree() -> Iterator[Path]:
+    """An empty directory for a tree that user ``nobody`` owns and can reach (``tmp_path`` lies below a
+    directory only root may enter); removed with everything in it afterwards."""
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("a resolution as another user needs root and setpriv (as root, every directory reads)")
+    if subprocess.run([*NOBODY, sys.executable, "-c", "import checkfu"], capture_output=True, check=False).returncode:
+        pytest.skip(f"user nobody cannot run {sys.executable} with checkfu installed")
+    base = Path(tempfile.mkdtemp(prefix="checkfu-mount-"))
+    try:
+        base.chmod(0o755)
+        (base / "src").mkdir()
+        yield base / "src"
+    finally:
+        shutil.rmtree(base)
+
+
+def resolve_as_nobody(root: Path, *, stage_all: bool = False) -> dict[str, Any]:
+    """Resolve ``root`` as a mount (``stage_all``: what Git ignores too) in a process of user ``nobody``, once
+    the tree is given to nobody; what it said: the files of the plan, or the error's code, field and message."""
+    subprocess.run(["chown", "-R", "65534:65534", str(root)], check=True)
+    done = subprocess.run(
+        [*NOBODY, sys.executable, "-c", RESOLVE_AND_SAY, f"{root}:/w", "stage_all" if stage_all else "-"],
+        capture_output=True,
+        timeout=60,
+        check=False,
+        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": "/nonexistent"},
+        cwd="/",
+    )
+    assert done.returncode == 0 and b"Traceback" not in done.stderr, done.stderr.decode(errors="replace")
+    said: dict[str, Any] = json.loads(done.stdout)
+    return said
+
+
+def plain_git(root: Path, *args: str) -> None:
+    """``git`` in ``root`` as the test's user, with nothing of its configuration."""
+    subprocess.run(
+        ["git", "-C", str(root), "-c", "user.name=t", "-c", "user.email=t@example.invalid", *args],
+        check=True,
+        capture_output=True,
+        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(root), "GIT_CONFIG_NOSYSTEM": "1"},
+    )
+
+
+@pytest.mark.parametrize(
+    ("layout", "locked"),
+    [
+        ("plain", "locked"),  # a directory outside any Git work tree: os.walk used to skip it
+        ("plain", "deep/secret.txt"),  # a file
+        ("git", "locked"),  # untracked, in a work tree: git warned and left it out
+        ("git-tracked", "locked"),  # its files are tracked
+        ("git-stage-all", "locked"),  # --no-ignore walks the tree itself
+    ],
+)
+def test_an_unreadable_path_inside_a_mount_is_refused_by_name_never_left_out(
+    nobodys_tree: Path, layout: str, locked: str
+) -> None:
+    root = nobodys_tree
+    for rel in ("a.txt", "deep/secret.txt", "locked/inner.txt"):
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(b"data\n")
+    if layout.startswith("git"):
+        plain_git(root, "init", "-q")
+        if layout == "git-tracked":
+            plain_git(root, "add", "-A")
+            plain_git(root, "commit", "-q", "-m", "one")
+    stage_all = layout == "git-stage-all"
+    said = resolve_as_nobody(root, stage_all=stage_all)
+    staged = [p for p in said["files"] if not p.startswith(".git/")]  # stage_all stages .git too
+    assert staged == ["a.txt", "deep/secret.txt", "locked/inner.txt"]  # while it reads: all of it
+    (root / locked).chmod(0o000)
+    said = resolve_as_nobody(root, stage_all=stage_all)
+    assert said.get("code") == "SandboxPathRejected" and said.get("field") == "mounts", said
+    assert f": {locked} cannot be read (Permission denied)" in said["message"], said
+
+
+def test_an_unreadable_directory_git_ignores_is_not_looked_at(nobodys_tree: Path) -> None:
+    root = nobodys_tree
+    (root / "a.txt").write_bytes(b"data\n")
+    (root / ".gitignore").write_text("build/\n")
+    (root / "build" / "cache").mkdir(parents=True)
+    (root / "build" / "cache" / "x.o").write_bytes(b"object\n")
+    plain_git(root, "init", "-q")
+    (root / "build").chmod(0o000)
+    assert resolve_as_nobody(root) == {"files": [".gitignore", "a.txt"]}
 
 
 def test_directory_bound(workspace: Path) -> None:

@@ -73,7 +73,10 @@ def evidence_verify(
 def keys_generate(
     out: Annotated[Path, typer.Option("--out", help="the private key's path; the public key goes to PATH.pub")],
 ) -> None:
-    """Make an Ed25519 key pair for signing evidence (the private key is written with mode 0600)."""
+    """Make an Ed25519 key pair for signing evidence (the private key is written with mode 0600).
+
+    Both files are made new: a file, directory or link (even a dangling one) at PATH or PATH.pub is refused,
+    never overwritten or followed (exit 2)."""
     try:
         private, public = generate_keys(out)
     except EvidenceError as exc:

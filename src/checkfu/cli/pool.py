@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import fcntl
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -36,6 +35,7 @@ from checkfu.cli.run import (
 from checkfu.cli.state import current_engine, open_journal, runner_tag, state_dir
 from checkfu.contract.errors import SandboxError
 from checkfu.contract.profile import SandboxProfile
+from checkfu.runner import owner_only
 from checkfu.runner.admission import raise_problems, target_problems
 from checkfu.runner.job import host_platform_value
 from checkfu.runner.journal import Journal
@@ -66,10 +66,7 @@ def _remember(tag: str, key: str, entry: dict[str, Any] | None) -> None:
         sizes.pop(key, None)
     else:
         sizes[key] = entry
-    path = _sizes_file(tag)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(sizes, indent=2) + "\n")
-    tmp.replace(path)
+    owner_only.replace_file(_sizes_file(tag), (json.dumps(sizes, indent=2) + "\n").encode())
 
 
 def _say_ready(entries: list[Pooled], as_json: bool, **more: Any) -> None:
@@ -191,8 +188,7 @@ def pool_refill(db: DbOpt = None, as_json: JsonOpt = False) -> None:
         stack.callback(journal.close)
         # One refill at a time per runner tag: two Runs that each adopted start one each, and the second must
         # see what the first made (else the pool grows to twice its size until --ttl reclaims the extra).
-        _sizes_file(tag).parent.mkdir(parents=True, exist_ok=True)
-        lock = stack.enter_context(_sizes_file(tag).with_suffix(".lock").open("a"))
+        lock = stack.enter_context(owner_only.open_append(_sizes_file(tag).with_suffix(".lock")))
         fcntl.flock(lock, fcntl.LOCK_EX)
         _refill(tag, journal, db, made, errors)
     if as_json:

@@ -1122,7 +1122,8 @@ def _all_output(journal: Any, run_id: str) -> list[Any]:
 
 
 def _write_page(path: Path, r: Any, events: Any, allocs: Any, chunks: Any) -> None:
-    """Write the Run's page to ``path`` (``-``: stdout).
+    """Write the Run's page to ``path`` (``-``: stdout); a file it makes is ``0600``, the user's alone, as the
+    journal the page is read from is.
 
     Raises:
         typer.Exit: it cannot be written (said on stderr, exit 1).
@@ -1134,8 +1135,10 @@ def _write_page(path: Path, r: Any, events: Any, allocs: Any, chunks: Any) -> No
     if str(path) == "-":
         sys.stdout.write(page)
         return
-    try:
-        path.write_text(page, encoding="utf-8")
+    try:  # it holds the Run's argv and output: made 0600 (a file that exists keeps its mode)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            out.write(page)
     except OSError as exc:
         err.print(f"[bold red]cannot write --html {escape(str(path))}[/]: {escape(exc.strerror or str(exc))}")
         raise typer.Exit(1) from None

@@ -1,4 +1,5 @@
-"""Where the command line keeps its state: the journal and this runner's tag."""
+"""Where the command line keeps its state: the journal and this runner's tag, in the state directory
+(``checkfu.runner.owner_only.state_dir``: the user's alone)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
 from checkfu.contract.errors import SandboxError
+from checkfu.runner import owner_only
 from checkfu.runner.clock import SystemClock
 from checkfu.runner.expiry import ExpiryReport, sweep_expired_snapshots
 from checkfu.runner.journal import (
@@ -49,10 +51,9 @@ def close_journal(journal: Journal) -> None:
 
 
 def state_dir() -> Path:
-    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    path = Path(base) / "checkfu"
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+    """The state directory: made ``0700``, and closed to other users if an older checkfu left it open
+    (``checkfu.runner.owner_only.state_dir``)."""
+    return owner_only.state_dir()
 
 
 def runner_tag(db: str | None = None) -> str:
@@ -82,7 +83,7 @@ def _state_tag() -> str:
     except FileNotFoundError:
         pass
     tag = f"runner-{secrets.token_hex(6)}"
-    path.write_text(tag + "\n")
+    owner_only.write_file(path, f"{tag}\n".encode())
     return tag
 
 

@@ -19,6 +19,7 @@ import binascii
 import hashlib
 import json
 import os
+import stat
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -35,6 +36,7 @@ from checkfu.conformance.suite import SUITE_VERSION, Report
 from checkfu.contract.codec import canonical, decode_value, strict_json
 from checkfu.contract.envelope import SandboxProviderCapabilities
 from checkfu.contract.target import ExecutionTarget
+from checkfu.runner import owner_only
 from checkfu.runner.documents import DocumentError, read_bounded
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
@@ -50,15 +52,19 @@ class EvidenceError(Exception):
 
 
 def generate_keys(path: Path) -> tuple[Path, Path]:
-    """A new Ed25519 key pair: the private key (PEM, mode 0600) at ``path``, the public one at ``path.pub``.
+    """A new Ed25519 key pair: the private key (PEM, mode 0600) at ``path``, the public one (0644) at ``path.pub``.
+
+    Each file is made new: whatever exists at either path (a file, a directory, a symbolic link, dangling or
+    not) is refused, never overwritten and never followed, so no key is written anywhere but where it was
+    asked. The pair is made whole or not at all: a private key whose public key could not be written is
+    removed again. A directory it makes for them is 0700.
 
     Raises:
-        EvidenceError: either file already exists (a key is never overwritten).
+        EvidenceError: something exists at either path, or either cannot be written (naming which).
     """
     public_path = path.with_name(path.name + ".pub")
     for p in (path, public_path):
-        if p.exists():
-            raise EvidenceError(f"{p} exists; a key is never overwritten (choose another --out)")
+        _refuse_existing(p)
     key = Ed25519PrivateKey.generate()
     private_pem = key.private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
@@ -66,12 +72,54 @@ def generate_keys(path: Path) -> tuple[Path, Path]:
     public_pem = key.public_key().public_bytes(
         serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
     )
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "wb") as fh:
-        fh.write(private_pem)
-    public_path.write_bytes(public_pem)
+    try:
+        owner_only.make_dirs(path.parent)
+    except OSError as exc:
+        raise EvidenceError(f"cannot make {path.parent}: {exc.strerror or exc}") from None
+    _create(path, private_pem, 0o600)
+    try:
+        _create(public_path, public_pem, 0o644)
+    except BaseException:
+        path.unlink(missing_ok=True)
+        raise
     return path, public_path
+
+
+def _refuse_existing(path: Path) -> None:
+    """Raises EvidenceError: something exists at ``path`` (a link is named as one, with where it leads)."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise EvidenceError(f"cannot look at {path}: {exc.strerror or exc}") from None
+    if stat.S_ISLNK(st.st_mode):
+        raise EvidenceError(
+            f"{path} is a symbolic link (to {os.readlink(path)!r}); a key is never written through a link "
+            "(choose another --out)"
+        )
+    raise EvidenceError(f"{path} exists; a key is never overwritten (choose another --out)")
+
+
+def _create(path: Path, data: bytes, mode: int) -> None:
+    """Make ``path`` new with ``mode``, never through a link (``O_EXCL``: a link at ``path`` is not followed).
+
+    Raises:
+        EvidenceError: something appeared at ``path`` since it was looked at, or it cannot be written.
+    """
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    except FileExistsError:
+        _refuse_existing(path)
+        raise EvidenceError(f"{path} exists; a key is never overwritten (choose another --out)") from None
+    except OSError as exc:
+        raise EvidenceError(f"cannot write {path}: {exc.strerror or exc}") from None
+    try:
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
+    except OSError as exc:
+        path.unlink(missing_ok=True)
+        raise EvidenceError(f"cannot write {path}: {exc.strerror or exc}") from None
 
 
 def _read(path: Path, what: str) -> bytes:

@@ -20,7 +20,6 @@ new evidence: the old evidence no longer matches.
 from __future__ import annotations
 
 import hashlib
-import os
 import secrets
 import time
 from dataclasses import dataclass
@@ -34,6 +33,7 @@ from checkfu.contract.ceiling import RunnerProviderCapability, overreach
 from checkfu.contract.codec import digest
 from checkfu.contract.errors import SandboxEnrollmentRefused
 from checkfu.contract.vocabulary import EgressGrade
+from checkfu.runner import owner_only
 from checkfu.runner.journal import Journal
 from checkfu.runner.registry import Adapter
 from checkfu.wire.credentials import Credential
@@ -84,13 +84,12 @@ def matrix_grade(adapter: Adapter, document: bytes | None, matrix_key: Ed25519Pu
 
 
 def issue_credential(directory: Path, adapter: Adapter) -> tuple[Path, str]:
-    """A fresh credential in a file of its own (mode 0600); returns the path and the fingerprint."""
+    """A fresh credential in a file of its own (mode 0600, in ``directory``, made 0700 if it is missing); returns
+    the path and the fingerprint."""
     secret = secrets.token_urlsafe(32)
-    directory.mkdir(parents=True, exist_ok=True)
+    owner_only.make_dirs(directory)
     path = directory / f"{adapter.envelope.provider}-{hashlib.sha256(secret.encode()).hexdigest()[:12]}.credential"
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(secret + "\n")
+    owner_only.create_file(path, f"{secret}\n".encode())
     return path, "sha256:" + hashlib.sha256(secret.encode()).hexdigest()
 
 

@@ -17,11 +17,12 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Protocol
 
-from checkfu.contract.errors import SandboxError
+from checkfu.contract.errors import SandboxError, SandboxPathRejected
 from checkfu.contract.process import ProcessExit, ProcessOutput
 from checkfu.contract.profile import SandboxProfile
 from checkfu.contract.target import ExecutionTarget
 from checkfu.contract.vocabulary import Platform
+from checkfu.runner import owner_only
 from checkfu.runner.admission import (
     argv_problems,
     capture_problems,
@@ -506,7 +507,12 @@ async def _capture(session: RunSession, inst: Instance, paths: Sequence[str], in
     Files are read in batches of at most ``READ_BATCH`` paths and the runner's read bound, each
     batch written out before the next is asked for. What cannot be captured is not an error of
     the Run: ``obs`` is warned, naming it (a missing path, a link, a name that is not UTF-8, a
-    file over the read bound, a listing cut short by its bound).
+    file over the read bound, a listing cut short by its bound). What it holds is the Run's output, the
+    user's alone: each directory it makes is ``0700``, each file ``0600`` (``checkfu.runner.owner_only``); a
+    directory that exists keeps its mode, and a symbolic link where a file goes is never followed.
+
+    Raises:
+        SandboxPathRejected: a file cannot be written here (field ``capture-dir``, naming it).
     """
     files: dict[str, int] = {}
     missing: list[str] = []
@@ -553,8 +559,13 @@ async def _capture(session: RunSession, inst: Instance, paths: Sequence[str], in
         missing.extend(result.missing)
         for f in result.files:
             local = into / PurePosixPath(f.path).relative_to("/")
-            local.parent.mkdir(parents=True, exist_ok=True)
-            local.write_bytes(f.data)
+            try:
+                owner_only.make_dirs(local.parent)
+                owner_only.write_file(local, f.data)
+            except OSError as exc:
+                raise SandboxPathRejected(
+                    f"capture {f.path}: cannot write {local}: {exc.strerror or exc}", field="capture-dir"
+                ) from None
             saved.append(str(local))
     if missing:
         obs.warning(f"not captured, no such file in the sandbox: {', '.join(missing)}")

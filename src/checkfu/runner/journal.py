@@ -46,6 +46,7 @@ from checkfu.contract.codec import decode
 from checkfu.contract.errors import SandboxLeaseFenced
 from checkfu.contract.lifecycle import OPEN_ROW_STATES, RowKind, RowState
 from checkfu.contract.target import ExecutionTarget, Lease
+from checkfu.runner import owner_only
 from checkfu.runner.migrate import upgrade
 
 if TYPE_CHECKING:
@@ -470,7 +471,12 @@ def sqlite_url(path: Path) -> str:
 
 
 def make_engine(url: str) -> Engine:
-    """An engine for ``url``; SQLite gets WAL, a busy timeout and foreign-thread use."""
+    """An engine for ``url``; SQLite gets WAL, a busy timeout and foreign-thread use.
+
+    A SQLite file that does not exist yet is made here, empty and ``0600``, before SQLite opens it: it holds
+    every Run's argv and output, and SQLite gives its side files (``-wal``, ``-shm``, ``-journal``) the
+    database file's mode. A file that exists keeps its mode.
+    """
     if url.startswith("sqlite"):
         if url in ("sqlite://", "sqlite+pysqlite://", "sqlite+pysqlite:///:memory:"):
             return sa.create_engine(
@@ -478,6 +484,9 @@ def make_engine(url: str) -> Engine:
             )
         # A short busy wait per attempt: ``journaled`` retries within the journal's own deadline.
         engine = sa.create_engine(url, connect_args={"check_same_thread": False, "timeout": 1})
+        if _sqlite_file(engine) and not engine.url.query.get("uri"):  # a file: URI is SQLite's to open
+            with contextlib.suppress(OSError):  # it exists (kept as it is), or SQLite says why it cannot be made
+                owner_only.create_file(Path(str(engine.url.database)), b"")
 
         @sa.event.listens_for(engine, "connect")
         def _pragmas(dbapi_conn: Any, _record: Any) -> None:

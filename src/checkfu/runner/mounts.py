@@ -16,7 +16,10 @@ What a directory mount holds: inside a Git work tree, what Git does not ignore
 every regular file and symlink. A symlink is staged as a symlink, never
 followed, when it resolves inside the mount (through the mount's other links
 too); one that leads outside is refused by name. Executable files keep their
-executable bit (``0755``; everything else ``0644``).
+executable bit (``0755``; everything else ``0644``). A directory or file that
+cannot be read (another user's, mode ``000``) is refused by name, never left
+out: a mount holds all it says it holds or nothing (inside a Git work tree,
+what Git ignores is not looked at, readable or not).
 """
 
 from __future__ import annotations
@@ -304,9 +307,37 @@ def _ignoring_git(root: Path) -> list[str] | None:
     return [p.decode("utf-8", "surrogateescape") for p in listing.split(b"\x00") if p]
 
 
-def _walk(root: Path) -> list[str]:
+def _unreadable(rel: str, where: str, exc: OSError) -> SandboxPathRejected:
+    """The refusal of a path below a mount's source that cannot be read: never left out of the mount unsaid."""
+    return SandboxPathRejected(
+        f"mount {where}: {rel[:300]} cannot be read ({exc.strerror or exc}); it is refused rather than left out "
+        "(make it readable, or move it out of the mount)",
+        field="mounts",
+    )
+
+
+def _refuser(root: Path, where: str) -> Callable[[OSError], None]:
+    """An ``onerror`` for ``os.walk`` below ``root`` that refuses the directory it could not list, by name
+    (``os.walk`` without one skips it, and all below it, in silence); ``root`` itself is the source, which the
+    profile named."""
+
+    def refuse(exc: OSError) -> None:
+        failed = Path(exc.filename) if exc.filename is not None else root
+        if failed == root:
+            raise SandboxProfileInvalid(f"mount {where}: cannot read: {exc.strerror or exc}", field="mounts")
+        raise _unreadable(failed.relative_to(root).as_posix(), where, exc)
+
+    return refuse
+
+
+def _walk(root: Path, where: str) -> list[str]:
+    """Every file and symlink below ``root``, as paths relative to it.
+
+    Raises:
+        SandboxPathRejected: a directory below it cannot be listed.
+    """
     found: list[str] = []
-    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+    for dirpath, dirnames, filenames in os.walk(root, onerror=_refuser(root, where), followlinks=False):
         dirnames.sort()
         here = Path(dirpath)
         for name in dirnames:  # a symlink to a directory is listed here; os.walk does not enter it
@@ -316,6 +347,25 @@ def _walk(root: Path) -> list[str]:
     return found
 
 
+def _refuse_unreadable_directories(root: Path, where: str, listed: list[str]) -> None:
+    """Refuse a directory below ``root`` (a Git work tree) that Git would have looked in and could not.
+
+    ``git ls-files`` warns of a directory it cannot open and lists the rest as if it were empty, so its
+    listing cannot tell. The directories are walked here, leaving out what Git does not look in: ``.git``,
+    what it ignores (``--ignored --directory`` names a wholly ignored directory once), and each directory it
+    listed as one entry (a nested repository, a submodule).
+
+    Raises:
+        SandboxPathRejected: such a directory cannot be listed.
+    """
+    ignored = _git(root, "ls-files", "-z", "--others", "--ignored", "--exclude-standard", "--directory", "--", ".")
+    whole = {p.decode("utf-8", "surrogateescape").rstrip("/") for p in ignored.split(b"\x00") if p.endswith(b"/")}
+    whole.update(p.rstrip("/") for p in listed)  # only a directory among them matters here
+    for dirpath, dirnames, _ in os.walk(root, onerror=_refuser(root, where), followlinks=False):
+        here = Path(dirpath).relative_to(root).as_posix()
+        dirnames[:] = [d for d in dirnames if d != ".git" and (d if here == "." else f"{here}/{d}") not in whole]
+
+
 def _read_directory(
     src: DirectorySource, where: str, budget: _Budget, stage_all: bool, progress: Progress | None
 ) -> list[MountFile]:
@@ -323,7 +373,11 @@ def _read_directory(
     if not root.is_dir():
         raise SandboxProfileInvalid(f"mount {where}: {root} is not a directory", field="mounts")
     listed = None if stage_all else _ignoring_git(root)
-    paths = sorted(set(listed)) if listed is not None else _walk(root)
+    if listed is None:
+        paths = _walk(root, where)
+    else:
+        _refuse_unreadable_directories(root, where, listed)
+        paths = sorted(set(listed))
     if len(paths) > MAX_FILES_PER_MOUNT:
         raise SandboxBoundExceeded(
             f"mount {where}: {len(paths)} files, more than {MAX_FILES_PER_MOUNT} in one mount", field="mounts"
@@ -334,11 +388,14 @@ def _read_directory(
         full = root / rel
         try:
             st = full.lstat()
+            link = os.readlink(full) if stat.S_ISLNK(st.st_mode) else None
         except FileNotFoundError:
             continue  # tracked by Git but deleted from the work tree: not there to stage
-        if stat.S_ISLNK(st.st_mode):
+        except OSError as exc:
+            raise _unreadable(rel, where, exc) from None
+        if link is not None:
             _check_rel(rel, where)
-            links[rel] = os.readlink(full)
+            links[rel] = link
         elif stat.S_ISREG(st.st_mode):
             _check_rel(rel, where)
             budget.take(st.st_size, rel)
@@ -354,7 +411,10 @@ def _read_directory(
     hashing = _Hashing(sum(size for _, size, _ in regular), progress)
     files: list[MountFile] = []
     for rel, _, mode in regular:
-        digest, size = _hash_file(root / rel, hashing)
+        try:
+            digest, size = _hash_file(root / rel, hashing)
+        except OSError as exc:
+            raise _unreadable(rel, where, exc) from None
         files.append(build(MountFile, path=rel, mode=mode, size=size, digest=digest))
     for rel, target in links.items():
         data = target.encode("utf-8", "surrogateescape")
@@ -537,7 +597,8 @@ def resolve_mount(
 
     Raises:
         SandboxProfileInvalid: the source is missing or unreadable, or the target is not a sandbox path.
-        SandboxPathRejected: a file path cannot be staged (a symlink leading outside, a submodule, a bad name).
+        SandboxPathRejected: a file path cannot be staged (a symlink leading outside, a submodule, a bad name, a
+            directory or file below a directory source that cannot be read).
         SandboxDigestMismatch: content does not match its Git blob id or the declared plan.
         SandboxBoundExceeded: the mount is larger than ``max_bytes`` (known from the sizes, before reading).
     """

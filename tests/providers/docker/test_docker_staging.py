@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import stat
 import tarfile
 import time
 from pathlib import Path
@@ -27,7 +28,7 @@ from checkfu.contract.members import (
 from checkfu.contract.mounts import MountFile, MountPlan
 from checkfu.providers.docker import labels as L
 from checkfu.providers.docker import provider as provider_module
-from checkfu.providers.docker.staging import _header
+from checkfu.providers.docker.staging import PARTIAL, Spools, _header
 
 pytestmark = [pytest.mark.docker, pytest.mark.anyio]
 
@@ -79,6 +80,28 @@ def test_plain_headers_are_what_tarfile_writes() -> None:
         info.linkname = case.get("link", "")
         want = info.tobuf(format=tarfile.PAX_FORMAT, encoding="utf-8", errors="strict")
         assert _header(uid=1000, gid=1000, **case) == want, case["name"]
+
+
+def test_what_waits_to_be_staged_is_the_users_alone(tmp_path: Path) -> None:
+    # A spool holds files bound for a sandbox, perhaps copied from a mount source only this user may read.
+    home = tmp_path / "home"
+    home.mkdir()
+    home.chmod(0o755)
+    root = home / "checkfu-docker" / "staging"
+    spool = Spools(root).get("inst", "tag")
+    with spool.lock:
+        spool.append("secret.txt", "/data", b"only mine\n", mode=0o600, uid=1000, gid=1000)
+        spool.mark("/data/big.bin")
+        spool.close()
+    made = {p.relative_to(home).as_posix(): stat.S_IMODE(p.stat().st_mode) for p in home.rglob("*")}
+    assert made == {
+        "checkfu-docker": 0o700,
+        "checkfu-docker/staging": 0o700,
+        "checkfu-docker/staging/inst~tag.tar": 0o600,
+        **{p.relative_to(home).as_posix(): 0o600 for p in root.glob(f"inst~tag.tar{PARTIAL}*")},
+    }
+    assert len(made) == 4  # the mark is there too
+    assert stat.S_IMODE(home.stat().st_mode) == 0o755  # not the provider's: kept as it was
 
 
 async def test_segments_go_up_while_writes_continue_and_later_writes_still_win(kit: Kit, small_segments: None) -> None:

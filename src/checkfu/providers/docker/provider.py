@@ -125,6 +125,8 @@ from checkfu.providers.docker.staging import (
     SpooledArchive,
     Spools,
     discard_writable,
+    make_private_dirs,
+    open_private,
     writable_spool_name,
 )
 
@@ -770,8 +772,8 @@ class DockerProvider:
         path = self.carriers.get(instance, runner_tag).path
         part = path.with_name(path.name + ".part")
         with data:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with part.open("wb") as out:
+            make_private_dirs(path.parent)
+            with open_private(part, os.O_TRUNC) as out:
                 shutil.copyfileobj(data, out, 1 << 20)
             part.replace(path)
 
@@ -1149,8 +1151,8 @@ class DockerProvider:
         api = self.engine.api
         if instance.held:
             mark = self._thaw_mark(instance.name, instance.runner_tag)
-            mark.parent.mkdir(parents=True, exist_ok=True)
-            mark.touch()
+            make_private_dirs(mark.parent)
+            open_private(mark, os.O_TRUNC).close()
             api.unpause(instance.container_id)
         else:
             api.start(instance.container_id)

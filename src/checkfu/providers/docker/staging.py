@@ -51,6 +51,38 @@ INLINE_BYTES = 64 << 10
 """A file smaller than this is checked and appended to the spool on the caller's thread (no thread hand-off),
 when that needs neither a flush nor a wait for the spool's lock: a local append, never an engine call."""
 DIR_MODE = 0o755
+"""A directory's mode in the archive (inside the sandbox), not on this host."""
+
+
+def make_private_dirs(path: Path) -> None:
+    """Make directory ``path`` and each parent it lacks, each ``0700``: what the provider's state directory holds
+    (a spool of files bound for a sandbox, perhaps copied from a mount source only its user may read; a clone's
+    captured areas) is its user's alone. A directory that exists keeps its mode.
+
+    Raises:
+        OSError: it cannot be made (a parent is not a directory, or cannot be written).
+    """
+    try:
+        os.mkdir(path, 0o700)
+    except FileNotFoundError:
+        if path.parent == path:
+            raise
+        make_private_dirs(path.parent)
+        make_private_dirs(path)
+    except FileExistsError:
+        if not path.is_dir():
+            raise
+
+
+def open_private(path: Path, how: int) -> BinaryIO:
+    """``path`` open for writing, unbuffered (``how``: ``os.O_APPEND`` or ``os.O_TRUNC``), made ``0600`` when new,
+    never through a symbolic link.
+
+    Raises:
+        OSError: it cannot be opened.
+    """
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | how, 0o600)
+    return os.fdopen(fd, "ab" if how & os.O_APPEND else "wb", buffering=0)
 
 
 def _ustar(name: str, *, size: int, mode: int, uid: int, gid: int, kind: bytes, link: str) -> bytes | None:
@@ -209,8 +241,9 @@ class Spool:
         """Note on disk, before its upload begins, that ``path`` may be left partly written in the volume (until
         ``unmark``): ``activate`` refuses an instance with such a path, a cold provider too."""
         mark = self.path.with_name(f"{self.path.name}{PARTIAL}{hashlib.sha256(path.encode()).hexdigest()[:32]}")
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        mark.write_text(path, "utf-8")
+        make_private_dirs(self.path.parent)
+        with open_private(mark, os.O_TRUNC) as out:
+            out.write(path.encode("utf-8"))
         self.partial[path] = mark
 
     def unmark(self, path: str) -> None:
@@ -230,8 +263,8 @@ class Spool:
     def _write(self, *parts: bytes) -> None:
         """Append ``parts`` in one system call (so a finished ``writeFile`` left whole entries in the file)."""
         if self._out is None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._out = self.path.open("ab", buffering=0)
+            make_private_dirs(self.path.parent)
+            self._out = open_private(self.path, os.O_APPEND)
         fd = self._out.fileno()
         total = sum(len(p) for p in parts)
         written = os.writev(fd, parts)
