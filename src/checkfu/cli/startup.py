@@ -173,11 +173,16 @@ def socket_path(directory: str, key: str) -> str:
 # The wire between a client and its server: length-prefixed ``marshal``, the client's streams passed with the first.
 
 
-def send_message(sock: socket.socket, message: dict[str, Any], fds: list[int] | None = None) -> None:
-    """``message`` framed (its length, then ``marshal``'s bytes: both ends are this user's, checked, running the
-    same interpreter), with ``fds`` passed alongside its first bytes."""
+def frame(message: dict[str, Any]) -> bytes:
+    """``message`` as it goes on the wire: its length, then ``marshal``'s bytes (both ends are this user's, checked,
+    running the same interpreter)."""
     data = marshal.dumps(message)
-    framed = HEADER.pack(len(data)) + data
+    return HEADER.pack(len(data)) + data
+
+
+def send_message(sock: socket.socket, message: dict[str, Any], fds: list[int] | None = None) -> None:
+    """``message`` framed (``frame``), with ``fds`` passed alongside its first bytes."""
+    framed = frame(message)
     if fds:
         sent = sock.sendmsg([framed], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack(f"{len(fds)}i", *fds))])
         framed = framed[sent:]
@@ -185,46 +190,104 @@ def send_message(sock: socket.socket, message: dict[str, Any], fds: list[int] | 
         sock.sendall(framed)
 
 
-def recv_message(sock: socket.socket, want_fds: int = 0) -> tuple[dict[str, Any], list[int]]:
-    """One message and the descriptors that came with it. Raises ``EOFError`` when the peer closed first,
-    ``ValueError`` for a message that is not one."""
-    fds: list[int] = []
-    buf = b""
-    if want_fds:
-        buf, ancdata, _, _ = sock.recvmsg(65536, socket.CMSG_SPACE(want_fds * 4))
-        for level, kind, data in ancdata:
-            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                usable = len(data) - len(data) % 4
-                fds.extend(struct.unpack(f"{usable // 4}i", data[:usable]))
-        if not buf:
-            for fd in fds:
-                os.close(fd)
-            raise EOFError
-    try:
-        while len(buf) < HEADER.size:
-            chunk = sock.recv(65536)
-            if not chunk:
-                raise EOFError
-            buf += chunk
-        (size,) = HEADER.unpack_from(buf)
+class Inbox:
+    """What one stream has delivered that no message has taken yet: its bytes, and the descriptors passed with them.
+
+    A read takes whatever the socket holds: the end of one message and the start of the next, or two whole ones (a
+    child that ends at once says its process id and its status before its client reads either). Every byte read
+    stays here until a message takes it, so a caller reading more than one message from a stream must read them all
+    through the same inbox. Descriptors go with the next message taken (only a stream's first message carries
+    any)."""
+
+    def __init__(self) -> None:
+        self.data = bytearray()
+        self.fds: list[int] = []
+
+    def feed(self, data: bytes, fds: list[int] | None = None) -> None:
+        self.data += data
+        self.fds.extend(fds or ())
+
+    def read_from(self, sock: socket.socket, want_fds: int = 0) -> bool:
+        """Read once from ``sock`` (as much as it holds, and up to ``want_fds`` descriptors in all: any more are
+        closed); ``False`` when the peer has closed its end.
+
+        Raises:
+            OSError: the read failed (``BlockingIOError`` when a non-blocking socket has nothing yet).
+        """
+        size = 65536
+        if len(self.data) >= HEADER.size:
+            size = max(size, min(1 << 20, HEADER.size + HEADER.unpack_from(self.data)[0] - len(self.data)))
+        if not want_fds:
+            data = sock.recv(size)
+        else:
+            data, ancdata, _, _ = sock.recvmsg(size, socket.CMSG_SPACE(want_fds * 4))
+            for level, kind, payload in ancdata:
+                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                    usable = len(payload) - len(payload) % 4
+                    for fd in struct.unpack(f"{usable // 4}i", payload[:usable]):
+                        if len(self.fds) < want_fds:
+                            self.fds.append(fd)
+                        else:
+                            os.close(fd)
+        self.data += data
+        return bool(data)
+
+    def take(self) -> tuple[dict[str, Any], list[int]] | None:
+        """The first message, once all of it is here, with the descriptors that came so far; ``None`` until then.
+
+        Raises:
+            ValueError: what is here is no message (too long, or not ``marshal``'s encoding of a dict).
+        """
+        if len(self.data) < HEADER.size:
+            return None
+        (size,) = HEADER.unpack_from(self.data)
         if size > MAX_REQUEST:
             raise ValueError(f"a message of {size} bytes")
-        while len(buf) < HEADER.size + size:
-            chunk = sock.recv(min(1 << 20, HEADER.size + size - len(buf)))
-            if not chunk:
-                raise EOFError
-            buf += chunk
+        end = HEADER.size + size
+        if len(self.data) < end:
+            return None
+        body = bytes(self.data[HEADER.size : end])
+        del self.data[:end]
         try:
-            message = marshal.loads(buf[HEADER.size : HEADER.size + size])
-        except (EOFError, TypeError) as exc:
+            message = marshal.loads(body)
+        except (EOFError, TypeError, ValueError) as exc:
             raise ValueError("a message that does not decode") from exc
         if not isinstance(message, dict):
             raise ValueError("a message that is not an object")
+        fds, self.fds = self.fds, []
         return message, fds
-    except BaseException:
+
+    def pending(self) -> bool:
+        """Whether anything read has not been taken."""
+        return bool(self.data or self.fds)
+
+    def close(self) -> None:
+        """Close the descriptors no message took."""
+        fds, self.fds = self.fds, []
         for fd in fds:
             os.close(fd)
+
+
+def recv_message(
+    sock: socket.socket, want_fds: int = 0, inbox: Inbox | None = None
+) -> tuple[dict[str, Any], list[int]]:
+    """One message and the descriptors that came with it (up to ``want_fds``). A caller that reads more than one
+    message from ``sock`` passes the same ``inbox`` each time: what was read past a message waits there for the next.
+
+    Raises:
+        EOFError: the peer closed its end before a whole message came.
+        ValueError: what came is not a message.
+        OSError: the socket failed, or its timeout passed.
+    """
+    inbox = inbox if inbox is not None else Inbox()
+    try:
+        while (taken := inbox.take()) is None:
+            if not inbox.read_from(sock, want_fds):
+                raise EOFError
+    except BaseException:
+        inbox.close()  # what came with a message that never came whole
         raise
+    return taken
 
 
 def same_user(sock: socket.socket) -> bool:
@@ -302,10 +365,11 @@ def attach(argv: list[str]) -> int | None:
         forwarder.restore()
         return None  # the server did not get the whole request: nothing started
     sock.settimeout(None)
+    inbox = Inbox()  # the child's process id and its status may come in one read
     try:
         while True:
             try:
-                message, _ = recv_message(sock)
+                message, _ = recv_message(sock, inbox=inbox)
             except EOFError:
                 if forwarder.pid is None:  # closed before a child said it started: nothing started
                     forwarder.restore()
