@@ -760,3 +760,29 @@ def test_the_reader_refuses_what_is_not_a_message(data: bytes, why: str) -> None
     inbox.feed(data)
     with pytest.raises(ValueError, match=why):
         inbox.take()
+
+
+def test_idle_connections_do_not_hold_up_a_command(servers: Servers) -> None:
+    """Connections that send nothing, or half a request, cost the other clients nothing (each once held the server
+    for its whole timeout, 5 s): a command behind three of them is served at once, and each is still closed
+    when its time is up."""
+    answer = servers.start()
+    idle = []
+    try:
+        for _ in range(3):
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.connect(str(servers.dir / f"{answer['key']}.sock"))
+            idle.append(sock)
+        idle[-1].sendall(startup.frame({"op": "status"})[:3])  # a request begun and never finished
+        began = time.monotonic()
+        done = servers("profile", "init", "p.toml")
+        took = time.monotonic() - began
+        assert done.returncode == 0, done.stderr.decode()
+        assert servers.served() == 1, "it ran through the server"
+        assert took < 4.0, f"a command behind three idle connections took {took:.1f} s"
+        for sock in idle:
+            sock.settimeout(30)
+            assert sock.recv(1) == b"", "the server closes a connection whose request did not come in time"
+    finally:
+        for sock in idle:
+            sock.close()

@@ -7,9 +7,11 @@
   once), imports the libraries (``PRELOAD``) and every checkfu module, builds the command tree, and only then
   listens on ``DIR/KEY.sock`` (mode 0600), so a client never waits for it to warm up: until then it runs its
   command itself.
-- **Serve.** One thread, one loop: a connection from another user is closed unanswered; ``run`` goes to a child,
-  which answers with its process id, runs the command and answers with its exit status (the server does for a
-  child killed by a signal: 128 + the signal, as a shell says); ``status`` and ``stop`` are answered here.
+- **Serve.** One thread, one loop: a connection from another user is closed unanswered. Requests are read as their
+  bytes come, every connection's at once, so one that sends nothing holds up no other (it is closed once
+  ``REQUEST_TIMEOUT`` has passed without its whole request). ``run`` goes to a child, which answers with its process
+  id, runs the command and answers with its exit status (the server does for a child killed by a signal: 128 + the
+  signal, as a shell says); ``status`` and ``stop`` are answered here.
 - **The spare.** Once commands have been quiet a moment (``SPARE_QUIET``), the server forks a child ahead of the
   next one (``_spare``): it leaves the server and copies the pages it shares with it (``_prefault``), then waits.
   A ``run`` is handed to it (the client's connection and streams passed as descriptors, with the request); with
@@ -75,7 +77,7 @@ PRELOAD = (
 """The libraries every command leans on; checkfu's own modules are all imported after them (``preload``)."""
 SKIPPED = ("checkfu.cli.startup_server",)
 REQUEST_TIMEOUT = 5.0
-"""Seconds a connection has to send its whole request."""
+"""Seconds a connection has to send its whole request (and each later send to it may take)."""
 SPARE_QUIET = 0.25
 """Seconds without a command starting or ending before the server makes its next spare. Making one copies the
 server's memory (tens of milliseconds of processor time), work a command just started should not compete with; and
@@ -92,6 +94,20 @@ class Spare:
     pid: int
     hand: socket.socket
     ready: bool = False
+
+
+@dataclass
+class Caller:
+    """A connection whose request has not all come yet: what it sent so far (the client's streams come with its
+    first bytes), and when the rest must have come by (monotonic)."""
+
+    conn: socket.socket
+    inbox: startup.Inbox
+    deadline: float
+
+    def close(self) -> None:
+        self.inbox.close()
+        self.conn.close()
 
 
 def preload() -> list[str]:
@@ -217,6 +233,8 @@ class Server:
         self.started = time.time()
         self.served = 0
         self.children: dict[int, socket.socket] = {}
+        self.callers: dict[int, Caller] = {}
+        """Connections still sending their request, by descriptor."""
         self.stopping = False
         self.lock: Any = None
         self.listener: socket.socket | None = None
@@ -281,6 +299,8 @@ class Server:
             self.listener.close()
         for conn in self.children.values():
             conn.close()
+        for caller in self.callers.values():
+            caller.close()
         self._drop_spare(wait=True)
         if self.lock is not None:
             self.lock.close()
@@ -392,18 +412,24 @@ class Server:
             wait = 5.0 if self.children else max(0.0, min(5.0, self.last + self.idle - time.monotonic()))
             if due is not None:
                 wait = min(wait, due)
+            if self.callers:
+                wait = min(wait, max(0.0, min(c.deadline for c in self.callers.values()) - time.monotonic()))
             for ready, _ in self.selector.select(timeout=wait):
                 if ready.fileobj is self.listener:
                     self._accept()
+                elif isinstance(ready.data, Caller):
+                    self._read(ready.data)
                 elif self.spare is not None and ready.fileobj is self.spare.hand:
                     self._spare_said()
                 else:
                     with contextlib.suppress(OSError):
                         while os.read(self.wake_r, 512):
                             pass
+            self._expire()
             self._reap()
 
     def _accept(self) -> None:
+        """Take a connection, and read its request as it comes (``_read``): nothing waits for it here."""
         assert self.listener is not None
         try:
             conn, _ = self.listener.accept()
@@ -411,15 +437,55 @@ class Server:
             return
         self.last = time.monotonic()
         try:
-            conn.setblocking(True)
-            conn.settimeout(REQUEST_TIMEOUT)
+            conn.setblocking(False)
             if not startup.same_user(conn):
                 conn.close()
                 return
-            message, fds = startup.recv_message(conn, want_fds=3)
-        except (OSError, EOFError, ValueError):
+        except OSError:
             conn.close()
             return
+        caller = Caller(conn, startup.Inbox(), time.monotonic() + REQUEST_TIMEOUT)
+        self.callers[conn.fileno()] = caller
+        self.selector.register(conn, selectors.EVENT_READ, caller)
+
+    def _read(self, caller: Caller) -> None:
+        """Read what ``caller`` has sent; once its request is whole, answer it."""
+        try:
+            if not caller.inbox.read_from(caller.conn, want_fds=3):
+                raise EOFError
+            taken = caller.inbox.take()
+        except BlockingIOError:
+            return
+        except (OSError, EOFError, ValueError):
+            self._forget(caller)
+            caller.close()
+            return
+        if taken is None:
+            return
+        self._forget(caller)
+        message, fds = taken
+        try:
+            caller.conn.settimeout(REQUEST_TIMEOUT)  # each send to it may take as long (and a child shares the mode)
+        except OSError:
+            for fd in fds:
+                os.close(fd)
+            caller.close()
+            return
+        self._answer(caller.conn, message, fds)
+
+    def _forget(self, caller: Caller) -> None:
+        self.callers.pop(caller.conn.fileno(), None)
+        with contextlib.suppress(KeyError, ValueError):
+            self.selector.unregister(caller.conn)
+
+    def _expire(self) -> None:
+        """Close each connection whose request has not all come in ``REQUEST_TIMEOUT``."""
+        now = time.monotonic()
+        for caller in [c for c in self.callers.values() if c.deadline <= now]:
+            self._forget(caller)
+            caller.close()
+
+    def _answer(self, conn: socket.socket, message: dict[str, Any], fds: list[int]) -> None:
         op = message.get("op")
         if op == "run" and len(fds) == 3 and _valid(message):
             self._fork(conn, fds, message)
@@ -560,6 +626,8 @@ def _leave_server(server: Server) -> None:
         server.listener.close()
     for other in server.children.values():
         other.close()
+    for caller in server.callers.values():
+        caller.close()  # this process's copies: another client's connection ends when the server closes it
     if server.spare is not None:
         server.spare.hand.close()
     os.close(server.wake_r)
