@@ -786,3 +786,35 @@ def test_idle_connections_do_not_hold_up_a_command(servers: Servers) -> None:
     finally:
         for sock in idle:
             sock.close()
+
+
+def test_a_server_directory_of_another_user_is_named_with_what_to_do(servers: Servers) -> None:
+    """``/tmp/checkfu-server-<uid>`` made by someone else first: every `checkfu server` command names it, says
+    whose it is and what to do; a command runs in its own process, without a word."""
+    if os.geteuid() != 0:
+        pytest.skip("only root can make a directory another user's")
+    servers.dir.mkdir(mode=0o700)
+    os.chown(servers.dir, 65534, 65534)
+    try:
+        for command in ("status", "start", "stop"):
+            done = servers("server", command)
+            said = done.stderr.decode()
+            assert done.returncode == 1, said
+            assert str(servers.dir) in said and "uid 65534" in said and "remove" in said.lower(), said
+            assert "Traceback" not in said
+        done = servers("profile", "init", "p.toml")
+        assert (done.returncode, done.stderr) == (0, b"")
+    finally:
+        os.chown(servers.dir, 0, 0)
+
+
+def test_a_server_directory_others_can_enter_is_named_with_what_to_do(servers: Servers) -> None:
+    servers.dir.mkdir(mode=0o700)
+    servers.dir.chmod(0o751)
+    try:
+        done = servers("server", "status")
+        said = done.stderr.decode()
+        assert done.returncode == 1, said
+        assert str(servers.dir) in said and "0751" in said and "remove" in said.lower(), said
+    finally:
+        servers.dir.chmod(0o700)

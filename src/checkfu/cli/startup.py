@@ -102,16 +102,45 @@ def runtime_dir(environ: dict[str, str] | os._Environ[str] | None = None) -> str
 
 def private_dir(path: str, create: bool = False) -> bool:
     """Whether ``path`` is a directory of this user's that no one else can enter (made so when ``create``)."""
+    return dir_problem(path, create) is None
+
+
+def dir_problem(path: str, create: bool = False) -> str | None:
+    """What is wrong with ``path`` as this user's server directory (``private_dir``), and what to do about it, in
+    a sentence that names it; ``None`` when nothing is. ``create``: make it first (mode 0700) if it is missing."""
     if create:
         try:
             os.makedirs(path, mode=0o700, exist_ok=True)
-        except OSError:
-            return False
+        except OSError as exc:
+            return f"{path} cannot be made ({exc.strerror}); set XDG_RUNTIME_DIR to a directory of your own"
     try:
         st = os.lstat(path)
-    except OSError:
-        return False
-    return (st.st_mode & 0o170000) == 0o040000 and st.st_uid == os.getuid() and st.st_mode & 0o077 == 0
+    except OSError as exc:
+        return f"{path} cannot be used ({exc.strerror})"
+    kind = st.st_mode & 0o170000
+    if kind == 0o120000:
+        return f"{path} is a symbolic link, not a directory: remove the link (rm {path}); checkfu makes the directory"
+    if kind != 0o040000:
+        return f"{path} is not a directory: remove it (rm {path}); checkfu makes the directory"
+    if st.st_uid != os.getuid():
+        import pwd  # noqa: PLC0415 - only to name who has it
+
+        try:
+            owner = f"uid {st.st_uid} ({pwd.getpwuid(st.st_uid).pw_name})"
+        except KeyError:
+            owner = f"uid {st.st_uid}"
+        return (
+            f"{path} belongs to {owner}, not to you (uid {os.getuid()}): someone else made it, and checkfu never "
+            f"uses it. Have its owner or an administrator remove it (rm -r {path}), or set XDG_RUNTIME_DIR to a "
+            "directory of your own"
+        )
+    if st.st_mode & 0o077:
+        return (
+            f"{path} has mode {st.st_mode & 0o7777:04o}: others may enter it, so nothing in it can be trusted and "
+            f"checkfu never uses it. Remove it (rm -r {path}; a server still running from it exits when idle): "
+            "checkfu makes it again, mode 0700"
+        )
+    return None
 
 
 def _package_dir() -> str:

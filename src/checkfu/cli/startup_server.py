@@ -846,8 +846,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--key", required=True, help="the version of the code (startup.code_key) it serves")
     parser.add_argument("--idle", type=float, default=startup.IDLE_DEFAULT, help="seconds idle before it exits")
     args = parser.parse_args(argv)
-    if not startup.private_dir(args.dir, create=True):
-        print(f"checkfu server: {args.dir} is not a directory of this user's alone (mode 0700)", file=sys.stderr)
+    if (problem := startup.dir_problem(args.dir, create=True)) is not None:
+        print(f"checkfu server: {problem}", file=sys.stderr)
         return 1
     if startup.code_key() != args.key:  # its module path, environment or context is not the client's
         print(f"checkfu server: this process's code is not {args.key}; not serving it", file=sys.stderr)
