@@ -19,8 +19,12 @@ only modules Python has already loaded at start-up, or that cost next to nothing
   code: it finds no server of its own and starts afresh. A server left without clients exits after its idle time.
 - When: ``CHECKFU_SERVER`` is ``auto`` (the default: use a running server; start one in the background after a
   command run at a terminal), ``on`` (also start one from scripts) or ``off`` (never use or start one).
-- Who: both ends are this user's (``SO_PEERCRED``), and so is the process context the key covers (groups,
-  limits, control group, mount namespace); a background job of a terminal always runs here.
+- Who: both ends are this user's (``SO_PEERCRED``). A child runs a command in the server's process context, so the
+  server runs only a command whose process has the same (``checkfu.cli.process_context``: credentials,
+  capabilities, namespaces, limits, priority, confinement): any other, it refuses, and the command runs here. The
+  commonest differences (groups, some limits, control group, mount namespace) are also part of the key, so a
+  process with its own has a server of its own. A background job of a terminal always runs here.
+  ``CHECKFU_SERVER_DEBUG=1`` says on stderr why a command ran here.
 - Signals: a terminal's (SIGINT, SIGQUIT, SIGWINCH) go to the command's process group, a ``kill`` of this
   process (SIGTERM, SIGHUP, SIGUSR1, SIGUSR2) to the command alone; Ctrl-Z stops both. If this process goes
   away, the command is sent SIGTERM.
@@ -48,6 +52,8 @@ ENV = "CHECKFU_SERVER"
 IDLE_ENV = "CHECKFU_SERVER_IDLE"
 IDLE_DEFAULT = 600.0
 """Seconds a server with no command running waits for the next before it exits."""
+DEBUG_ENV = "CHECKFU_SERVER_DEBUG"
+"""Set (not ``0``): a command that runs in its own process rather than in a server's child says why, on stderr."""
 SPARE_ENV = "CHECKFU_SERVER_SPARE"
 """``0``/``off``/``no``/``false``: the server keeps no spare child ready (it forks each command as it comes, and
 saves the spare's memory); anything else, or unset: it keeps one."""
@@ -325,6 +331,66 @@ def same_user(sock: socket.socket) -> bool:
     return bool(uid == os.getuid())
 
 
+PR_GET_SECUREBITS, PR_GET_MDWE = 27, 66
+
+
+def own_context(sock: socket.socket | None = None) -> dict[str, Any]:
+    """What the kernel shows of this process's context to this process alone, for its server to compare with its
+    own (``checkfu.cli.process_context``, which reads the rest from ``/proc`` itself): its securebits and
+    memory-deny-write-execute (``prctl``; a negative value is the error it gave), its personality (which ``/proc``
+    shows others only with ptrace's access), and whether it may look at the process at the other end of ``sock``
+    (without one: at itself): a process in a Landlock domain, or confined by an LSM, may not look at one outside it,
+    and ``/proc`` shows neither. An honest client's word, no more: the server takes nothing else from a client."""
+    if sock is None:
+        peer = os.getpid()
+    else:
+        try:
+            peer = UCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, UCRED.size))[0]
+        except OSError:
+            peer = 0
+    try:
+        sees = peer > 0 and bool(os.readlink(f"/proc/{peer}/ns/mnt"))
+    except OSError:
+        sees = False
+    try:
+        with open("/proc/self/personality", "rb") as f:
+            personality: int | None = int(f.read(), 16)
+    except (OSError, ValueError):
+        personality = None
+    securebits, mdwe = _prctl_get(PR_GET_SECUREBITS, PR_GET_MDWE)
+    return {"securebits": securebits, "mdwe": mdwe, "personality": personality, "sees_server": sees}
+
+
+def _prctl_get(*options: int) -> list[int]:
+    """``prctl(option, 0, 0, 0, 0)`` for each option: its value, or minus the error it gave. Through ``_ctypes``
+    alone: ``ctypes`` would cost every command five times as much to import."""
+    import _ctypes  # noqa: PLC0415 - only once a server is there to compare with
+
+    c: Any = _ctypes  # its private names, which typeshed types for ctypes' own use
+
+    class Int(c._SimpleCData):  # type: ignore[misc]
+        _type_ = "i"
+
+    class ULong(c._SimpleCData):  # type: ignore[misc]
+        _type_ = "L"
+
+    class Prctl(c.CFuncPtr):  # type: ignore[misc]
+        _flags_ = c.FUNCFLAG_CDECL | c.FUNCFLAG_USE_ERRNO
+        _restype_ = Int
+        _argtypes_ = (Int, ULong, ULong, ULong, ULong)
+
+    class Libc:
+        _handle = c.dlopen(None, 2)  # RTLD_NOW: this process's own C library
+
+    prctl = Prctl(("prctl", Libc))
+    values = []
+    for option in options:
+        c.set_errno(0)
+        value = int(prctl(option, 0, 0, 0, 0))
+        values.append(value if value >= 0 else -int(c.get_errno()))
+    return values
+
+
 def connect(directory: str, key: str, timeout: float | None = None) -> socket.socket | None:
     """A connection to the server of ``key`` in ``directory``; ``None`` when there is none (or none safe to use)."""
     if not private_dir(directory):
@@ -357,19 +423,24 @@ def _background() -> bool:
         return False
 
 
-def attach(argv: list[str]) -> int | None:
+def attach(argv: list[str]) -> int | str | None:
     """Run ``checkfu ARGV`` in a warm server's child and return its exit status; ``None`` when no server of this
-    code took the command (the caller runs it itself). Once a server has it, it is never run here as well."""
+    code took the command, and the server's reason when it refused this process's context (either way the caller
+    runs it itself; after a refusal it starts no server, as one serves this code already). Once a server has the
+    command, it is never run here as well."""
     for fd in (0, 1, 2):  # a closed one is /dev/null (the lowest free descriptor): never the socket made below
         try:
             os.fstat(fd)
         except OSError:
             os.open(os.devnull, os.O_RDWR)
     if _background():
+        _why("a background job of its terminal")
         return None  # run here, where the terminal stops a background job that reads or sets it
     directory = runtime_dir()
     sock = connect(directory, code_key())
     if sock is None:
+        if _debugging():
+            _why(dir_problem(directory) or f"no server of this code ({code_key()}) in {directory}")
         return None
     try:
         cwd = os.getcwd()
@@ -385,6 +456,7 @@ def attach(argv: list[str]) -> int | None:
         "env": dict(os.environ),
         "umask": _umask(),
         "stdio": specs,
+        "own": own_context(sock),
     }
     forwarder = _Forwarder()  # from here, a signal is the command's, even before its process is known
     try:
@@ -411,10 +483,21 @@ def attach(argv: list[str]) -> int | None:
             if forwarder.pid is None and isinstance(message.get("pid"), int) and message["pid"] > 1:
                 forwarder.start(int(message["pid"]))
             elif forwarder.pid is None and "error" in message:
-                forwarder.restore()
-                return None  # refused before anything started
+                forwarder.restore()  # refused before anything started
+                _why(f"the server refused it: {message['error']}")
+                return str(message["error"]) if message.get("refused") == "context" else None
     finally:
         sock.close()
+
+
+def _debugging() -> bool:
+    return os.environ.get(DEBUG_ENV, "0") not in ("", "0")
+
+
+def _why(reason: str) -> None:
+    """Say, when asked to (``CHECKFU_SERVER_DEBUG``), why this command runs in this process."""
+    if _debugging():
+        print(f"checkfu: running here, not in a start-up server: {reason}", file=sys.stderr, flush=True)
 
 
 def _gone(forwarder: _Forwarder) -> int:

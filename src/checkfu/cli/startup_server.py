@@ -12,6 +12,11 @@
   ``REQUEST_TIMEOUT`` has passed without its whole request). ``run`` goes to a child, which answers with its process
   id, runs the command and answers with its exit status (the server does for a child killed by a signal: 128 + the
   signal, as a shell says); ``status`` and ``stop`` are answered here.
+- **Whose context.** A child runs a command with the server's credentials, capabilities, namespaces, limits,
+  priority and confinement, not its client's. So a ``run`` is refused (``refused: context``, the client then runs
+  the command in its own process) unless the process that connected has the same context as the server: read by the
+  server itself from ``/proc`` (``checkfu.cli.process_context``), with what only a process can see of itself as its
+  client says it (``startup.own_context``). A refused command does not keep the server from its idle exit.
 - **The spare.** Once commands have been quiet a moment (``SPARE_QUIET``), the server forks a child ahead of the
   next one (``_spare``): it leaves the server and copies the pages it shares with it (``_prefault``), then waits.
   A ``run`` is handed to it (the client's connection and streams passed as descriptors, with the request); with
@@ -53,7 +58,7 @@ import rich
 import typer
 from typer import _click
 
-from checkfu.cli import consoles, startup
+from checkfu.cli import consoles, process_context, startup
 
 PRELOAD = (
     "sqlite3",
@@ -104,6 +109,8 @@ class Caller:
     conn: socket.socket
     inbox: startup.Inbox
     deadline: float
+    accepted: float
+    """The boot-time clock (``CLOCK_BOOTTIME``) when it was accepted: its process must have started by then."""
 
     def close(self) -> None:
         self.inbox.close()
@@ -249,6 +256,15 @@ class Server:
         self.spare_failed = 0.0
         self.spares = 0
         """How many commands a spare took (the rest were forked as they came)."""
+        self.own: dict[str, Any] = {}
+        """What this process sees of itself alone (``startup.own_context``), as a client says it."""
+        self.context: dict[str, str] | None = None
+        """This process's context (``process_context``), which a caller's must be to have a command run; ``None``:
+        it could not be read, and no command is run."""
+        self.refused = 0
+        """How many commands were refused for their caller's context."""
+        self.last_refused: list[str] = []
+        """What differed for the last of them."""
 
     # set-up and tear-down -----------------------------------------------------------------------
 
@@ -276,6 +292,8 @@ class Server:
         finally:
             os.umask(old)
         self.bound = os.stat(self.path).st_ino
+        self.own = startup.own_context()
+        self.context = self._own_context()
         listener.listen(64)
         listener.setblocking(False)
         self.listener = listener
@@ -286,6 +304,16 @@ class Server:
         signal.signal(signal.SIGCHLD, lambda *_: None)
         signal.signal(signal.SIGTERM, self._on_term)
         signal.signal(signal.SIGINT, self._on_term)
+
+    def _own_context(self) -> dict[str, str] | None:
+        """This process's context, read as a caller's is; ``None`` when it cannot be (``/proc`` is another pid
+        namespace's, so no caller's could be read either)."""
+        if not process_context.own_pid_is_procs():
+            return None
+        try:
+            return process_context.with_report(process_context.read(os.getpid()), self.own)
+        except process_context.Unreadable:
+            return None
 
     def _on_term(self, *_: object) -> None:
         self.stopping = True
@@ -343,10 +371,21 @@ class Server:
             said = self.spare.hand.recv(1)
         except OSError:
             said = b""
-        if said == b"r":
-            self.spare.ready = True
-        else:
+        if said != b"r":
             self._lost_spare()
+            return
+        # The spare will run commands in its own context: it must be the server's, read afresh (nothing on a
+        # command's way: a spare is made while commands are quiet). One that differs (changed from outside since
+        # it was made) is let go, and another made later.
+        self.context = self._own_context()
+        try:
+            spare = process_context.with_report(process_context.read(self.spare.pid), self.own)
+        except process_context.Unreadable:
+            spare = None
+        if self.context is None or spare is None or process_context.differences(self.context, spare):
+            self._lost_spare()
+            return
+        self.spare.ready = True
 
     def _lost_spare(self) -> None:
         """The spare ended by itself. One that never got ready counts as a failure (``SPARE_RETRY``), so a spare
@@ -435,7 +474,6 @@ class Server:
             conn, _ = self.listener.accept()
         except OSError:
             return
-        self.last = time.monotonic()
         try:
             conn.setblocking(False)
             if not startup.same_user(conn):
@@ -444,7 +482,7 @@ class Server:
         except OSError:
             conn.close()
             return
-        caller = Caller(conn, startup.Inbox(), time.monotonic() + REQUEST_TIMEOUT)
+        caller = Caller(conn, startup.Inbox(), time.monotonic() + REQUEST_TIMEOUT, process_context.boottime())
         self.callers[conn.fileno()] = caller
         self.selector.register(conn, selectors.EVENT_READ, caller)
 
@@ -471,7 +509,7 @@ class Server:
                 os.close(fd)
             caller.close()
             return
-        self._answer(caller.conn, message, fds)
+        self._answer(caller, message, fds)
 
     def _forget(self, caller: Caller) -> None:
         self.callers.pop(caller.conn.fileno(), None)
@@ -485,15 +523,32 @@ class Server:
             self._forget(caller)
             caller.close()
 
-    def _answer(self, conn: socket.socket, message: dict[str, Any], fds: list[int]) -> None:
-        op = message.get("op")
+    def _answer(self, caller: Caller, message: dict[str, Any], fds: list[int]) -> None:
+        conn, op = caller.conn, message.get("op")
         if op == "run" and len(fds) == 3 and _valid(message):
-            self._fork(conn, fds, message)
-            return
+            differs = self._differs(caller, message)
+            if not differs:
+                self.last = time.monotonic()
+                self._fork(conn, fds, message)
+                return
+            # Not run here: the client runs it in its own process. Nor is it activity: a server none can use exits
+            # when idle.
+            self.refused += 1
+            self.last_refused = differs
+            answer = {
+                "error": f"the caller's process context is not the server's: {', '.join(differs)}",
+                "refused": "context",
+                "differs": differs,
+            }
+        else:
+            self.last = time.monotonic()
+            answer = None
         for fd in fds:
             os.close(fd)
         with contextlib.suppress(OSError):
-            if op == "status":
+            if answer is not None:
+                startup.send_message(conn, answer)
+            elif op == "status":
                 startup.send_message(conn, self.status())
             elif op == "stop":
                 self.stopping = True
@@ -501,6 +556,19 @@ class Server:
             else:
                 startup.send_message(conn, {"error": f"not a request this server answers: {str(op)[:40]!r}"})
         conn.close()
+
+    def _differs(self, caller: Caller, message: dict[str, Any]) -> list[str]:
+        """What differs between the context of the process that sent ``message`` and this server's (its children's):
+        nothing, or the names that differ (``process_context``), or why it could not be read."""
+        if self.context is None:
+            return ["the server's own context (unread)"]
+        try:
+            theirs = process_context.read_peer(caller.conn, caller.accepted)
+        except process_context.Unreadable as exc:
+            return [f"the caller's (unread: {exc.reason})"]
+        except OSError as exc:
+            return [f"the caller's (unread: {exc.strerror})"]
+        return process_context.differences(self.context, process_context.with_report(theirs, message.get("own")))
 
     def status(self) -> dict[str, Any]:
         return {
@@ -516,6 +584,8 @@ class Server:
             if self.spare is not None
             else None,
             "served_by_spare": self.spares,
+            "refused": self.refused,
+            "last_refused": self.last_refused,
             "not_preloaded": self.skipped,
         }
 
