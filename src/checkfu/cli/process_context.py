@@ -150,6 +150,8 @@ def read(pid: int, pidfd: int | None = None, started_by: float | None = None) ->
         return context
     except OSError as exc:
         raise Unreadable(f"cannot read its /proc ({exc.strerror})") from None
+    except (ValueError, IndexError):
+        raise Unreadable("its /proc is not as this reader knows it") from None
     finally:
         os.close(fd)
 

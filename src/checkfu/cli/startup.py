@@ -357,7 +357,12 @@ def own_context(sock: socket.socket | None = None) -> dict[str, Any]:
             personality: int | None = int(f.read(), 16)
     except (OSError, ValueError):
         personality = None
-    securebits, mdwe = _prctl_get(PR_GET_SECUREBITS, PR_GET_MDWE)
+    bits: list[int] | list[None]
+    try:
+        bits = _prctl_get(PR_GET_SECUREBITS, PR_GET_MDWE)
+    except (ImportError, AttributeError, OSError, TypeError):  # no _ctypes here: unknown, as in its server
+        bits = [None, None]
+    securebits, mdwe = bits
     return {"securebits": securebits, "mdwe": mdwe, "personality": personality, "sees_server": sees}
 
 
