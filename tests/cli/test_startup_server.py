@@ -670,3 +670,151 @@ def test_the_servers_rehearsal_leaves_a_runs_statements_compiled(tmp_path: Path)
         counts[how] = int(done.stdout)
     assert counts["cold"] >= 8, counts  # what a Run compiles on its own
     assert counts["rehearsed"] == 0, counts
+
+
+# the wire, the loop and the directory ----------------------------------------------------------
+
+
+ATTACH = """
+import sys
+from checkfu.cli import startup
+if sys.argv[1] == "key":
+    print(startup.code_key())
+else:
+    sys.exit(startup.attach(["profile", "list"]))
+"""
+
+
+def test_a_status_that_comes_with_the_process_id_is_not_lost(tmp_path: Path) -> None:
+    """A child that ends at once says its process id and its status before its client reads either: the client
+    reads both in one go and must take the second as well (once, it dropped it and exited 70). A stand-in server
+    answers as a child does, both messages in one write."""
+    runtime = tmp_path / "runtime"
+    (runtime / "checkfu-server").mkdir(parents=True, mode=0o700)
+    runtime.chmod(0o700)
+    env = {**os.environ, "XDG_RUNTIME_DIR": str(runtime), "CHECKFU_SERVER": "on"}
+    key = subprocess.run(
+        [sys.executable, "-c", ATTACH, "key"], env=env, cwd=tmp_path, capture_output=True, check=True, text=True
+    ).stdout.strip()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
+        listener.bind(startup.socket_path(str(runtime / "checkfu-server"), key))
+        listener.listen(1)
+        listener.settimeout(60)
+        client = subprocess.Popen([sys.executable, "-c", ATTACH, "attach"], env=env, cwd=tmp_path)
+        try:
+            conn, _ = listener.accept()
+            with conn:
+                conn.settimeout(30)
+                request, fds = startup.recv_message(conn, want_fds=3)
+                for fd in fds:
+                    os.close(fd)
+                assert request["op"] == "run"
+                both = [{"pid": os.getpid()}, {"exit": 3}]
+                conn.sendall(b"".join(startup.frame(m) for m in both))
+            assert client.wait(timeout=30) == 3
+        finally:
+            if client.poll() is None:
+                client.kill()
+                client.wait()
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 7, 1 << 16])
+def test_the_reader_takes_every_message_however_the_bytes_come(chunk: int) -> None:
+    """Two messages in one read, and one message split over many: each comes out whole, in order, and nothing
+    is taken before it is complete."""
+    messages = [{"pid": 1234}, {"exit": 0}, {"argv": ["x" * 5000]}]
+    data = b"".join(startup.frame(m) for m in messages)
+    inbox = startup.Inbox()
+    taken = []
+    for i in range(0, len(data), chunk):
+        inbox.feed(data[i : i + chunk])
+        while (message := inbox.take()) is not None:
+            taken.append(message[0])
+    assert taken == messages
+    assert inbox.take() is None and not inbox.pending()
+
+
+def test_recv_message_keeps_what_it_read_past_a_message() -> None:
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    with ours, theirs:
+        theirs.sendall(startup.frame({"pid": 7}) + startup.frame({"exit": 0}))
+        theirs.shutdown(socket.SHUT_WR)
+        ours.settimeout(10)
+        inbox = startup.Inbox()
+        assert startup.recv_message(ours, inbox=inbox)[0] == {"pid": 7}
+        assert startup.recv_message(ours, inbox=inbox)[0] == {"exit": 0}
+        with pytest.raises(EOFError):
+            startup.recv_message(ours, inbox=inbox)
+
+
+@pytest.mark.parametrize(
+    ("data", "why"),
+    [
+        (startup.HEADER.pack(startup.MAX_REQUEST + 1), "bytes"),
+        (startup.HEADER.pack(3) + b"\xff\xff\xff", "decode"),
+        (startup.HEADER.pack(2) + b"N\x00", "not an object"),  # marshal's None, then a stray byte
+    ],
+)
+def test_the_reader_refuses_what_is_not_a_message(data: bytes, why: str) -> None:
+    inbox = startup.Inbox()
+    inbox.feed(data)
+    with pytest.raises(ValueError, match=why):
+        inbox.take()
+
+
+def test_idle_connections_do_not_hold_up_a_command(servers: Servers) -> None:
+    """Connections that send nothing, or half a request, cost the other clients nothing (each once held the server
+    for its whole timeout, 5 s): a command behind three of them is served at once, and each is still closed
+    when its time is up."""
+    answer = servers.start()
+    idle = []
+    try:
+        for _ in range(3):
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.connect(str(servers.dir / f"{answer['key']}.sock"))
+            idle.append(sock)
+        idle[-1].sendall(startup.frame({"op": "status"})[:3])  # a request begun and never finished
+        began = time.monotonic()
+        done = servers("profile", "init", "p.toml")
+        took = time.monotonic() - began
+        assert done.returncode == 0, done.stderr.decode()
+        assert servers.served() == 1, "it ran through the server"
+        assert took < 4.0, f"a command behind three idle connections took {took:.1f} s"
+        for sock in idle:
+            sock.settimeout(30)
+            assert sock.recv(1) == b"", "the server closes a connection whose request did not come in time"
+    finally:
+        for sock in idle:
+            sock.close()
+
+
+def test_a_server_directory_of_another_user_is_named_with_what_to_do(servers: Servers) -> None:
+    """``/tmp/checkfu-server-<uid>`` made by someone else first: every `checkfu server` command names it, says
+    whose it is and what to do; a command runs in its own process, without a word."""
+    if os.geteuid() != 0:
+        pytest.skip("only root can make a directory another user's")
+    servers.dir.mkdir(mode=0o700)
+    os.chown(servers.dir, 65534, 65534)
+    try:
+        for command in ("status", "start", "stop"):
+            done = servers("server", command)
+            said = done.stderr.decode()
+            assert done.returncode == 1, said
+            assert str(servers.dir) in said and "uid 65534" in said and "remove" in said.lower(), said
+            assert "Traceback" not in said
+        done = servers("profile", "init", "p.toml")
+        assert (done.returncode, done.stderr) == (0, b"")
+    finally:
+        os.chown(servers.dir, 0, 0)
+
+
+def test_a_server_directory_others_can_enter_is_named_with_what_to_do(servers: Servers) -> None:
+    servers.dir.mkdir(mode=0o700)
+    servers.dir.chmod(0o751)
+    try:
+        done = servers("server", "status")
+        said = done.stderr.decode()
+        assert done.returncode == 1, said
+        assert str(servers.dir) in said and "0751" in said and "remove" in said.lower(), said
+    finally:
+        servers.dir.chmod(0o700)

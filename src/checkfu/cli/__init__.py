@@ -54,8 +54,11 @@ def main() -> None:
             code = startup.attach(sys.argv[1:])
         except KeyboardInterrupt:  # Ctrl-C before any server took the command: nothing ran
             sys.exit(EXIT_INTERRUPTED)
-        if code is not None:
+        if isinstance(code, int):
             _relayed(code)
+        # A server of this code refused this process's context: another started for it would find this one
+        # holding the code's lock, and end.
+        serving = code is None
     try:
         run_here()
     finally:

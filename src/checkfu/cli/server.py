@@ -14,7 +14,7 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.markup import escape
@@ -84,12 +84,10 @@ def _servers(directory: str, current: str) -> list[dict[str, Any]]:
     return found
 
 
-def _unsafe(directory: str) -> None:
-    err.print(
-        f"[bold red]SandboxPathRejected[/]: {escape(directory)}: the server directory must be this user's alone "
-        "(mode 0700); fix its owner and mode, or set XDG_RUNTIME_DIR to a directory that is",
-        highlight=False,
-    )
+def _unsafe(directory: str) -> NoReturn:
+    """Refuse the server directory: name it, say what is wrong with it and what to do."""
+    problem = startup.dir_problem(directory) or f"{directory} is not a directory of this user's alone (mode 0700)"
+    err.print(f"[bold red]SandboxPathRejected[/]: {escape(problem)}", highlight=False)
     raise typer.Exit(1)
 
 
@@ -190,13 +188,14 @@ def status_command(as_json: JsonOpt = False) -> None:
                     "mode": startup.mode(),
                     "dir": directory,
                     "dir_private": startup.private_dir(directory) or not os.path.exists(directory),
+                    "dir_problem": startup.dir_problem(directory) if os.path.lexists(directory) else None,
                     "key": key,
                     "servers": servers,
                 }
             )
         )
         return
-    if os.path.exists(directory) and not startup.private_dir(directory):
+    if os.path.lexists(directory) and not startup.private_dir(directory):
         _unsafe(directory)
     out.print(f"mode {startup.mode()} (${startup.ENV}); this code's key {key}", markup=False)
     if not servers:

@@ -19,8 +19,12 @@ only modules Python has already loaded at start-up, or that cost next to nothing
   code: it finds no server of its own and starts afresh. A server left without clients exits after its idle time.
 - When: ``CHECKFU_SERVER`` is ``auto`` (the default: use a running server; start one in the background after a
   command run at a terminal), ``on`` (also start one from scripts) or ``off`` (never use or start one).
-- Who: both ends are this user's (``SO_PEERCRED``), and so is the process context the key covers (groups,
-  limits, control group, mount namespace); a background job of a terminal always runs here.
+- Who: both ends are this user's (``SO_PEERCRED``). A child runs a command in the server's process context, so the
+  server runs only a command whose process has the same (``checkfu.cli.process_context``: credentials,
+  capabilities, namespaces, limits, priority, confinement): any other, it refuses, and the command runs here. The
+  commonest differences (groups, some limits, control group, mount namespace) are also part of the key, so a
+  process with its own has a server of its own. A background job of a terminal always runs here.
+  ``CHECKFU_SERVER_DEBUG=1`` says on stderr why a command ran here.
 - Signals: a terminal's (SIGINT, SIGQUIT, SIGWINCH) go to the command's process group, a ``kill`` of this
   process (SIGTERM, SIGHUP, SIGUSR1, SIGUSR2) to the command alone; Ctrl-Z stops both. If this process goes
   away, the command is sent SIGTERM.
@@ -48,6 +52,8 @@ ENV = "CHECKFU_SERVER"
 IDLE_ENV = "CHECKFU_SERVER_IDLE"
 IDLE_DEFAULT = 600.0
 """Seconds a server with no command running waits for the next before it exits."""
+DEBUG_ENV = "CHECKFU_SERVER_DEBUG"
+"""Set (not ``0``): a command that runs in its own process rather than in a server's child says why, on stderr."""
 SPARE_ENV = "CHECKFU_SERVER_SPARE"
 """``0``/``off``/``no``/``false``: the server keeps no spare child ready (it forks each command as it comes, and
 saves the spare's memory); anything else, or unset: it keeps one."""
@@ -102,16 +108,45 @@ def runtime_dir(environ: dict[str, str] | os._Environ[str] | None = None) -> str
 
 def private_dir(path: str, create: bool = False) -> bool:
     """Whether ``path`` is a directory of this user's that no one else can enter (made so when ``create``)."""
+    return dir_problem(path, create) is None
+
+
+def dir_problem(path: str, create: bool = False) -> str | None:
+    """What is wrong with ``path`` as this user's server directory (``private_dir``), and what to do about it, in
+    a sentence that names it; ``None`` when nothing is. ``create``: make it first (mode 0700) if it is missing."""
     if create:
         try:
             os.makedirs(path, mode=0o700, exist_ok=True)
-        except OSError:
-            return False
+        except OSError as exc:
+            return f"{path} cannot be made ({exc.strerror}); set XDG_RUNTIME_DIR to a directory of your own"
     try:
         st = os.lstat(path)
-    except OSError:
-        return False
-    return (st.st_mode & 0o170000) == 0o040000 and st.st_uid == os.getuid() and st.st_mode & 0o077 == 0
+    except OSError as exc:
+        return f"{path} cannot be used ({exc.strerror})"
+    kind = st.st_mode & 0o170000
+    if kind == 0o120000:
+        return f"{path} is a symbolic link, not a directory: remove the link (rm {path}); checkfu makes the directory"
+    if kind != 0o040000:
+        return f"{path} is not a directory: remove it (rm {path}); checkfu makes the directory"
+    if st.st_uid != os.getuid():
+        import pwd  # noqa: PLC0415 - only to name who has it
+
+        try:
+            owner = f"uid {st.st_uid} ({pwd.getpwuid(st.st_uid).pw_name})"
+        except KeyError:
+            owner = f"uid {st.st_uid}"
+        return (
+            f"{path} belongs to {owner}, not to you (uid {os.getuid()}): someone else made it, and checkfu never "
+            f"uses it. Have its owner or an administrator remove it (rm -r {path}), or set XDG_RUNTIME_DIR to a "
+            "directory of your own"
+        )
+    if st.st_mode & 0o077:
+        return (
+            f"{path} has mode {st.st_mode & 0o7777:04o}: others may enter it, so nothing in it can be trusted and "
+            f"checkfu never uses it. Remove it (rm -r {path}; a server still running from it exits when idle): "
+            "checkfu makes it again, mode 0700"
+        )
+    return None
 
 
 def _package_dir() -> str:
@@ -173,11 +208,16 @@ def socket_path(directory: str, key: str) -> str:
 # The wire between a client and its server: length-prefixed ``marshal``, the client's streams passed with the first.
 
 
-def send_message(sock: socket.socket, message: dict[str, Any], fds: list[int] | None = None) -> None:
-    """``message`` framed (its length, then ``marshal``'s bytes: both ends are this user's, checked, running the
-    same interpreter), with ``fds`` passed alongside its first bytes."""
+def frame(message: dict[str, Any]) -> bytes:
+    """``message`` as it goes on the wire: its length, then ``marshal``'s bytes (both ends are this user's, checked,
+    running the same interpreter)."""
     data = marshal.dumps(message)
-    framed = HEADER.pack(len(data)) + data
+    return HEADER.pack(len(data)) + data
+
+
+def send_message(sock: socket.socket, message: dict[str, Any], fds: list[int] | None = None) -> None:
+    """``message`` framed (``frame``), with ``fds`` passed alongside its first bytes."""
+    framed = frame(message)
     if fds:
         sent = sock.sendmsg([framed], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack(f"{len(fds)}i", *fds))])
         framed = framed[sent:]
@@ -185,52 +225,175 @@ def send_message(sock: socket.socket, message: dict[str, Any], fds: list[int] | 
         sock.sendall(framed)
 
 
-def recv_message(sock: socket.socket, want_fds: int = 0) -> tuple[dict[str, Any], list[int]]:
-    """One message and the descriptors that came with it. Raises ``EOFError`` when the peer closed first,
-    ``ValueError`` for a message that is not one."""
-    fds: list[int] = []
-    buf = b""
-    if want_fds:
-        buf, ancdata, _, _ = sock.recvmsg(65536, socket.CMSG_SPACE(want_fds * 4))
-        for level, kind, data in ancdata:
-            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                usable = len(data) - len(data) % 4
-                fds.extend(struct.unpack(f"{usable // 4}i", data[:usable]))
-        if not buf:
-            for fd in fds:
-                os.close(fd)
-            raise EOFError
-    try:
-        while len(buf) < HEADER.size:
-            chunk = sock.recv(65536)
-            if not chunk:
-                raise EOFError
-            buf += chunk
-        (size,) = HEADER.unpack_from(buf)
+class Inbox:
+    """What one stream has delivered that no message has taken yet: its bytes, and the descriptors passed with them.
+
+    A read takes whatever the socket holds: the end of one message and the start of the next, or two whole ones (a
+    child that ends at once says its process id and its status before its client reads either). Every byte read
+    stays here until a message takes it, so a caller reading more than one message from a stream must read them all
+    through the same inbox. Descriptors go with the next message taken (only a stream's first message carries
+    any)."""
+
+    def __init__(self) -> None:
+        self.data = bytearray()
+        self.fds: list[int] = []
+
+    def feed(self, data: bytes, fds: list[int] | None = None) -> None:
+        self.data += data
+        self.fds.extend(fds or ())
+
+    def read_from(self, sock: socket.socket, want_fds: int = 0) -> bool:
+        """Read once from ``sock`` (as much as it holds, and up to ``want_fds`` descriptors in all: any more are
+        closed); ``False`` when the peer has closed its end.
+
+        Raises:
+            OSError: the read failed (``BlockingIOError`` when a non-blocking socket has nothing yet).
+        """
+        size = 65536
+        if len(self.data) >= HEADER.size:
+            size = max(size, min(1 << 20, HEADER.size + HEADER.unpack_from(self.data)[0] - len(self.data)))
+        if not want_fds:
+            data = sock.recv(size)
+        else:
+            data, ancdata, _, _ = sock.recvmsg(size, socket.CMSG_SPACE(want_fds * 4))
+            for level, kind, payload in ancdata:
+                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                    usable = len(payload) - len(payload) % 4
+                    for fd in struct.unpack(f"{usable // 4}i", payload[:usable]):
+                        if len(self.fds) < want_fds:
+                            self.fds.append(fd)
+                        else:
+                            os.close(fd)
+        self.data += data
+        return bool(data)
+
+    def take(self) -> tuple[dict[str, Any], list[int]] | None:
+        """The first message, once all of it is here, with the descriptors that came so far; ``None`` until then.
+
+        Raises:
+            ValueError: what is here is no message (too long, or not ``marshal``'s encoding of a dict).
+        """
+        if len(self.data) < HEADER.size:
+            return None
+        (size,) = HEADER.unpack_from(self.data)
         if size > MAX_REQUEST:
             raise ValueError(f"a message of {size} bytes")
-        while len(buf) < HEADER.size + size:
-            chunk = sock.recv(min(1 << 20, HEADER.size + size - len(buf)))
-            if not chunk:
-                raise EOFError
-            buf += chunk
+        end = HEADER.size + size
+        if len(self.data) < end:
+            return None
+        body = bytes(self.data[HEADER.size : end])
+        del self.data[:end]
         try:
-            message = marshal.loads(buf[HEADER.size : HEADER.size + size])
-        except (EOFError, TypeError) as exc:
+            message = marshal.loads(body)
+        except (EOFError, TypeError, ValueError) as exc:
             raise ValueError("a message that does not decode") from exc
         if not isinstance(message, dict):
             raise ValueError("a message that is not an object")
+        fds, self.fds = self.fds, []
         return message, fds
-    except BaseException:
+
+    def pending(self) -> bool:
+        """Whether anything read has not been taken."""
+        return bool(self.data or self.fds)
+
+    def close(self) -> None:
+        """Close the descriptors no message took."""
+        fds, self.fds = self.fds, []
         for fd in fds:
             os.close(fd)
+
+
+def recv_message(
+    sock: socket.socket, want_fds: int = 0, inbox: Inbox | None = None
+) -> tuple[dict[str, Any], list[int]]:
+    """One message and the descriptors that came with it (up to ``want_fds``). A caller that reads more than one
+    message from ``sock`` passes the same ``inbox`` each time: what was read past a message waits there for the next.
+
+    Raises:
+        EOFError: the peer closed its end before a whole message came.
+        ValueError: what came is not a message.
+        OSError: the socket failed, or its timeout passed.
+    """
+    inbox = inbox if inbox is not None else Inbox()
+    try:
+        while (taken := inbox.take()) is None:
+            if not inbox.read_from(sock, want_fds):
+                raise EOFError
+    except BaseException:
+        inbox.close()  # what came with a message that never came whole
         raise
+    return taken
 
 
 def same_user(sock: socket.socket) -> bool:
     """Whether the process at the other end of the Unix socket ``sock`` runs as this user (``SO_PEERCRED``)."""
     _, uid, _ = UCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, UCRED.size))
     return bool(uid == os.getuid())
+
+
+PR_GET_SECUREBITS, PR_GET_MDWE = 27, 66
+
+
+def own_context(sock: socket.socket | None = None) -> dict[str, Any]:
+    """What the kernel shows of this process's context to this process alone, for its server to compare with its
+    own (``checkfu.cli.process_context``, which reads the rest from ``/proc`` itself): its securebits and
+    memory-deny-write-execute (``prctl``; a negative value is the error it gave), its personality (which ``/proc``
+    shows others only with ptrace's access), and whether it may look at the process at the other end of ``sock``
+    (without one: at itself): a process in a Landlock domain, or confined by an LSM, may not look at one outside it,
+    and ``/proc`` shows neither. An honest client's word, no more: the server takes nothing else from a client."""
+    if sock is None:
+        peer = os.getpid()
+    else:
+        try:
+            peer = UCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, UCRED.size))[0]
+        except OSError:
+            peer = 0
+    try:
+        sees = peer > 0 and bool(os.readlink(f"/proc/{peer}/ns/mnt"))
+    except OSError:
+        sees = False
+    try:
+        with open("/proc/self/personality", "rb") as f:
+            personality: int | None = int(f.read(), 16)
+    except (OSError, ValueError):
+        personality = None
+    bits: list[int] | list[None]
+    try:
+        bits = _prctl_get(PR_GET_SECUREBITS, PR_GET_MDWE)
+    except (ImportError, AttributeError, OSError, TypeError):  # no _ctypes here: unknown, as in its server
+        bits = [None, None]
+    securebits, mdwe = bits
+    return {"securebits": securebits, "mdwe": mdwe, "personality": personality, "sees_server": sees}
+
+
+def _prctl_get(*options: int) -> list[int]:
+    """``prctl(option, 0, 0, 0, 0)`` for each option: its value, or minus the error it gave. Through ``_ctypes``
+    alone: ``ctypes`` would cost every command five times as much to import."""
+    import _ctypes  # noqa: PLC0415 - only once a server is there to compare with
+
+    c: Any = _ctypes  # its private names, which typeshed types for ctypes' own use
+
+    class Int(c._SimpleCData):  # type: ignore[misc]
+        _type_ = "i"
+
+    class ULong(c._SimpleCData):  # type: ignore[misc]
+        _type_ = "L"
+
+    class Prctl(c.CFuncPtr):  # type: ignore[misc]
+        _flags_ = c.FUNCFLAG_CDECL | c.FUNCFLAG_USE_ERRNO
+        _restype_ = Int
+        _argtypes_ = (Int, ULong, ULong, ULong, ULong)
+
+    class Libc:
+        _handle = c.dlopen(None, 2)  # RTLD_NOW: this process's own C library
+
+    prctl = Prctl(("prctl", Libc))
+    values = []
+    for option in options:
+        c.set_errno(0)
+        value = int(prctl(option, 0, 0, 0, 0))
+        values.append(value if value >= 0 else -int(c.get_errno()))
+    return values
 
 
 def connect(directory: str, key: str, timeout: float | None = None) -> socket.socket | None:
@@ -265,19 +428,24 @@ def _background() -> bool:
         return False
 
 
-def attach(argv: list[str]) -> int | None:
+def attach(argv: list[str]) -> int | str | None:
     """Run ``checkfu ARGV`` in a warm server's child and return its exit status; ``None`` when no server of this
-    code took the command (the caller runs it itself). Once a server has it, it is never run here as well."""
+    code took the command, and the server's reason when it refused this process's context (either way the caller
+    runs it itself; after a refusal it starts no server, as one serves this code already). Once a server has the
+    command, it is never run here as well."""
     for fd in (0, 1, 2):  # a closed one is /dev/null (the lowest free descriptor): never the socket made below
         try:
             os.fstat(fd)
         except OSError:
             os.open(os.devnull, os.O_RDWR)
     if _background():
+        _why("a background job of its terminal")
         return None  # run here, where the terminal stops a background job that reads or sets it
     directory = runtime_dir()
     sock = connect(directory, code_key())
     if sock is None:
+        if _debugging():
+            _why(dir_problem(directory) or f"no server of this code ({code_key()}) in {directory}")
         return None
     try:
         cwd = os.getcwd()
@@ -293,6 +461,7 @@ def attach(argv: list[str]) -> int | None:
         "env": dict(os.environ),
         "umask": _umask(),
         "stdio": specs,
+        "own": own_context(sock),
     }
     forwarder = _Forwarder()  # from here, a signal is the command's, even before its process is known
     try:
@@ -302,10 +471,11 @@ def attach(argv: list[str]) -> int | None:
         forwarder.restore()
         return None  # the server did not get the whole request: nothing started
     sock.settimeout(None)
+    inbox = Inbox()  # the child's process id and its status may come in one read
     try:
         while True:
             try:
-                message, _ = recv_message(sock)
+                message, _ = recv_message(sock, inbox=inbox)
             except EOFError:
                 if forwarder.pid is None:  # closed before a child said it started: nothing started
                     forwarder.restore()
@@ -318,10 +488,21 @@ def attach(argv: list[str]) -> int | None:
             if forwarder.pid is None and isinstance(message.get("pid"), int) and message["pid"] > 1:
                 forwarder.start(int(message["pid"]))
             elif forwarder.pid is None and "error" in message:
-                forwarder.restore()
-                return None  # refused before anything started
+                forwarder.restore()  # refused before anything started
+                _why(f"the server refused it: {message['error']}")
+                return str(message["error"]) if message.get("refused") == "context" else None
     finally:
         sock.close()
+
+
+def _debugging() -> bool:
+    return os.environ.get(DEBUG_ENV, "0") not in ("", "0")
+
+
+def _why(reason: str) -> None:
+    """Say, when asked to (``CHECKFU_SERVER_DEBUG``), why this command runs in this process."""
+    if _debugging():
+        print(f"checkfu: running here, not in a start-up server: {reason}", file=sys.stderr, flush=True)
 
 
 def _gone(forwarder: _Forwarder) -> int:

@@ -7,9 +7,16 @@
   once), imports the libraries (``PRELOAD``) and every checkfu module, builds the command tree, and only then
   listens on ``DIR/KEY.sock`` (mode 0600), so a client never waits for it to warm up: until then it runs its
   command itself.
-- **Serve.** One thread, one loop: a connection from another user is closed unanswered; ``run`` goes to a child,
-  which answers with its process id, runs the command and answers with its exit status (the server does for a
-  child killed by a signal: 128 + the signal, as a shell says); ``status`` and ``stop`` are answered here.
+- **Serve.** One thread, one loop: a connection from another user is closed unanswered. Requests are read as their
+  bytes come, every connection's at once, so one that sends nothing holds up no other (it is closed once
+  ``REQUEST_TIMEOUT`` has passed without its whole request). ``run`` goes to a child, which answers with its process
+  id, runs the command and answers with its exit status (the server does for a child killed by a signal: 128 + the
+  signal, as a shell says); ``status`` and ``stop`` are answered here.
+- **Whose context.** A child runs a command with the server's credentials, capabilities, namespaces, limits,
+  priority and confinement, not its client's. So a ``run`` is refused (``refused: context``, the client then runs
+  the command in its own process) unless the process that connected has the same context as the server: read by the
+  server itself from ``/proc`` (``checkfu.cli.process_context``), with what only a process can see of itself as its
+  client says it (``startup.own_context``). A refused command does not keep the server from its idle exit.
 - **The spare.** Once commands have been quiet a moment (``SPARE_QUIET``), the server forks a child ahead of the
   next one (``_spare``): it leaves the server and copies the pages it shares with it (``_prefault``), then waits.
   A ``run`` is handed to it (the client's connection and streams passed as descriptors, with the request); with
@@ -51,7 +58,7 @@ import rich
 import typer
 from typer import _click
 
-from checkfu.cli import consoles, startup
+from checkfu.cli import consoles, process_context, startup
 
 PRELOAD = (
     "sqlite3",
@@ -75,7 +82,7 @@ PRELOAD = (
 """The libraries every command leans on; checkfu's own modules are all imported after them (``preload``)."""
 SKIPPED = ("checkfu.cli.startup_server",)
 REQUEST_TIMEOUT = 5.0
-"""Seconds a connection has to send its whole request."""
+"""Seconds a connection has to send its whole request (and each later send to it may take)."""
 SPARE_QUIET = 0.25
 """Seconds without a command starting or ending before the server makes its next spare. Making one copies the
 server's memory (tens of milliseconds of processor time), work a command just started should not compete with; and
@@ -92,6 +99,22 @@ class Spare:
     pid: int
     hand: socket.socket
     ready: bool = False
+
+
+@dataclass
+class Caller:
+    """A connection whose request has not all come yet: what it sent so far (the client's streams come with its
+    first bytes), and when the rest must have come by (monotonic)."""
+
+    conn: socket.socket
+    inbox: startup.Inbox
+    deadline: float
+    accepted: float
+    """The boot-time clock (``CLOCK_BOOTTIME``) when it was accepted: its process must have started by then."""
+
+    def close(self) -> None:
+        self.inbox.close()
+        self.conn.close()
 
 
 def preload() -> list[str]:
@@ -217,6 +240,8 @@ class Server:
         self.started = time.time()
         self.served = 0
         self.children: dict[int, socket.socket] = {}
+        self.callers: dict[int, Caller] = {}
+        """Connections still sending their request, by descriptor."""
         self.stopping = False
         self.lock: Any = None
         self.listener: socket.socket | None = None
@@ -231,6 +256,15 @@ class Server:
         self.spare_failed = 0.0
         self.spares = 0
         """How many commands a spare took (the rest were forked as they came)."""
+        self.own: dict[str, Any] = {}
+        """What this process sees of itself alone (``startup.own_context``), as a client says it."""
+        self.context: dict[str, str] | None = None
+        """This process's context (``process_context``), which a caller's must be to have a command run; ``None``:
+        it could not be read, and no command is run."""
+        self.refused = 0
+        """How many commands were refused for their caller's context."""
+        self.last_refused: list[str] = []
+        """What differed for the last of them."""
 
     # set-up and tear-down -----------------------------------------------------------------------
 
@@ -258,6 +292,8 @@ class Server:
         finally:
             os.umask(old)
         self.bound = os.stat(self.path).st_ino
+        self.own = startup.own_context()
+        self.context = self._own_context()
         listener.listen(64)
         listener.setblocking(False)
         self.listener = listener
@@ -268,6 +304,16 @@ class Server:
         signal.signal(signal.SIGCHLD, lambda *_: None)
         signal.signal(signal.SIGTERM, self._on_term)
         signal.signal(signal.SIGINT, self._on_term)
+
+    def _own_context(self) -> dict[str, str] | None:
+        """This process's context, read as a caller's is; ``None`` when it cannot be (``/proc`` is another pid
+        namespace's, so no caller's could be read either)."""
+        if not process_context.own_pid_is_procs():
+            return None
+        try:
+            return process_context.with_report(process_context.read(os.getpid()), self.own)
+        except process_context.Unreadable:
+            return None
 
     def _on_term(self, *_: object) -> None:
         self.stopping = True
@@ -281,6 +327,8 @@ class Server:
             self.listener.close()
         for conn in self.children.values():
             conn.close()
+        for caller in self.callers.values():
+            caller.close()
         self._drop_spare(wait=True)
         if self.lock is not None:
             self.lock.close()
@@ -323,10 +371,21 @@ class Server:
             said = self.spare.hand.recv(1)
         except OSError:
             said = b""
-        if said == b"r":
-            self.spare.ready = True
-        else:
+        if said != b"r":
             self._lost_spare()
+            return
+        # The spare will run commands in its own context: it must be the server's, read afresh (nothing on a
+        # command's way: a spare is made while commands are quiet). One that differs (changed from outside since
+        # it was made) is let go, and another made later.
+        self.context = self._own_context()
+        try:
+            spare = process_context.with_report(process_context.read(self.spare.pid), self.own)
+        except process_context.Unreadable:
+            spare = None
+        if self.context is None or spare is None or process_context.differences(self.context, spare):
+            self._lost_spare()
+            return
+        self.spare.ready = True
 
     def _lost_spare(self) -> None:
         """The spare ended by itself. One that never got ready counts as a failure (``SPARE_RETRY``), so a spare
@@ -392,42 +451,104 @@ class Server:
             wait = 5.0 if self.children else max(0.0, min(5.0, self.last + self.idle - time.monotonic()))
             if due is not None:
                 wait = min(wait, due)
+            if self.callers:
+                wait = min(wait, max(0.0, min(c.deadline for c in self.callers.values()) - time.monotonic()))
             for ready, _ in self.selector.select(timeout=wait):
                 if ready.fileobj is self.listener:
                     self._accept()
+                elif isinstance(ready.data, Caller):
+                    self._read(ready.data)
                 elif self.spare is not None and ready.fileobj is self.spare.hand:
                     self._spare_said()
                 else:
                     with contextlib.suppress(OSError):
                         while os.read(self.wake_r, 512):
                             pass
+            self._expire()
             self._reap()
 
     def _accept(self) -> None:
+        """Take a connection, and read its request as it comes (``_read``): nothing waits for it here."""
         assert self.listener is not None
         try:
             conn, _ = self.listener.accept()
         except OSError:
             return
-        self.last = time.monotonic()
         try:
-            conn.setblocking(True)
-            conn.settimeout(REQUEST_TIMEOUT)
+            conn.setblocking(False)
             if not startup.same_user(conn):
                 conn.close()
                 return
-            message, fds = startup.recv_message(conn, want_fds=3)
-        except (OSError, EOFError, ValueError):
+        except OSError:
             conn.close()
             return
-        op = message.get("op")
-        if op == "run" and len(fds) == 3 and _valid(message):
-            self._fork(conn, fds, message)
+        caller = Caller(conn, startup.Inbox(), time.monotonic() + REQUEST_TIMEOUT, process_context.boottime())
+        self.callers[conn.fileno()] = caller
+        self.selector.register(conn, selectors.EVENT_READ, caller)
+
+    def _read(self, caller: Caller) -> None:
+        """Read what ``caller`` has sent; once its request is whole, answer it."""
+        try:
+            if not caller.inbox.read_from(caller.conn, want_fds=3):
+                raise EOFError
+            taken = caller.inbox.take()
+        except BlockingIOError:
             return
+        except (OSError, EOFError, ValueError):
+            self._forget(caller)
+            caller.close()
+            return
+        if taken is None:
+            return
+        self._forget(caller)
+        message, fds = taken
+        try:
+            caller.conn.settimeout(REQUEST_TIMEOUT)  # each send to it may take as long (and a child shares the mode)
+        except OSError:
+            for fd in fds:
+                os.close(fd)
+            caller.close()
+            return
+        self._answer(caller, message, fds)
+
+    def _forget(self, caller: Caller) -> None:
+        self.callers.pop(caller.conn.fileno(), None)
+        with contextlib.suppress(KeyError, ValueError):
+            self.selector.unregister(caller.conn)
+
+    def _expire(self) -> None:
+        """Close each connection whose request has not all come in ``REQUEST_TIMEOUT``."""
+        now = time.monotonic()
+        for caller in [c for c in self.callers.values() if c.deadline <= now]:
+            self._forget(caller)
+            caller.close()
+
+    def _answer(self, caller: Caller, message: dict[str, Any], fds: list[int]) -> None:
+        conn, op = caller.conn, message.get("op")
+        if op == "run" and len(fds) == 3 and _valid(message):
+            differs = self._differs(caller, message)
+            if not differs:
+                self.last = time.monotonic()
+                self._fork(conn, fds, message)
+                return
+            # Not run here: the client runs it in its own process. Nor is it activity: a server none can use exits
+            # when idle.
+            self.refused += 1
+            self.last_refused = differs
+            answer = {
+                "error": f"the caller's process context is not the server's: {', '.join(differs)}",
+                "refused": "context",
+                "differs": differs,
+            }
+        else:
+            self.last = time.monotonic()
+            answer = None
         for fd in fds:
             os.close(fd)
         with contextlib.suppress(OSError):
-            if op == "status":
+            if answer is not None:
+                startup.send_message(conn, answer)
+            elif op == "status":
                 startup.send_message(conn, self.status())
             elif op == "stop":
                 self.stopping = True
@@ -435,6 +556,19 @@ class Server:
             else:
                 startup.send_message(conn, {"error": f"not a request this server answers: {str(op)[:40]!r}"})
         conn.close()
+
+    def _differs(self, caller: Caller, message: dict[str, Any]) -> list[str]:
+        """What differs between the context of the process that sent ``message`` and this server's (its children's):
+        nothing, or the names that differ (``process_context``), or why it could not be read."""
+        if self.context is None:
+            return ["the server's own context (unread)"]
+        try:
+            theirs = process_context.read_peer(caller.conn, caller.accepted)
+        except process_context.Unreadable as exc:
+            return [f"the caller's (unread: {exc.reason})"]
+        except OSError as exc:
+            return [f"the caller's (unread: {exc.strerror})"]
+        return process_context.differences(self.context, process_context.with_report(theirs, message.get("own")))
 
     def status(self) -> dict[str, Any]:
         return {
@@ -450,6 +584,8 @@ class Server:
             if self.spare is not None
             else None,
             "served_by_spare": self.spares,
+            "refused": self.refused,
+            "last_refused": self.last_refused,
             "not_preloaded": self.skipped,
         }
 
@@ -560,6 +696,8 @@ def _leave_server(server: Server) -> None:
         server.listener.close()
     for other in server.children.values():
         other.close()
+    for caller in server.callers.values():
+        caller.close()  # this process's copies: another client's connection ends when the server closes it
     if server.spare is not None:
         server.spare.hand.close()
     os.close(server.wake_r)
@@ -778,8 +916,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--key", required=True, help="the version of the code (startup.code_key) it serves")
     parser.add_argument("--idle", type=float, default=startup.IDLE_DEFAULT, help="seconds idle before it exits")
     args = parser.parse_args(argv)
-    if not startup.private_dir(args.dir, create=True):
-        print(f"checkfu server: {args.dir} is not a directory of this user's alone (mode 0700)", file=sys.stderr)
+    if (problem := startup.dir_problem(args.dir, create=True)) is not None:
+        print(f"checkfu server: {problem}", file=sys.stderr)
         return 1
     if startup.code_key() != args.key:  # its module path, environment or context is not the client's
         print(f"checkfu server: this process's code is not {args.key}; not serving it", file=sys.stderr)
