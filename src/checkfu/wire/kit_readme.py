@@ -34,6 +34,7 @@ from checkfu.wire.kit import (
     message_types,
     object_codes,
 )
+from checkfu.wire.limits import RequestLimits
 from checkfu.wire.operations import OPERATION_TTL
 from checkfu.wire.server import MAX_WRITE_BYTES
 
@@ -202,6 +203,7 @@ def _members_section() -> str:
     retryable = " and ".join(f"`{c}`" for c, cls in sorted(ERROR_CLASSES.items()) if cls.default_retryable)
     output_cap = Limits().max_output_bytes
     header = largest_request_header()
+    limits = RequestLimits()
     return f"""
 ## What each member must do
 
@@ -323,9 +325,12 @@ runner leaves a choice to the provider, it says so.
   refuses any length but `size` with `SandboxDigestMismatch`, field `size`. A mount file is
   at most {MAX_FILE_BYTES >> 30} GiB: stream the body rather than hold it.
 - The longest `{REQUEST_HEADER}` header the runner can send is {header} bytes (every field
-  at its longest, a path of 4095 control characters escaped as `\\u00XX`). The runner's
-  own service (uvicorn, parsing with httptools) sets no header limit of its own: a
-  32 MiB header was measured to reach the decoder. Accept at least 32 KiB of header.
+  at its longest, a path of 4095 control characters escaped as `\\u00XX`). Accept at least
+  32 KiB of header. The runner's own service refuses a head (the request line and every
+  header line) over {limits.head_bytes >> 10} KiB or with over {limits.header_lines} header lines with `431`, one not
+  complete {limits.head_seconds:g} s after its first byte with `408` (both `SandboxProtocolViolation`, field
+  `headers`, before the credential is looked at), and closes a connection whose body pauses
+  for {limits.idle_seconds:g} s: bound yours too, for a client needs no credential to send a head.
 - **`Content-Type`**: the runner always sends `application/json` (for `describe`, the body
   `{{}}`) and, for `writeFile`, `application/octet-stream`. The runner's own service does
   not read `Content-Type`: it decodes each body as its member says, whatever the header.

@@ -10,13 +10,15 @@ from typing import Any
 import uvicorn
 
 from checkfu.wire.credentials import SERVER_LOGGERS, redact_logs
+from checkfu.wire.limits import RequestLimits, bounded_http
 
 
-def _config(app: Any, host: str, port: int) -> uvicorn.Config:
+def _config(app: Any, host: str, port: int, *, limits: RequestLimits | None = None) -> uvicorn.Config:
     config = uvicorn.Config(
         app,
         host=host,
         port=port,
+        http=bounded_http(limits or RequestLimits()),  # heads bounded in size, lines and time: see limits
         log_level="warning",
         access_log=False,
         lifespan="on",
@@ -42,9 +44,11 @@ async def serve(app: Any, host: str, port: int) -> None:
 
 
 @contextlib.asynccontextmanager
-async def served(app: Any, host: str = "127.0.0.1", port: int = 0) -> AsyncIterator[str]:
+async def served(
+    app: Any, host: str = "127.0.0.1", port: int = 0, *, limits: RequestLimits | None = None
+) -> AsyncIterator[str]:
     """Serve ``app`` in this event loop on a free loopback port; yields its base URL, stops on the way out."""
-    server = _BesideCaller(_config(app, host, port))
+    server = _BesideCaller(_config(app, host, port, limits=limits))
     task = asyncio.ensure_future(server.serve())
     try:
         while not server.started:
