@@ -15,6 +15,7 @@ import hashlib
 import http.client
 import json
 import re
+import secrets
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -33,6 +34,7 @@ from checkfu.contract.paths import MAX_PATH_BYTES
 from checkfu.runner.job import TIMEOUT_EXIT
 from checkfu.runner.session import Limits
 from checkfu.testing import MemoryProvider, Requests
+from checkfu.wire.credentials import OPERATION_SECRET
 from checkfu.wire.files import REQUEST_HEADER
 from checkfu.wire.kit import (
     FRAME_MESSAGES,
@@ -413,6 +415,22 @@ def _post(service: Service, member: str, body: bytes, headers: dict[str, str]) -
         return answer.status, json.loads(answer.read())
     finally:
         conn.close()
+
+
+def test_the_readme_and_the_openapi_document_say_an_operation_belongs_to_its_starter() -> None:
+    text = flat(README)
+    for words in (
+        "An operation belongs to the client that started it.",
+        f"sends it as the `{OPERATION_SECRET}` header (22 to 128 base64url characters)",
+        "answer a `start` for a known `operation_id` that comes with another secret, or none, exactly as you "
+        "answer a reattach to an id you never saw: `SandboxNotFound`, field `operation_id`",
+        "An operation started without the header (a client older than it) is bound to nobody.",
+    ):
+        assert words in text, words
+    (header,) = KIT["openapi.json"]["paths"]["/v1/openProcess"]["get"]["parameters"]
+    assert (header["name"], header["in"], header["required"]) == (OPERATION_SECRET, "header", False)
+    pattern = re.compile(header["schema"]["pattern"])
+    assert pattern.fullmatch(secrets.token_urlsafe(32)) and not pattern.fullmatch("too-short")
 
 
 def test_the_service_reads_no_content_type_takes_the_largest_header_and_bounds_the_head(

@@ -28,6 +28,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import secrets
 import ssl
 import uuid
 from collections import deque
@@ -104,7 +105,7 @@ from checkfu.contract.members import (
 )
 from checkfu.contract.model import Model
 from checkfu.contract.process import ProcessEvent, ProcessExit, ProcessOutput, ProcessStreamEnd
-from checkfu.wire.credentials import REDACTED, Credential
+from checkfu.wire.credentials import OPERATION_SECRET, REDACTED, Credential
 from checkfu.wire.errors import WireError
 from checkfu.wire.files import FILES_MEDIA_TYPE, REQUEST_HEADER, read_files_body
 from checkfu.wire.http import HttpError, HttpPool
@@ -406,6 +407,10 @@ class RemoteProcess:
     is sent again, in order, before anything new; a ``kill`` is sent again. The reattached process
     must be the one that was started. When reattaching is impossible, the events end in a typed error,
     never in an exit the process did not have.
+
+    Every connection of the operation carries a secret made here (``Checkfu-Operation-Secret``) and never
+    shown: the service binds the operation to it at the start, so only this object can reattach to it,
+    read its output, write its stdin or kill it, whoever else holds the credential and learns its id.
     """
 
     def __init__(
@@ -415,6 +420,8 @@ class RemoteProcess:
         self.request = request
         self.operation_id = operation_id
         self.window = window
+        self._secret = secrets.token_urlsafe(32)
+        """Binds the operation to this object at the service; sent on each connection, never logged."""
         self._start_sent = False
         """Whether a start frame went out: from then on a retry may only reattach, never start again."""
         self._ws: ClientConnection | None = None
@@ -458,7 +465,7 @@ class RemoteProcess:
         ws = await connect(
             url,
             ssl=self.provider.tls if url.startswith("wss://") else None,
-            additional_headers=self.provider.headers,
+            additional_headers={**self.provider.headers, OPERATION_SECRET: self._secret},
             max_size=MAX_DATA + 64 + (64 << 20),
             max_queue=4,
             compression=None,  # output is already dense base64; deflating it cost more than the network

@@ -22,6 +22,7 @@ from checkfu.contract.paths import MAX_PATH_BYTES
 from checkfu.runner.job import TIMEOUT_EXIT
 from checkfu.runner.session import Limits
 from checkfu.wire.client import DEADLINES
+from checkfu.wire.credentials import OPERATION_SECRET
 from checkfu.wire.errors import STATUS
 from checkfu.wire.files import FILES_MEDIA_TYPE, MAX_HEAD_BYTES, REQUEST_HEADER
 from checkfu.wire.kit import (
@@ -650,6 +651,16 @@ One HTTP service per provider, at a base URL the runner is given (`http://host:p
 
 `GET <base>/v1/openProcess` upgraded to a WebSocket (`ws://` or `wss://`), with the
 `Authorization` header. One WebSocket message is one frame.
+
+An operation belongs to the client that started it. The runner makes a secret for each
+operation and sends it as the `{OPERATION_SECRET}` header (22 to 128 base64url characters) on
+every connection of that operation, the first `start` and every reattach. Bind the operation
+to the secret of the connection that started it, compare in constant time, and answer a
+`start` for a known `operation_id` that comes with another secret, or none, exactly as you
+answer a reattach to an id you never saw: `SandboxNotFound`, field `operation_id`. Holding the
+credential and learning an id must not let another client read, write or kill the process. A
+malformed secret is `SandboxProtocolViolation` naming the header. An operation started
+without the header (a client older than it) is bound to nobody.
 
 ### Text frames
 
