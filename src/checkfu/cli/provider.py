@@ -44,7 +44,7 @@ CredentialOpt = Annotated[
     Path | None,
     typer.Option(
         "--credential-file",
-        help="file holding the credential clients must present (default: $CHECKFU_PROVIDER_CREDENTIAL)",
+        help="file holding the credential, or - for the first line of stdin (default: $CHECKFU_PROVIDER_CREDENTIAL)",
     ),
 ]
 
@@ -115,10 +115,16 @@ SecretOpt = Annotated[
     str | None,
     typer.Option(
         "--credential",
-        help="the service's credential: a file holding it, or the credential itself",
+        help="a file holding the service's credential; the credential itself is accepted with a warning, since any "
+        "user of the machine can read it in the process list (prefer --credential-file)",
         show_default=False,
     ),
 ]
+EXPOSED = (
+    "--credential puts the secret in this command's arguments, where any user of this machine can read it (ps, "
+    "/proc/PID/cmdline) while it runs; give --credential-file FILE, --credential-file - (the first line of stdin) "
+    "or CHECKFU_PROVIDER_CREDENTIAL instead"
+)
 ProfileOpt = Annotated[
     Path | None, typer.Option("--profile", help="a profile the provider can serve (default: derived)")
 ]
@@ -133,9 +139,11 @@ def _credential(credential: str | None, credential_file: Path | None) -> Credent
         if path.is_file():
             return client_credential(path)
         try:
-            return Credential(credential)
+            given = Credential(credential)
         except CredentialError as exc:
             raise typer.BadParameter(str(exc), param_hint="--credential") from None
+        err.print(f"[bold yellow]warning[/]: {escape(EXPOSED)}")
+        return given
     return client_credential(credential_file)
 
 

@@ -3,8 +3,10 @@
 A request carries it as ``Authorization: Bearer <credential>``. The server compares
 it in constant time with each credential it accepts; a request without a valid
 one is ``SandboxUnauthenticated``. Both ends read it from ``--credential-file
-FILE`` or, failing that, from ``CHECKFU_PROVIDER_CREDENTIAL``. It is never
-printed, logged or journaled: ``Credential``'s ``repr`` hides it.
+FILE`` (``-``: the first line of standard input) or, failing that, from
+``CHECKFU_PROVIDER_CREDENTIAL``, never from an argument, which any user of the
+machine can read. It is never printed, logged or journaled: ``Credential``'s
+``repr`` hides it.
 
 Every connection of an ``openProcess`` operation also carries the operation's own
 secret (``Checkfu-Operation-Secret``, made by the client that starts it), which
