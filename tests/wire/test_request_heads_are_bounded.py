@@ -23,6 +23,10 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
 
 from checkfu.testing import MemoryProvider
 from checkfu.wire.limits import RequestLimits
@@ -303,6 +307,30 @@ async def test_a_body_that_keeps_arriving_slowly_is_read_whole(quick: tuple[str,
     finally:
         writer.close()
     assert head.startswith(b"HTTP/1.1 200 ")
+
+
+@pytest.mark.anyio
+async def test_a_body_the_service_is_slow_to_read_is_not_cut() -> None:
+    """The service stops reading while its application has not taken what came: that pause is not the client's."""
+
+    async def slow(request: Request) -> Response:
+        await asyncio.sleep(SHORT.idle_seconds * 3)
+        return Response(str(len(await request.body())))
+
+    app = Starlette(routes=[Route("/slow", slow, methods=["POST"])])
+    body = b"b" * (4 << 20)  # far over what uvicorn buffers before it pauses reading
+    async with served(app, limits=SHORT) as url:
+        host, _, port = url.removeprefix("http://").rpartition(":")
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(b"POST /slow HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-length: %d\r\n\r\n" % len(body) + body)
+        try:
+            async with asyncio.timeout(10):
+                await writer.drain()
+                head = await reader.readuntil(b"\r\n\r\n")
+                answer = await reader.readexactly(len(str(len(body))))
+        finally:
+            writer.close()
+    assert head.startswith(b"HTTP/1.1 200 ") and answer == str(len(body)).encode()
 
 
 @pytest.mark.anyio

@@ -163,10 +163,12 @@ class BoundedHttp(HttpToolsProtocol):
         self._idle_timer = None
         if not self._body_open or self.transport.is_closing() or self.transport.get_protocol() is not self:
             return
-        quiet = self.loop.time() - self._last_read
-        if self.flow.read_paused or quiet < self.limits.idle_seconds:
-            wait = self.limits.idle_seconds - quiet if not self.flow.read_paused else self.limits.idle_seconds
-            self._idle_timer = self.loop.call_later(max(wait, 0.001), self._body_quiet)
+        now = self.loop.time()
+        if self.flow.read_paused:
+            self._last_read = now  # the service is not reading: the pause is not the client's
+        quiet = now - self._last_read
+        if quiet < self.limits.idle_seconds:
+            self._idle_timer = self.loop.call_later(max(self.limits.idle_seconds - quiet, 0.001), self._body_quiet)
             return
         self.transport.close()  # the application waiting for the rest learns the client is gone
 
