@@ -35,7 +35,7 @@ from wire_rig import Driven, Service
 from checkfu.contract.errors import SandboxAdapterUnavailable, SandboxError, SandboxProviderFailed
 from checkfu.contract.process import ProcessExit, ProcessOutput
 from checkfu.testing import MemoryProvider, Requests
-from checkfu.wire.client import RemoteProvider
+from checkfu.wire.client import RemoteProvider, create
 from checkfu.wire.tls import CA_ENV, ServerTls
 
 pytestmark = pytest.mark.anyio
@@ -211,6 +211,8 @@ async def test_a_ca_file_that_cannot_be_used_is_refused_naming_it(
     with pytest.raises(SandboxAdapterUnavailable) as given:
         RemoteProvider("https://127.0.0.1:1", "a-credential", ca_file=ca)
     assert given.value.field == "ca_file" and str(ca) in given.value.message
+    with pytest.raises(SandboxAdapterUnavailable):  # the adapters file's factory passes its ca_file on
+        create("https://127.0.0.1:1", ca_file=str(ca))
     monkeypatch.setenv(CA_ENV, str(ca))
     with pytest.raises(SandboxAdapterUnavailable) as from_env:
         RemoteProvider("https://127.0.0.1:1", "a-credential")
