@@ -2,9 +2,10 @@
 held to the conformance suite through the real CLI.
 
 The server is started with ``node examples/provider-node/server.js`` on a free loopback port, as
-its README says, and ``checkfu provider test URL --credential ... --json`` must pass cases 1-5 and
-skip 6-9 (the seed's day-one tier). Around that: a wrong credential is ``SandboxUnauthenticated``;
-the provider's decoder holds to every kit vector, and its copy of the kit's schemas is the kit's;
+its README says, and ``checkfu provider test URL --json`` (the credential in the environment, as
+the README says too) must pass cases 1-5 and skip 6-9 (the seed's day-one tier). Around that: a
+wrong credential is ``SandboxUnauthenticated``; the provider's decoder holds to every kit vector,
+and its copy of the kit's schemas is the kit's;
 every invalid request vector of a member it serves is refused over the wire with exactly the
 vector's code and field; the lifecycle's edges (staging, sealing, the environment, timeouts,
 truncation, exit codes, release twice); compensation after the provider lost every record; and
@@ -198,9 +199,9 @@ def kit(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_conformance_passes_cases_1_to_5_and_skips_6_to_9_and_leaves_nothing(node: str, tmp_path: Path) -> None:
     with running_provider(node, tmp_path) as p:
         done = subprocess.run(
-            [str(CHECKFU), "provider", "test", p.url, "--credential", p.credential, "--json", "report.json"],
+            [str(CHECKFU), "provider", "test", p.url, "--json", "report.json"],
             cwd=tmp_path,
-            env={**os.environ, "XDG_STATE_HOME": str(tmp_path / "state")},
+            env={**os.environ, "XDG_STATE_HOME": str(tmp_path / "state"), "CHECKFU_PROVIDER_CREDENTIAL": p.credential},
             capture_output=True,
             text=True,
             timeout=120,

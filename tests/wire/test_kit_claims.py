@@ -15,6 +15,7 @@ import hashlib
 import http.client
 import json
 import re
+import secrets
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -33,6 +34,7 @@ from checkfu.contract.paths import MAX_PATH_BYTES
 from checkfu.runner.job import TIMEOUT_EXIT
 from checkfu.runner.session import Limits
 from checkfu.testing import MemoryProvider, Requests
+from checkfu.wire.credentials import OPERATION_SECRET
 from checkfu.wire.files import REQUEST_HEADER
 from checkfu.wire.kit import (
     FRAME_MESSAGES,
@@ -42,6 +44,7 @@ from checkfu.wire.kit import (
     object_codes,
     request_header,
 )
+from checkfu.wire.limits import RequestLimits
 from checkfu.wire.openapi import openapi_document
 
 PATH = "SandboxPathRejected"
@@ -339,6 +342,10 @@ def test_the_readme_says_what_each_member_must_do() -> None:
         "refuses any length but `size` with `SandboxDigestMismatch`, field `size`",
         f"The longest `{REQUEST_HEADER}` header the runner can send is {largest_request_header()} bytes",
         "Accept at least 32 KiB of header",
+        f"refuses a head (the request line and every header line) over {RequestLimits().head_bytes >> 10} KiB or "
+        f"with over {RequestLimits().header_lines} header lines with `431`",
+        f"one not complete {RequestLimits().head_seconds:g} s after its first byte with `408`",
+        f"closes a connection whose body pauses for {RequestLimits().idle_seconds:g} s",
         "does not read `Content-Type`",
         "Enrollment **issues a new credential**",
         "restarting it with it",
@@ -410,24 +417,47 @@ def _post(service: Service, member: str, body: bytes, headers: dict[str, str]) -
         conn.close()
 
 
-def test_the_service_reads_no_content_type_and_takes_a_large_header(serve: Callable[..., Service]) -> None:
+def test_the_readme_and_the_openapi_document_say_an_operation_belongs_to_its_starter() -> None:
+    text = flat(README)
+    for words in (
+        "An operation belongs to the client that started it.",
+        f"sends it as the `{OPERATION_SECRET}` header (22 to 128 base64url characters)",
+        "answer a `start` for a known `operation_id` that comes with another secret, or none, exactly as you "
+        "answer a reattach to an id you never saw: `SandboxNotFound`, field `operation_id`",
+        "An operation started without the header (a client older than it) is bound to nobody.",
+    ):
+        assert words in text, words
+    (header,) = KIT["openapi.json"]["paths"]["/v1/openProcess"]["get"]["parameters"]
+    assert (header["name"], header["in"], header["required"]) == (OPERATION_SECRET, "header", False)
+    pattern = re.compile(header["schema"]["pattern"])
+    assert pattern.fullmatch(secrets.token_urlsafe(32)) and not pattern.fullmatch("too-short")
+
+
+def test_the_service_reads_no_content_type_takes_the_largest_header_and_bounds_the_head(
+    serve: Callable[..., Service],
+) -> None:
     memory = MemoryProvider()
     service = serve(memory)
     status, body = _post(service, "describe", b"{}", {"content-type": "text/plain"})
     assert status == 200 and "envelope" in body
     # The largest header the runner sends, and then some (JSON allows spaces): it reaches the provider,
-    # which has no such instance.
+    # which has no such instance. Padded past the head's bound, it is refused before the credential is read.
     request = build(
         WriteFileRequest,
         **{**WRITE_FILE, "target": memory.target, "path": "/work/" + "\x01" * (MAX_PATH_BYTES - 6)},
     )
     header = request_header(request)
     assert len(header) > 24 << 10
-    for padded in (header, header + " " * (64 << 10)):
+    limits = RequestLimits()
+    for padded, answer in (
+        (header, (404, "SandboxNotFound", "instance_id")),
+        (header + " " * (limits.head_bytes // 2 - 4096 - len(header)), (404, "SandboxNotFound", "instance_id")),
+        (header + " " * limits.head_bytes, (431, "SandboxProtocolViolation", "headers")),
+    ):
         status, body = _post(
             service, "writeFile", b"x" * request.size, {REQUEST_HEADER: padded, "content-type": "text/plain"}
         )
-        assert (status, body["error"]["code"]) == (404, "SandboxNotFound"), body
+        assert (status, body["error"]["code"], body["error"].get("field")) == answer, body
 
 
 @pytest.mark.anyio

@@ -139,6 +139,28 @@ async def test_a_connection_dropped_mid_answer_is_a_protocol_violation(cut: int)
     assert type(error) is SandboxProtocolViolation and error.observed
 
 
+@pytest.mark.parametrize("piece", [b"a" * (1 << 20), b"x-n: 1\r\n" * (1 << 17)], ids=["one-line", "many-lines"])
+async def test_an_endless_answer_head_is_a_protocol_violation_at_once(piece: bytes) -> None:
+    """A hostile service sends 256 MiB of head; the client stops reading at its bound and says so."""
+    sent = 0
+
+    async def endless(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal sent
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nx-filler: ")
+        while sent < 256 << 20:
+            writer.write(piece)
+            await writer.drain()
+            sent += len(piece)
+
+    started = time.monotonic()
+    error = await failure(endless)
+    assert type(error) is SandboxProtocolViolation and error.observed
+    assert "head is over 65536 bytes" in error.message
+    assert time.monotonic() - started < 5
+    assert sent < 16 << 20  # the client stopped reading: what it held is its bound and the socket's buffers
+
+
 async def test_something_that_is_not_http_is_a_protocol_violation() -> None:
     error = await failure(once(b"SSH-2.0-OpenSSH_9.0\r\n\r\n"))
     assert type(error) is SandboxProtocolViolation and error.observed

@@ -54,6 +54,7 @@ from checkfu.runner.registry import Adapter, Registry
 from checkfu.runner.runner import Runner
 from checkfu.testing import RAISING, MemoryProvider, Misbehaving, Requests, crash, memory_profile
 from checkfu.wire.client import RemoteProvider
+from checkfu.wire.credentials import OPERATION_SECRET
 from checkfu.wire.errors import STATUS, WireError, status_of
 from checkfu.wire.files import FILES_MEDIA_TYPE, REQUEST_HEADER
 
@@ -294,6 +295,9 @@ async def test_the_credential_is_never_logged_answered_or_journaled(
     out, err = capfd.readouterr()
     logs = every_log_line.getvalue()
     assert "authorization" in logs.lower(), "the DEBUG logs must cover the handshakes for this test to mean anything"
+    operation_lines = [line for line in logs.splitlines() if OPERATION_SECRET.lower() in line.lower()]
+    assert operation_lines, "the openProcess handshakes, with the operation's secret, are in the logs"
+    assert all(line.rstrip().endswith("<credential>") for line in operation_lines), operation_lines
     for text, where in [("\n".join(dumped), "journal"), (logs, "log records"), (out + err, "stdout/stderr")]:
         assert service.secret not in text, where
     assert service.secret.encode() not in raw_db

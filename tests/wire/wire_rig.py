@@ -25,6 +25,7 @@ from checkfu.testing import Requests
 from checkfu.wire.client import RemoteProvider
 from checkfu.wire.server import create_app
 from checkfu.wire.serving import _BesideCaller, _config
+from checkfu.wire.tls import ServerTls
 
 T = TypeVar("T")
 
@@ -39,10 +40,18 @@ def new_secret() -> str:
 class Service:
     """``create_app(provider)`` served on loopback from a thread of its own."""
 
-    def __init__(self, provider: Provider, secret: str | None = None, *, app_options: dict[str, Any] | None = None):
+    def __init__(
+        self,
+        provider: Provider,
+        secret: str | None = None,
+        *,
+        app_options: dict[str, Any] | None = None,
+        tls: ServerTls | None = None,
+    ):
         self.provider = provider
         self.secret = secret or new_secret()
         self.app_options = app_options or {}
+        self.tls = tls
         self.app: Any = None
         self.port = 0
         self._server: _BesideCaller | None = None
@@ -53,7 +62,7 @@ class Service:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}"
 
     def remote(self, **options: Any) -> RemoteProvider:
         return RemoteProvider(self.url, self.secret, **options)
@@ -74,7 +83,7 @@ class Service:
 
     async def _start(self) -> None:
         self.app = create_app(self.provider, [self.secret], **self.app_options)
-        config = _config(self.app, "127.0.0.1", self.port)
+        config = _config(self.app, "127.0.0.1", self.port, tls=self.tls)
         config.timeout_graceful_shutdown = GRACE
         server = _BesideCaller(config)
         task = asyncio.ensure_future(server.serve())

@@ -31,6 +31,7 @@ from checkfu.runner.runner import Runner
 from checkfu.wire.credentials import Credential, CredentialError
 from checkfu.wire.server import create_app
 from checkfu.wire.serving import serve
+from checkfu.wire.tls import ServerTls, TlsError
 
 err = console(stderr=True, highlight=False, soft_wrap=True)
 
@@ -43,7 +44,7 @@ CredentialOpt = Annotated[
     Path | None,
     typer.Option(
         "--credential-file",
-        help="file holding the credential clients must present (default: $CHECKFU_PROVIDER_CREDENTIAL)",
+        help="file holding the credential, or - for the first line of stdin (default: $CHECKFU_PROVIDER_CREDENTIAL)",
     ),
 ]
 
@@ -55,14 +56,40 @@ def _listen(value: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+def _server_tls(cert: Path | None, key: Path | None) -> ServerTls | None:
+    if cert is None and key is None:
+        return None
+    if cert is None or key is None:
+        missing = "--tls-key" if key is None else "--tls-cert"
+        raise typer.BadParameter("TLS needs both --tls-cert and --tls-key", param_hint=missing)
+    tls = ServerTls(cert, key)
+    try:
+        tls.check()
+    except TlsError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--tls-cert/--tls-key") from None
+    return tls
+
+
 @provider_app.command("serve")
 def provider_serve(
     name: Annotated[str, typer.Argument(help="an installed provider: docker, host-process, memory")],
     listen: Annotated[str, typer.Option("--listen", help="HOST:PORT to listen on")] = "127.0.0.1:8790",
     credential_file: CredentialOpt = None,
+    tls_cert: Annotated[
+        Path | None,
+        typer.Option("--tls-cert", help="serve HTTPS with this certificate chain (PEM); needs --tls-key"),
+    ] = None,
+    tls_key: Annotated[
+        Path | None, typer.Option("--tls-key", help="the certificate's private key (PEM, not encrypted)")
+    ] = None,
 ) -> None:
-    """Serve an installed provider as an HTTP service that `checkfu run --provider URL` can drive."""
+    """Serve an installed provider as an HTTP service that `checkfu run --provider URL` can drive.
+
+    With --tls-cert and --tls-key it serves only HTTPS (and WSS for openProcess); a client trusts its
+    certificate through the system's store, SSL_CERT_FILE, or CHECKFU_PROVIDER_CA=FILE.
+    """
     host, port = _listen(listen)
+    tls = _server_tls(tls_cert, tls_key)
     credential = client_credential(credential_file)
     if credential is None:
         raise typer.BadParameter(
@@ -75,11 +102,12 @@ def provider_serve(
         why = "; ".join(f"{k}: {v}" for k, v in registry.unavailable.items()) or "not installed"
         raise SandboxAdapterUnavailable(f"cannot serve {name!r}: {why}", field="provider")
     adapter = found[0]
+    scheme = "https" if tls is not None else "http"
     err.print(
-        f"serving {escape(str(adapter.target))} on http://{escape(host)}:{port:d} "
+        f"serving {escape(str(adapter.target))} on {scheme}://{escape(host)}:{port:d} "
         "(its runner_enforced axes are stated as provider_attested over the wire; Ctrl-C stops)"
     )
-    asyncio.run(serve(create_app(adapter.provider, [credential]), host, port))
+    asyncio.run(serve(create_app(adapter.provider, [credential]), host, port, tls=tls))
 
 
 TargetArg = Annotated[str, typer.Argument(help="an installed provider (docker, host-process, memory) or a service URL")]
@@ -87,10 +115,16 @@ SecretOpt = Annotated[
     str | None,
     typer.Option(
         "--credential",
-        help="the service's credential: a file holding it, or the credential itself",
+        help="a file holding the service's credential; the credential itself is accepted with a warning, since any "
+        "user of the machine can read it in the process list (prefer --credential-file)",
         show_default=False,
     ),
 ]
+EXPOSED = (
+    "--credential puts the secret in this command's arguments, where any user of this machine can read it (ps, "
+    "/proc/PID/cmdline) while it runs; give --credential-file FILE, --credential-file - (the first line of stdin) "
+    "or CHECKFU_PROVIDER_CREDENTIAL instead"
+)
 ProfileOpt = Annotated[
     Path | None, typer.Option("--profile", help="a profile the provider can serve (default: derived)")
 ]
@@ -105,9 +139,11 @@ def _credential(credential: str | None, credential_file: Path | None) -> Credent
         if path.is_file():
             return client_credential(path)
         try:
-            return Credential(credential)
+            given = Credential(credential)
         except CredentialError as exc:
             raise typer.BadParameter(str(exc), param_hint="--credential") from None
+        err.print(f"[bold yellow]warning[/]: {escape(EXPOSED)}")
+        return given
     return client_credential(credential_file)
 
 

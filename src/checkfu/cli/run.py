@@ -88,7 +88,8 @@ CredentialOpt = Annotated[
     Path | None,
     typer.Option(
         "--credential-file",
-        help="file holding the provider service's credential (default: $CHECKFU_PROVIDER_CREDENTIAL)",
+        help="file holding the provider service's credential, or - for the first line of stdin "
+        "(default: $CHECKFU_PROVIDER_CREDENTIAL)",
         show_default=False,
         metavar="FILE",
     ),

@@ -32,7 +32,7 @@ from checkfu.runner.journal import (
 )
 from checkfu.runner.migrate import JournalTooNew
 from checkfu.runner.registry import Registry, load_registry
-from checkfu.wire.credentials import Credential, CredentialError, read_credential
+from checkfu.wire.credentials import MAX_BYTES, Credential, CredentialError, read_credential
 
 AFTER_REPLY: list[Callable[[], object]] | None = None
 """In a start-up server's child (``checkfu.cli.startup_server``), a list: what the command leaves until its exit
@@ -266,16 +266,54 @@ def is_url(name: str) -> bool:
     return name.startswith(("http://", "https://"))
 
 
+STDIN = Path("-")
+"""``--credential-file -``: the credential is the first line of standard input."""
+
+
 def client_credential(path: Path | None) -> Credential | None:
-    """The credential a client sends: ``--credential-file`` or ``CHECKFU_PROVIDER_CREDENTIAL``.
+    """The credential a client (or a service) uses: ``--credential-file FILE``, ``--credential-file -`` (the
+    first line of standard input; asked for without echo at a terminal), or ``CHECKFU_PROVIDER_CREDENTIAL``.
 
     Raises:
         typer.BadParameter: the file cannot be read or holds no usable credential.
     """
     try:
+        if path == STDIN:
+            return _stdin_credential()
         return read_credential(path)
     except CredentialError as exc:
         raise typer.BadParameter(str(exc), param_hint="--credential-file") from None
+
+
+def _stdin_credential() -> Credential:
+    """The first line of standard input, read a byte at a time: what follows it is left for whoever reads next
+    (the command of a ``checkfu run``).
+
+    Raises:
+        CredentialError: standard input is closed, empty, or its first line is not a usable credential.
+    """
+    if sys.stdin is not None and sys.stdin.isatty():
+        import getpass  # noqa: PLC0415
+
+        try:
+            text = getpass.getpass("credential: ", stream=sys.stderr)
+        except EOFError:
+            text = ""
+    else:
+        line = bytearray()
+        try:
+            while len(line) <= MAX_BYTES:
+                byte = os.read(0, 1)
+                if not byte or byte == b"\n":
+                    break
+                line += byte
+        except OSError as exc:
+            raise CredentialError(f"cannot read the credential from standard input: {exc.strerror or exc}") from None
+        text = line.decode("utf-8", "replace")
+    text = text.strip()
+    if not text:
+        raise CredentialError("standard input (--credential-file -) holds no credential on its first line")
+    return Credential(text)
 
 
 def enrolled_credential(journal: Journal, url: str) -> Credential | None:

@@ -16,6 +16,10 @@ answer back into the contract's models, strictly:
 ``open_process`` speaks the WebSocket frames of ``checkfu.contract.frames``
 through a ``ProcessChannel``; its stream reattaches by operation id when the
 connection drops and resumes from the last byte it received.
+
+An ``https://`` service is reached over TLS, and its WebSocket over ``wss://``, with
+its certificate verified (``checkfu.wire.tls``): one that cannot be verified is
+``SandboxProviderFailed``, field ``tls``, naming how to trust it.
 """
 
 from __future__ import annotations
@@ -24,9 +28,12 @@ import asyncio
 import contextlib
 import json
 import logging
+import secrets
+import ssl
 import uuid
 from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator
+from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from websockets.asyncio.client import ClientConnection, connect
@@ -37,6 +44,7 @@ from checkfu.contract.deadlines import DEFAULT_DEADLINES
 from checkfu.contract.envelope import Member
 from checkfu.contract.errors import (
     ERROR_CLASSES,
+    SandboxAdapterUnavailable,
     SandboxError,
     SandboxProtocolViolation,
     SandboxProviderFailed,
@@ -97,10 +105,11 @@ from checkfu.contract.members import (
 )
 from checkfu.contract.model import Model
 from checkfu.contract.process import ProcessEvent, ProcessExit, ProcessOutput, ProcessStreamEnd
-from checkfu.wire.credentials import REDACTED, Credential
+from checkfu.wire.credentials import OPERATION_SECRET, REDACTED, Credential
 from checkfu.wire.errors import WireError
 from checkfu.wire.files import FILES_MEDIA_TYPE, REQUEST_HEADER, read_files_body
 from checkfu.wire.http import HttpError, HttpPool
+from checkfu.wire.tls import TRUST_HINT, TlsError, client_context
 
 M = TypeVar("M", bound=Model)
 
@@ -176,12 +185,24 @@ class RemoteProvider:
     """A provider service at ``url``, driven as a ``Provider``.
 
     Args:
-        url: the service's base URL (``http://host:port``).
+        url: the service's base URL (``http://host:port`` or ``https://host:port``).
         credential: the credential issued at enrollment (``CHECKFU_PROVIDER_CREDENTIAL`` when omitted).
         window: the credit this side grants an open process's output, in bytes.
+        ca_file: for an ``https://`` URL, a CA (PEM) to trust besides the system's (``CHECKFU_PROVIDER_CA``
+            when omitted; ``SSL_CERT_FILE`` and ``SSL_CERT_DIR`` replace the system's).
+
+    Raises:
+        SandboxAdapterUnavailable: the CA file cannot be used (field ``ca_file``).
     """
 
-    def __init__(self, url: str, credential: Credential | str | None = None, *, window: int = DEFAULT_WINDOW) -> None:
+    def __init__(
+        self,
+        url: str,
+        credential: Credential | str | None = None,
+        *,
+        window: int = DEFAULT_WINDOW,
+        ca_file: str | Path | None = None,
+    ) -> None:
         self.url = url.rstrip("/")
         if credential is None:
             from checkfu.wire.credentials import read_credential  # noqa: PLC0415
@@ -189,6 +210,13 @@ class RemoteProvider:
             credential = read_credential()
         self._credential = Credential(credential) if isinstance(credential, str) else credential
         self.window = window
+        self.tls: ssl.SSLContext | None = None
+        """The client TLS context of an ``https://`` URL (``None`` for ``http://``)."""
+        if self.url.startswith("https://"):
+            try:
+                self.tls = client_context(ca_file)
+            except TlsError as exc:
+                raise SandboxAdapterUnavailable(f"{self.url}: {exc}", field="ca_file") from None
         self._pool: HttpPool | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._keeper: AsyncGenerator[None, None] | None = None
@@ -205,7 +233,7 @@ class RemoteProvider:
         loop = asyncio.get_running_loop()
         if self._pool is None or self._loop is not loop:
             try:
-                pool = HttpPool(self.url, self.headers)
+                pool = HttpPool(self.url, self.headers, tls=self.tls)
             except HttpError as exc:
                 raise observed_by_runner(SandboxProviderFailed(f"{self.url!r}: {exc}", field="url")) from None
             keeper = _closed_with_the_loop(pool)
@@ -250,6 +278,8 @@ class RemoteProvider:
         return decode_answer(member, result, answer.status, answer.body)
 
     def _transport(self, member: str, exc: HttpError) -> SandboxError:
+        if exc.tls is not None:
+            return observed_by_runner(self._tls_failed(member, str(exc), verify=exc.tls == "verify"))
         if exc.connect:
             error: SandboxError = SandboxProviderFailed(
                 f"{member}: cannot reach the provider service at {self.url}: {exc}"
@@ -257,6 +287,15 @@ class RemoteProvider:
         else:
             error = SandboxProtocolViolation(f"{member}: {exc}", field="body")
         return observed_by_runner(error)
+
+    def _tls_failed(self, member: str, why: str, *, verify: bool) -> SandboxError:
+        """The service's TLS handshake failed: retrying will not help; trusting its CA may, when it was verification."""
+        hint = f"; {TRUST_HINT}" if verify else ""
+        return SandboxProviderFailed(
+            f"{member}: no TLS connection to the provider service at {self.url}: {why}{hint}",
+            field="tls",
+            retryable=False,
+        )
 
     async def _call(self, member: Member, request: Model, *, extra: float = 0.0) -> Any:
         _, result = MESSAGES[member]
@@ -368,6 +407,10 @@ class RemoteProcess:
     is sent again, in order, before anything new; a ``kill`` is sent again. The reattached process
     must be the one that was started. When reattaching is impossible, the events end in a typed error,
     never in an exit the process did not have.
+
+    Every connection of the operation carries a secret made here (``Checkfu-Operation-Secret``) and never
+    shown: the service binds the operation to it at the start, so only this object can reattach to it,
+    read its output, write its stdin or kill it, whoever else holds the credential and learns its id.
     """
 
     def __init__(
@@ -377,6 +420,8 @@ class RemoteProcess:
         self.request = request
         self.operation_id = operation_id
         self.window = window
+        self._secret = secrets.token_urlsafe(32)
+        """Binds the operation to this object at the service; sent on each connection, never logged."""
         self._start_sent = False
         """Whether a start frame went out: from then on a retry may only reattach, never start again."""
         self._ws: ClientConnection | None = None
@@ -416,9 +461,11 @@ class RemoteProcess:
             SandboxError: the server refused (its error frame), or the conversation broke.
             ConnectionClosed, OSError: the connection itself failed (the caller may retry).
         """
+        url = self.provider.ws_url()
         ws = await connect(
-            self.provider.ws_url(),
-            additional_headers=self.provider.headers,
+            url,
+            ssl=self.provider.tls if url.startswith("wss://") else None,
+            additional_headers={**self.provider.headers, OPERATION_SECRET: self._secret},
             max_size=MAX_DATA + 64 + (64 << 20),
             max_queue=4,
             compression=None,  # output is already dense base64; deflating it cost more than the network
@@ -485,6 +532,12 @@ class RemoteProcess:
                 raise observed_by_runner(
                     SandboxProviderTimeout("openProcess: the service did not start the process in time")
                 ) from None
+            except ssl.SSLCertVerificationError as exc:  # it will not be verified on a retry either
+                why = f"cannot verify its certificate: {exc.verify_message or exc.reason}"
+                raise observed_by_runner(self.provider._tls_failed("openProcess", why, verify=True)) from None
+            except ssl.SSLError as exc:
+                why = f"the TLS handshake failed: {exc.reason or exc} (does it serve TLS?)"
+                raise observed_by_runner(self.provider._tls_failed("openProcess", why, verify=False)) from None
             except (ConnectionClosed, OSError, InvalidHandshake, InvalidURI) as exc:
                 last = exc
                 await asyncio.sleep(REATTACH_PAUSE * (2**attempt))
@@ -728,17 +781,17 @@ class RemoteProcess:
                 self._ws.transport.abort()
 
 
-def create(url: str, credential_file: str | None = None, **options: Any) -> RemoteProvider:
-    """The adapters-file factory: ``factory = "checkfu.wire.client:create"`` with ``options = {url = ...}``.
+def create(url: str, credential_file: str | None = None, ca_file: str | None = None, **options: Any) -> RemoteProvider:
+    """The adapters-file factory: ``factory = "checkfu.wire.client:create"`` with ``options = {url = ...}``
+    (and ``credential_file``, and for an ``https://`` URL ``ca_file``).
 
     Raises:
         CredentialError: the credential file cannot be read.
+        SandboxAdapterUnavailable: the CA file cannot be used.
     """
-    from pathlib import Path  # noqa: PLC0415
-
     from checkfu.wire.credentials import read_credential  # noqa: PLC0415
 
     if options:
         raise ValueError(f"unknown options of a remote provider: {', '.join(sorted(options))}")
     credential = read_credential(Path(credential_file) if credential_file else None)
-    return RemoteProvider(url, credential)
+    return RemoteProvider(url, credential, ca_file=ca_file)

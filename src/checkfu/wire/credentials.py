@@ -3,21 +3,34 @@
 A request carries it as ``Authorization: Bearer <credential>``. The server compares
 it in constant time with each credential it accepts; a request without a valid
 one is ``SandboxUnauthenticated``. Both ends read it from ``--credential-file
-FILE`` or, failing that, from ``CHECKFU_PROVIDER_CREDENTIAL``. It is never
-printed, logged or journaled: ``Credential``'s ``repr`` hides it.
+FILE`` (``-``: the first line of standard input) or, failing that, from
+``CHECKFU_PROVIDER_CREDENTIAL``, never from an argument, which any user of the
+machine can read. It is never printed, logged or journaled: ``Credential``'s
+``repr`` hides it.
+
+Every connection of an ``openProcess`` operation also carries the operation's own
+secret (``Checkfu-Operation-Secret``, made by the client that starts it), which
+binds the operation to that client (``checkfu.wire.operations``); logs blank it too.
 """
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import logging
 import os
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 ENV = "CHECKFU_PROVIDER_CREDENTIAL"
 MAX_BYTES = 4096
+OPERATION_SECRET = "Checkfu-Operation-Secret"
+"""The header that carries an ``openProcess`` operation's secret on each of its connections."""
+OPERATION_SECRET_PATTERN = "^[A-Za-z0-9_-]{22,128}$"
+"""At least 128 bits in base64url: what a client must send as an operation's secret, when it sends one."""
+_OPERATION_SECRET = re.compile(OPERATION_SECRET_PATTERN)
 
 
 class CredentialError(ValueError):
@@ -63,8 +76,34 @@ def read_credential(path: Path | None = None, *, environ: Mapping[str, str] | No
     return Credential(value) if value else None
 
 
+def operation_owner(value: str | None) -> bytes | None:
+    """What binds an operation to the client that sent ``value`` as its secret (a digest), or ``None`` without one.
+
+    Raises:
+        ValueError: ``value`` is not 22 to 128 base64url characters.
+    """
+    if value is None:
+        return None
+    if _OPERATION_SECRET.fullmatch(value) is None:
+        raise ValueError(f"{OPERATION_SECRET} must be 22 to 128 base64url characters")
+    return hashlib.sha256(value.encode("ascii")).digest()
+
+
+def same_owner(owner: bytes | None, presented: bytes | None) -> bool:
+    """Whether a connection that presented ``presented`` may act on an operation bound to ``owner``.
+
+    An operation started without a secret (by a client older than the secret) is bound to nobody.
+    """
+    if owner is None:
+        return True
+    return presented is not None and hmac.compare_digest(owner, presented)
+
+
+_SECRET_HEADERS = frozenset({"authorization", OPERATION_SECRET.lower()})
+
+
 class Redacted(logging.Filter):
-    """Blanks the credential in a log record of an ``Authorization`` header.
+    """Blanks the credential in a log record of an ``Authorization`` header, and an operation's secret.
 
     The ``websockets`` library logs every handshake header at DEBUG (``"> %s: %s"``,
     name and value as arguments), on the client and, through uvicorn, on the server;
@@ -74,7 +113,7 @@ class Redacted(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         args = record.args
         if isinstance(args, tuple):
-            if len(args) == 2 and isinstance(args[0], str) and args[0].lower() == "authorization":
+            if len(args) == 2 and isinstance(args[0], str) and args[0].lower() in _SECRET_HEADERS:
                 record.args = (args[0], "<credential>")
             elif any(_bearer(a) for a in args):
                 record.args = tuple("Bearer <credential>" if _bearer(a) else a for a in args)

@@ -20,8 +20,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
+import ssl
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
+from typing import Literal
 from urllib.parse import urlsplit
 
 READ_SIZE = 256 << 10
@@ -31,11 +33,15 @@ MAX_LENGTH_DIGITS = 18
 
 
 class HttpError(Exception):
-    """The conversation broke: ``connect`` says whether the service could be reached at all."""
+    """The conversation broke: ``connect`` says whether the service could be reached at all; ``tls`` whether
+    that was in the TLS handshake: ``"verify"`` (its certificate could not be verified) or ``"handshake"``."""
 
-    def __init__(self, message: str, *, connect: bool = False) -> None:
+    def __init__(
+        self, message: str, *, connect: bool = False, tls: Literal["verify", "handshake"] | None = None
+    ) -> None:
         super().__init__(message)
         self.connect = connect
+        self.tls = tls
 
 
 @dataclass
@@ -47,7 +53,12 @@ class _Conn:
 
     def close(self) -> None:
         with contextlib.suppress(Exception):
-            self.writer.close()
+            if self.writer.get_extra_info("sslcontext") is not None:
+                # No TLS close_notify exchange: it would need the event loop after this call, which a pool
+                # closed as its loop shuts down does not get, and the framing never relies on it.
+                self.writer.transport.abort()
+            else:
+                self.writer.close()
 
 
 @dataclass(frozen=True)
@@ -93,14 +104,26 @@ def _buffered(reader: asyncio.StreamReader) -> int:
 
 
 class HttpPool:
-    """Keep-alive connections to one origin, for one event loop."""
+    """Keep-alive connections to one origin, for one event loop.
 
-    def __init__(self, url: str, headers: Mapping[str, str], *, max_idle: int = 16) -> None:
+    An ``https://`` origin is reached over TLS with ``tls`` (a client context: it verifies the certificate
+    and the host name); a handshake that fails is an ``HttpError`` with ``connect`` and ``tls`` set.
+    """
+
+    def __init__(
+        self, url: str, headers: Mapping[str, str], *, max_idle: int = 16, tls: ssl.SSLContext | None = None
+    ) -> None:
         parts = urlsplit(url)
-        if parts.scheme != "http" or not parts.hostname:
-            raise HttpError(f"{url!r}: only http:// service URLs are supported", connect=True)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise HttpError(f"{url!r}: only http:// and https:// service URLs are supported", connect=True)
+        if parts.scheme == "https" and tls is None:
+            raise HttpError(f"{url!r}: an https:// URL needs a TLS context", connect=True)
+        self.tls = tls if parts.scheme == "https" else None
         self.host = parts.hostname
-        self.port = parts.port or 80
+        try:
+            self.port = parts.port or (443 if self.tls is not None else 80)
+        except ValueError:
+            raise HttpError(f"{url!r}: the port is not a number from 0 to 65535", connect=True) from None
         self.authority = parts.netloc
         self.base_path = parts.path.rstrip("/")
         self.headers = "".join(f"{k.lower()}: {v}\r\n" for k, v in headers.items())
@@ -111,7 +134,20 @@ class HttpPool:
 
     async def _open(self) -> _Conn:
         try:
-            reader, writer = await asyncio.open_connection(self.host, self.port, limit=MAX_HEAD)
+            reader, writer = await asyncio.open_connection(
+                self.host, self.port, limit=MAX_HEAD, ssl=self.tls, server_hostname=self.host if self.tls else None
+            )
+        except ssl.SSLCertVerificationError as exc:
+            why = exc.verify_message or exc.reason or "certificate verify failed"
+            raise HttpError(
+                f"cannot verify the TLS certificate of {self.authority}: {why}", connect=True, tls="verify"
+            ) from None
+        except ssl.SSLError as exc:
+            raise HttpError(
+                f"the TLS handshake with {self.authority} failed: {exc.reason or exc} (does it serve TLS?)",
+                connect=True,
+                tls="handshake",
+            ) from None
         except OSError as exc:
             raise HttpError(f"cannot connect to {self.authority}: {exc.strerror or exc}", connect=True) from None
         return _Conn(reader, writer)

@@ -22,6 +22,7 @@ from checkfu.contract.paths import MAX_PATH_BYTES
 from checkfu.runner.job import TIMEOUT_EXIT
 from checkfu.runner.session import Limits
 from checkfu.wire.client import DEADLINES
+from checkfu.wire.credentials import OPERATION_SECRET
 from checkfu.wire.errors import STATUS
 from checkfu.wire.files import FILES_MEDIA_TYPE, MAX_HEAD_BYTES, REQUEST_HEADER
 from checkfu.wire.kit import (
@@ -34,6 +35,7 @@ from checkfu.wire.kit import (
     message_types,
     object_codes,
 )
+from checkfu.wire.limits import RequestLimits
 from checkfu.wire.operations import OPERATION_TTL
 from checkfu.wire.server import MAX_WRITE_BYTES
 
@@ -202,6 +204,7 @@ def _members_section() -> str:
     retryable = " and ".join(f"`{c}`" for c, cls in sorted(ERROR_CLASSES.items()) if cls.default_retryable)
     output_cap = Limits().max_output_bytes
     header = largest_request_header()
+    limits = RequestLimits()
     return f"""
 ## What each member must do
 
@@ -323,9 +326,12 @@ runner leaves a choice to the provider, it says so.
   refuses any length but `size` with `SandboxDigestMismatch`, field `size`. A mount file is
   at most {MAX_FILE_BYTES >> 30} GiB: stream the body rather than hold it.
 - The longest `{REQUEST_HEADER}` header the runner can send is {header} bytes (every field
-  at its longest, a path of 4095 control characters escaped as `\\u00XX`). The runner's
-  own service (uvicorn, parsing with httptools) sets no header limit of its own: a
-  32 MiB header was measured to reach the decoder. Accept at least 32 KiB of header.
+  at its longest, a path of 4095 control characters escaped as `\\u00XX`). Accept at least
+  32 KiB of header. The runner's own service refuses a head (the request line and every
+  header line) over {limits.head_bytes >> 10} KiB or with over {limits.header_lines} header lines with `431`, one not
+  complete {limits.head_seconds:g} s after its first byte with `408` (both `SandboxProtocolViolation`, field
+  `headers`, before the credential is looked at), and closes a connection whose body pauses
+  for {limits.idle_seconds:g} s: bound yours too, for a client needs no credential to send a head.
 - **`Content-Type`**: the runner always sends `application/json` (for `describe`, the body
   `{{}}`) and, for `writeFile`, `application/octet-stream`. The runner's own service does
   not read `Content-Type`: it decodes each body as its member says, whatever the header.
@@ -645,6 +651,16 @@ One HTTP service per provider, at a base URL the runner is given (`http://host:p
 
 `GET <base>/v1/openProcess` upgraded to a WebSocket (`ws://` or `wss://`), with the
 `Authorization` header. One WebSocket message is one frame.
+
+An operation belongs to the client that started it. The runner makes a secret for each
+operation and sends it as the `{OPERATION_SECRET}` header (22 to 128 base64url characters) on
+every connection of that operation, the first `start` and every reattach. Bind the operation
+to the secret of the connection that started it, compare in constant time, and answer a
+`start` for a known `operation_id` that comes with another secret, or none, exactly as you
+answer a reattach to an id you never saw: `SandboxNotFound`, field `operation_id`. Holding the
+credential and learning an id must not let another client read, write or kill the process. A
+malformed secret is `SandboxProtocolViolation` naming the header. An operation started
+without the header (a client older than it) is bound to nobody.
 
 ### Text frames
 

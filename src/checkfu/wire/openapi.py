@@ -11,6 +11,7 @@ from checkfu.contract.envelope import MEMBERS
 from checkfu.contract.frames import FRAME_TYPES
 from checkfu.contract.members import MESSAGES
 from checkfu.contract.model import Model
+from checkfu.wire.credentials import OPERATION_SECRET, OPERATION_SECRET_PATTERN
 from checkfu.wire.errors import STATUS, WireError
 from checkfu.wire.files import FILES_MEDIA_TYPE, REQUEST_HEADER, ReadFilesHead
 
@@ -50,6 +51,16 @@ def openapi_document() -> dict[str, Any]:
                     "stdin_end, window, kill; start, out_end, err_end, exit, window, error) and binary data "
                     "frames (one tag byte, 0x01 stdin, 0x02 out, 0x03 err, then the bytes)",
                     "security": security,
+                    "parameters": [
+                        {
+                            "name": OPERATION_SECRET,
+                            "in": "header",
+                            "required": False,
+                            "description": "the operation's secret, made by the client that starts it and sent on "
+                            "each of its connections: a connection that presents another is answered SandboxNotFound",
+                            "schema": {"type": "string", "pattern": OPERATION_SECRET_PATTERN},
+                        }
+                    ],
                     "responses": {"101": {"description": "switching to the WebSocket protocol"}, **responses},
                 }
             }

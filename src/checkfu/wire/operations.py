@@ -72,10 +72,15 @@ def _as_error(exc: BaseException) -> SandboxError:
 class Operation:
     """A process started for one operation id, and everything a (re)attached client needs from it."""
 
-    def __init__(self, operation_id: str, request: OpenProcessRequest, stream: ProcessStream) -> None:
+    def __init__(
+        self, operation_id: str, request: OpenProcessRequest, stream: ProcessStream, *, owner: bytes | None = None
+    ) -> None:
         self.operation_id = operation_id
         self.request = request
         self.stream = stream
+        self.owner = owner
+        """The digest of the secret its starter sent (``credentials.operation_owner``): only a connection that
+        presents the same secret may attach. ``None`` for a starter that sent none: then anyone may."""
         self.started: ProcessStarted = stream.started
         self.log: list[Entry] = []
         self.cursor = 0

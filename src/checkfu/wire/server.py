@@ -12,7 +12,11 @@ with no module globals:
 - ``GET /openapi.json``: the OpenAPI document of all of it.
 
 Every ``/v1`` request must carry an accepted credential (``Authorization: Bearer``),
-compared in constant time, or it is answered ``SandboxUnauthenticated``. Errors
+compared in constant time, or it is answered ``SandboxUnauthenticated``. An
+``openProcess`` operation belongs to the client that started it: every connection
+that attaches to it must present the secret its start presented
+(``Checkfu-Operation-Secret``), or the operation is not found, whatever credential
+it carries. Errors
 travel as ``{"error": {...}}`` under the status of ``checkfu.wire.errors.STATUS``.
 Requests are decoded as strictly as the runner decodes results. What the provider
 answers is sent as it is: judging it is the runner's job, at its own door.
@@ -64,7 +68,15 @@ from checkfu.contract.frames import (
 )
 from checkfu.contract.members import MESSAGES, METHOD_NAMES, DescribeResult, OpenProcessRequest, WriteFileRequest
 from checkfu.contract.provider import ProcessStream, Provider
-from checkfu.wire.credentials import SERVER_LOGGERS, Accepted, Credential, redact_logs
+from checkfu.wire.credentials import (
+    OPERATION_SECRET,
+    SERVER_LOGGERS,
+    Accepted,
+    Credential,
+    operation_owner,
+    redact_logs,
+    same_owner,
+)
 from checkfu.wire.errors import WireError, status_of
 from checkfu.wire.files import FILES_MEDIA_TYPE, REQUEST_HEADER, stream_files
 from checkfu.wire.openapi import openapi_document
@@ -132,8 +144,8 @@ def create_app(
     accepted = credentials if isinstance(credentials, Accepted) else Accepted(credentials)
     redact_logs(*SERVER_LOGGERS)
     operations: dict[str, Operation] = {}
-    starting: dict[str, tuple[OpenProcessRequest, asyncio.Future[ProcessStream]]] = {}
-    """Operations whose provider start has not answered yet, so a retried start waits for it."""
+    starting: dict[str, tuple[OpenProcessRequest, asyncio.Future[ProcessStream], bytes | None]] = {}
+    """Operations whose provider start has not answered yet (request, start, owner), so a retried start waits."""
 
     def authorized(headers: Any) -> None:
         if not accepted.check(headers.get("authorization")):
@@ -215,7 +227,11 @@ def create_app(
             start = channel.receive(await _receive(ws))
             if not isinstance(start, StartFrame):
                 raise SandboxProtocolViolation("openProcess: the first frame must be start", field="type")
-            op = await _operation(start)
+            try:
+                presented = operation_owner(ws.headers.get(OPERATION_SECRET))
+            except ValueError as exc:
+                raise SandboxProtocolViolation(f"openProcess: {exc}", field=OPERATION_SECRET) from None
+            op = await _operation(start, presented)
         except SandboxError as exc:
             await _send_error(ws, channel, exc)
             return
@@ -223,15 +239,18 @@ def create_app(
             return
         await _attached(ws, channel, op, start)
 
-    async def _operation(start: StartFrame) -> Operation:
+    async def _operation(start: StartFrame, presented: bytes | None) -> Operation:
         """The operation ``start`` names: the one already running or being started under its id, else a new one.
 
         A start retried while the first is still waiting for the provider waits for that same
         start, so the provider is asked once. A start that resumes (``resume``) is a reattach:
-        it never starts anything.
+        it never starts anything. A new operation belongs to the secret ``presented`` with its
+        start; a connection that presents another is told the operation does not exist, in the
+        same words as for an id never seen, so holding the credential and the id is not enough.
 
         Raises:
-            SandboxNotFound: a reattach to an operation this service does not hold (it restarted, or forgot it).
+            SandboxNotFound: a reattach to an operation this service does not hold (it restarted, or forgot it),
+                or to one another client started.
             SandboxProtocolViolation: the operation id was started for another request.
         """
         now = time.monotonic()
@@ -240,19 +259,21 @@ def create_app(
         op_id = start.operation_id
         op = operations.get(op_id)
         if op is not None:
+            if not same_owner(op.owner, presented):
+                raise _not_found(op_id)
             _same_request(op_id, op.request, start)
             return op
         if op_id in starting:
-            request, opening = starting[op_id]
+            request, opening, owner = starting[op_id]
+            if not same_owner(owner, presented):
+                raise _not_found(op_id)
             _same_request(op_id, request, start)
         elif start.resume is not None:
-            raise SandboxNotFound(
-                f"openProcess: no operation {op_id!r} to reattach to; its process is not known here",
-                field="operation_id",
-            )
+            raise _not_found(op_id)
         else:
+            owner = presented
             opening = asyncio.ensure_future(_open(start))
-            starting[op_id] = (start.request, opening)
+            starting[op_id] = (start.request, opening, owner)
         try:
             stream = await asyncio.shield(opening)
         finally:
@@ -260,7 +281,7 @@ def create_app(
                 del starting[op_id]
         op = operations.get(op_id)  # whoever resumes first from the one start records it
         if op is None:
-            op = operations[op_id] = Operation(op_id, start.request, stream)
+            op = operations[op_id] = Operation(op_id, start.request, stream, owner=owner)
         return op
 
     async def _open(start: StartFrame) -> ProcessStream:
@@ -376,7 +397,7 @@ def create_app(
             # A start still waiting on the provider ends with the service, as its client's connection does: the
             # provider's call is cancelled here, not left pending in a loop that is going away. What it may have
             # started is the provider's to end (release reaps it).
-            pending = [opening for _, opening in starting.values()]
+            pending = [opening for _, opening, _ in starting.values()]
             starting.clear()
             for opening in pending:
                 opening.cancel()
@@ -398,6 +419,13 @@ def create_app(
     app.state.operations = operations  # the open processes, for whoever runs the app to look at
     app.state.starting = starting  # the starts still waiting on the provider
     return app
+
+
+def _not_found(op_id: str) -> SandboxNotFound:
+    """An operation this connection may not attach to: never held, forgotten, or another client's (one answer)."""
+    return SandboxNotFound(
+        f"openProcess: no operation {op_id!r} to reattach to; its process is not known here", field="operation_id"
+    )
 
 
 def _same_request(op_id: str, request: OpenProcessRequest, start: StartFrame) -> None:

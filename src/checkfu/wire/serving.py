@@ -1,4 +1,7 @@
-"""Running a provider service: on a port of its own, or beside the caller in its event loop (for tests)."""
+"""Running a provider service: on a port of its own, or beside the caller in its event loop (for tests).
+
+Given ``tls`` (a certificate and its key) the service speaks only TLS: ``https://`` and ``wss://``.
+"""
 
 from __future__ import annotations
 
@@ -10,13 +13,18 @@ from typing import Any
 import uvicorn
 
 from checkfu.wire.credentials import SERVER_LOGGERS, redact_logs
+from checkfu.wire.limits import RequestLimits, bounded_http
+from checkfu.wire.tls import ServerTls
 
 
-def _config(app: Any, host: str, port: int) -> uvicorn.Config:
+def _config(
+    app: Any, host: str, port: int, *, limits: RequestLimits | None = None, tls: ServerTls | None = None
+) -> uvicorn.Config:
     config = uvicorn.Config(
         app,
         host=host,
         port=port,
+        http=bounded_http(limits or RequestLimits()),  # heads bounded in size, lines and time: see limits
         log_level="warning",
         access_log=False,
         lifespan="on",
@@ -24,6 +32,8 @@ def _config(app: Any, host: str, port: int) -> uvicorn.Config:
         ws_ping_interval=None,
         ws_per_message_deflate=False,  # see RemoteProcess._connect: compression costs more than it saves
         timeout_graceful_shutdown=5,
+        ssl_certfile=tls.cert if tls is not None else None,
+        ssl_keyfile=tls.key if tls is not None else None,
     )
     redact_logs(*SERVER_LOGGERS)  # after uvicorn configured its loggers
     return config
@@ -36,15 +46,22 @@ class _BesideCaller(uvicorn.Server):
         return contextlib.nullcontext()
 
 
-async def serve(app: Any, host: str, port: int) -> None:
-    """Serve ``app`` until cancelled (or until SIGINT/SIGTERM, which uvicorn handles)."""
-    await uvicorn.Server(_config(app, host, port)).serve()
+async def serve(app: Any, host: str, port: int, *, tls: ServerTls | None = None) -> None:
+    """Serve ``app`` until cancelled (or until SIGINT/SIGTERM, which uvicorn handles); over TLS with ``tls``."""
+    await uvicorn.Server(_config(app, host, port, tls=tls)).serve()
 
 
 @contextlib.asynccontextmanager
-async def served(app: Any, host: str = "127.0.0.1", port: int = 0) -> AsyncIterator[str]:
+async def served(
+    app: Any,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    *,
+    limits: RequestLimits | None = None,
+    tls: ServerTls | None = None,
+) -> AsyncIterator[str]:
     """Serve ``app`` in this event loop on a free loopback port; yields its base URL, stops on the way out."""
-    server = _BesideCaller(_config(app, host, port))
+    server = _BesideCaller(_config(app, host, port, limits=limits, tls=tls))
     task = asyncio.ensure_future(server.serve())
     try:
         while not server.started:
@@ -54,7 +71,7 @@ async def served(app: Any, host: str = "127.0.0.1", port: int = 0) -> AsyncItera
             await asyncio.sleep(0.005)
         sock = server.servers[0].sockets[0]
         bound_host, bound_port = sock.getsockname()[:2]
-        yield f"http://{bound_host}:{bound_port}"
+        yield f"{'https' if tls is not None else 'http'}://{bound_host}:{bound_port}"
     finally:
         server.should_exit = True
         with contextlib.suppress(BaseException):
