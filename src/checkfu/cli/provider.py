@@ -104,7 +104,7 @@ def provider_serve(
     adapter = found[0]
     scheme = "https" if tls is not None else "http"
     err.print(
-        f"serving {escape(str(adapter.target))} on {scheme}://{escape(host)}:{port:d} "
+        f"serving {escape(str(adapter.target))} on {escape(scheme)}://{escape(host)}:{port:d} "
         "(its runner_enforced axes are stated as provider_attested over the wire; Ctrl-C stops)"
     )
     asyncio.run(serve(create_app(adapter.provider, [credential]), host, port, tls=tls))
