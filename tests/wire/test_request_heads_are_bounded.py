@@ -274,6 +274,31 @@ async def test_a_connection_that_sends_nothing_is_closed_when_its_time_is_up(qui
 
 
 @pytest.mark.anyio
+async def test_blank_lines_after_an_answer_do_not_hold_the_connection_open(quick: tuple[str, int]) -> None:
+    """The parser skips a blank line between requests without starting a message, and any byte stops the
+    keep-alive timer: so the next head's time starts at its first byte, blank or not."""
+    reader, writer = await asyncio.open_connection(*quick)
+    try:
+        writer.write(b"POST /v1/describe HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-length: 0\r\n\r\n")
+        await writer.drain()
+        async with asyncio.timeout(5):
+            first = await reader.readuntil(b"\r\n\r\n")
+        assert first.startswith(b"HTTP/1.1 401 "), first[:80]
+        length = int(next(ln for ln in first.split(b"\r\n") if ln.lower().startswith(b"content-length:")).split(b":")[1])
+        await reader.readexactly(length)
+        start = time.monotonic()
+        for _ in range(3):
+            writer.write(b"\r\n")
+            await writer.drain()
+            await asyncio.sleep(0.1)
+        answer = await _read_all(reader, 5)
+    finally:
+        writer.close()
+    assert answer.startswith(b"HTTP/1.1 408 ") or answer == b"", answer[:80]
+    assert time.monotonic() - start < SHORT.head_seconds + 2
+
+
+@pytest.mark.anyio
 @pytest.mark.parametrize("credential", ["quick-secret", None])
 async def test_a_body_that_stops_arriving_is_cut(quick: tuple[str, int], credential: str | None) -> None:
     """With the credential the service waits for the body; without it, it has answered and no longer reads it."""

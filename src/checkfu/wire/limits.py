@@ -86,6 +86,10 @@ class BoundedHttp(HttpToolsProtocol):
         if self._refused:
             return  # drained, never parsed
         self._last_read = self.loop.time()
+        if not self._in_head and not self._body_open:
+            # between messages: the next head's time starts at its first byte, even a blank line's, which the
+            # parser skips without beginning a message (while any byte stops uvicorn's keep-alive timer)
+            self._begin_head()
         if not self._in_head:
             super().data_received(data)
             self._watch_body()
