@@ -4,7 +4,8 @@ Client A starts ``cat`` through ``RemoteProvider``; client B holds the same cred
 operation id and request (from a log, say). B may neither reattach (which would take A's output and stdin
 over), nor join the start while the provider is still starting it, nor start it again: each is answered
 ``SandboxNotFound`` in exactly the words an id never seen gets, and A's process runs on untouched. A client
-that sends no secret at all (older than it) still starts and reattaches as before.
+that sends no secret at all (older than it) still starts a process, but no connection can reattach to it: an
+operation bound to nobody belongs to nobody.
 """
 
 from __future__ import annotations
@@ -114,10 +115,11 @@ async def test_a_start_still_waiting_on_the_provider_cannot_be_joined_by_another
     await driven.release_all()
 
 
-async def test_a_client_that_sends_no_secret_still_starts_and_reattaches(
+async def test_a_client_that_sends_no_secret_starts_but_no_one_can_reattach(
     memory_wire: tuple[MemoryProvider, Driven],
 ) -> None:
-    """A client older than the secret: its operation is bound to nobody, as every operation was before."""
+    """A client older than the secret: its process starts, but once its connection drops no one (whoever holds
+    the credential, and whatever secret or none they send) can take it over."""
     memory, driven = memory_wire
     inst = await driven.active()
     request: OpenProcessRequest = driven.process_request(inst, "cat")
@@ -127,15 +129,10 @@ async def test_a_client_that_sends_no_secret_still_starts_and_reattaches(
     )
     assert isinstance(first, StartedFrame)
     ws.transport.abort()  # dropped, not closed: the operation waits for a reattach
-    again, ws = await _start_as(
-        driven.service,
-        StartFrame(type="start", operation_id=op_id, request=request, window=WINDOW, resume=NOTHING_CONSUMED),
-        None,
-        close=False,
-    )
-    assert isinstance(again, StartedFrame) and again.started == first.started
-    await ws.send('{"type": "kill"}')
-    await ws.close()
+    resume = StartFrame(type="start", operation_id=op_id, request=request, window=WINDOW, resume=NOTHING_CONSUMED)
+    for secret in (None, secrets.token_urlsafe(32)):
+        again, _ = await _start_as(driven.service, resume, secret)
+        _refused(again, op_id)
     assert memory.calls.count("openProcess") == 1
 
 

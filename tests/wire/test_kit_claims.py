@@ -424,7 +424,8 @@ def test_the_readme_and_the_openapi_document_say_an_operation_belongs_to_its_sta
         f"sends it as the `{OPERATION_SECRET}` header (22 to 128 base64url characters)",
         "answer a `start` for a known `operation_id` that comes with another secret, or none, exactly as you "
         "answer a reattach to an id you never saw: `SandboxNotFound`, field `operation_id`",
-        "An operation started without the header (a client older than it) is bound to nobody.",
+        "An operation started without the header (a client older than it) belongs to nobody: no connection may "
+        "reattach to it.",
     ):
         assert words in text, words
     (header,) = KIT["openapi.json"]["paths"]["/v1/openProcess"]["get"]["parameters"]

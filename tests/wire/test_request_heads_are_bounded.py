@@ -284,7 +284,8 @@ async def test_blank_lines_after_an_answer_do_not_hold_the_connection_open(quick
         async with asyncio.timeout(5):
             first = await reader.readuntil(b"\r\n\r\n")
         assert first.startswith(b"HTTP/1.1 401 "), first[:80]
-        length = int(next(ln for ln in first.split(b"\r\n") if ln.lower().startswith(b"content-length:")).split(b":")[1])
+        sized = next(ln for ln in first.split(b"\r\n") if ln.lower().startswith(b"content-length:"))
+        length = int(sized.split(b":")[1])
         await reader.readexactly(length)
         start = time.monotonic()
         for _ in range(3):

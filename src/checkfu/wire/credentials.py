@@ -92,11 +92,10 @@ def operation_owner(value: str | None) -> bytes | None:
 def same_owner(owner: bytes | None, presented: bytes | None) -> bool:
     """Whether a connection that presented ``presented`` may act on an operation bound to ``owner``.
 
-    An operation started without a secret (by a client older than the secret) is bound to nobody.
+    An operation started without a secret (by a client older than the secret) belongs to nobody: no connection
+    may reattach to it, since none can show it started it.
     """
-    if owner is None:
-        return True
-    return presented is not None and hmac.compare_digest(owner, presented)
+    return owner is not None and presented is not None and hmac.compare_digest(owner, presented)
 
 
 _SECRET_HEADERS = frozenset({"authorization", OPERATION_SECRET.lower()})

@@ -660,7 +660,7 @@ to the secret of the connection that started it, compare in constant time, and a
 answer a reattach to an id you never saw: `SandboxNotFound`, field `operation_id`. Holding the
 credential and learning an id must not let another client read, write or kill the process. A
 malformed secret is `SandboxProtocolViolation` naming the header. An operation started
-without the header (a client older than it) is bound to nobody.
+without the header (a client older than it) belongs to nobody: no connection may reattach to it.
 
 ### Text frames
 

@@ -80,7 +80,7 @@ class Operation:
         self.stream = stream
         self.owner = owner
         """The digest of the secret its starter sent (``credentials.operation_owner``): only a connection that
-        presents the same secret may attach. ``None`` for a starter that sent none: then anyone may."""
+        presents the same secret may attach. ``None`` for a starter that sent none: then no one may reattach."""
         self.started: ProcessStarted = stream.started
         self.log: list[Entry] = []
         self.cursor = 0
