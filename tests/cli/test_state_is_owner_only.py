@@ -162,6 +162,20 @@ def test_a_state_directory_left_open_by_an_older_checkfu_is_closed_by_the_next_c
     unreadable_by_nobody(state / "older.txt")
 
 
+def test_a_state_directory_of_another_user_is_refused_by_name(cli: Cli) -> None:
+    """Its owner could read and change every Run kept there: refused, saying which and what to do, nothing run."""
+    state = cli.state / "checkfu"
+    state.mkdir(parents=True)
+    os.chown(state, 65534, 65534)
+    for argv, code in ((("runs", "list"), None), (("run", "--provider", "host-process", "--", "true"), 125)):
+        done = cli(*argv)
+        assert done.code != 0 and (code is None or done.code == code), str(done)
+        said = " ".join(done.err.split())
+        assert f"{state} belongs to uid 65534" in said and "XDG_STATE_HOME" in said, said
+        assert "internal error" not in said and "Traceback" not in said, said
+    assert list(state.iterdir()) == []
+
+
 def test_a_link_where_a_captured_file_goes_is_never_followed(cli: Cli, home: Path) -> None:
     # Else a link planted in the capture directory would send the Run's output where its owner can read it.
     profile = profile_file(home, base_image=MEMORY_IMAGE, name="memory.toml")

@@ -139,6 +139,10 @@ def run_here(*, warm: bool = False) -> None:
                 highlight=False,
             )
             sys.exit(EXIT_RUN_REFUSED if running else EXIT_REFUSED)
+        owner_only = sys.modules.get("checkfu.runner.owner_only")
+        if owner_only is not None and isinstance(exc, owner_only.StateDirRefused):
+            _err().print(f"checkfu: {exc}", highlight=False, markup=False)
+            sys.exit(EXIT_RUN_REFUSED if running else EXIT_REFUSED)
         if os.environ.get("CHECKFU_DEBUG") == "1":
             raise
         _err().print(

@@ -22,21 +22,33 @@ FILE_MODE = 0o600
 _WRITE = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
+class StateDirRefused(PermissionError):
+    """The state directory belongs to another user; the message names it and says what to do."""
+
+
 def state_dir() -> Path:
     """``$XDG_STATE_HOME/checkfu`` (else ``~/.local/state/checkfu``), made ``0700`` with each parent it lacks.
 
     When it exists with any permission for group or others and belongs to this user (a state directory an
     older checkfu made ``0755``), those permissions are taken away: what it holds was readable by every
-    local user. One that belongs to another user is left as it is.
+    local user. One that belongs to another user is refused: its owner could read and change every Run and
+    credential kept in it.
 
     Raises:
+        StateDirRefused: it belongs to another user (the message names it and what to do).
         OSError: it cannot be made (a parent is not a directory, or cannot be written).
     """
     base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
     path = Path(base) / "checkfu"
     make_dirs(path)
-    st = os.stat(path)
-    if st.st_mode & 0o077 and st.st_uid == os.geteuid():
+    st = os.lstat(path)
+    if st.st_uid != os.geteuid():
+        raise StateDirRefused(
+            f"the state directory {path} belongs to uid {st.st_uid}, not to you (uid {os.geteuid()}): its owner "
+            "could read and change what checkfu keeps there; remove it, or set XDG_STATE_HOME to a directory of "
+            "your own"
+        )
+    if st.st_mode & 0o077:
         os.chmod(path, stat.S_IMODE(st.st_mode) & DIR_MODE)
     return path
 
