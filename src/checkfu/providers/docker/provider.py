@@ -1283,7 +1283,10 @@ class DockerProvider:
     async def _process_user(self) -> str:
         """The ``uid:gid`` of the next process: the sandbox user under a group of its own (``spec.ProcessGroups``)."""
         if self._groups is None:
-            remapped = "user" in await self.namespaces()
+            info = await self.engine.info()
+            options = [o for o in info.get("SecurityOptions") or [] if isinstance(o, str)]
+            # a remapped or rootless engine maps only a subordinate range of group ids into its sandboxes
+            remapped = any({"name=userns", "name=rootless"} & set(o.split(",")) for o in options)
             if self._groups is None:
                 self._groups = spec.ProcessGroups(remapped=remapped)
         return self._groups.user(self.user)

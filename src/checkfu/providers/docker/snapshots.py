@@ -376,7 +376,8 @@ def split(layer: IO[bytes], areas: tuple[str, ...], excluded: tuple[str, ...]) -
                     continue
                 area = areas[index]
                 member.name = f"{index}/{name[len(area) + 1 :]}"
-                member.mode &= ~SETID
+                # no set-id file; a directory keeps set-group-id, so what is made in it stays the sandbox user's group
+                member.mode &= ~(0o4000 if member.isdir() else SETID)
                 if member.islnk():
                     link = "/" + member.linkname.removeprefix("./")
                     if not is_within(link, area) or link == area:

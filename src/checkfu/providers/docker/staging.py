@@ -50,8 +50,10 @@ PARTIAL = ".partial-"
 INLINE_BYTES = 64 << 10
 """A file smaller than this is checked and appended to the spool on the caller's thread (no thread hand-off),
 when that needs neither a flush nor a wait for the spool's lock: a local append, never an engine call."""
-DIR_MODE = 0o755
-"""A directory's mode in the archive (inside the sandbox), not on this host."""
+DIR_MODE = 0o2755
+"""A directory's mode in the archive (inside the sandbox), not on this host: set-group-id, as the roots of the
+writable areas are, so what any process makes in a writable mount's directory belongs to the sandbox user's group
+(``spec.ProcessGroups``)."""
 
 
 def make_private_dirs(path: Path) -> None:
