@@ -31,6 +31,7 @@ from checkfu.cli import process_context, startup
 from .test_startup_server import CHECKFU, Servers
 
 LANDLOCKED = Path(__file__).with_name("landlocked.py")
+SECCOMPED = Path(__file__).with_name("seccomped.py")
 ROOT = os.geteuid() == 0
 
 
@@ -255,6 +256,34 @@ def test_a_caller_that_does_not_prove_it_sees_the_server_is_refused(servers: Ser
     assert servers.served() == 0
 
 
+def test_the_same_number_of_seccomp_filters_is_not_the_same_filters(servers: Servers) -> None:
+    """``/proc`` shows how many seccomp filters a process has, not what they are: a server started under one filter
+    refuses a caller under one filter of its own (another, which the count cannot tell), and keeps no spare, since
+    no caller's context can ever be taken for its own."""
+    wrapper = (sys.executable, str(SECCOMPED), "--")
+    if subprocess.run([*wrapper, "/bin/true"], capture_output=True, check=False).returncode == 3:
+        pytest.skip("this kernel takes no seccomp filter from this process")
+    started = subprocess.run(
+        [*wrapper, str(CHECKFU), "server", "start", "--json"],
+        cwd=servers.home,
+        env=servers.env,
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
+    assert started.returncode == 0, started.stderr.decode()
+    pid = int(json.loads(started.stdout)["pid"])
+    servers.pids.add(pid)
+    assert "Seccomp_filters:\t1" in Path(f"/proc/{pid}/status").read_text()
+    said = _raw(servers, wrapper, "{}", "connected")
+    assert "pid" not in said and said.get("refused") == "context", said
+    assert said.get("differs") == ["Seccomp_filters"], said
+    assert not (servers.home / "p.toml").exists()
+    time.sleep(1.0)  # past the moment a spare would be made
+    assert servers.current()["spare"] is None
+    assert servers.served() == 0
+
+
 def test_a_caller_gone_before_its_request_is_refused(servers: Servers) -> None:
     """The process that connected is the one whose context is read: when it is gone (its socket handed on to a child
     that outlived it), nothing can be read of it and the command is not run."""
@@ -345,6 +374,23 @@ def test_what_a_client_does_not_say_or_prove_differs() -> None:
     assert process_context.differences(ours, unproved) == ["sees_server"]  # saying so is not proving it
     unreadable = process_context.with_report({}, {**own, "personality": 8}, True)  # the server could not read it
     assert unreadable["personality"] == "8"
+
+
+@pytest.mark.parametrize(
+    ("ours", "theirs", "differs"),
+    [
+        (("0", "0"), ("0", "0"), []),
+        (("0", "0"), ("2", "1"), ["Seccomp", "Seccomp_filters"]),
+        (("2", "1"), ("2", "1"), ["Seccomp_filters"]),  # the same number of filters: not known to be the same ones
+        (("2", "3"), ("2", "3"), ["Seccomp_filters"]),
+        (("1", "0"), ("1", "0"), ["Seccomp_filters"]),  # strict mode
+    ],
+)
+def test_a_seccomp_filter_is_never_the_same(ours: tuple[str, str], theirs: tuple[str, str], differs: list[str]) -> None:
+    def context(mode: str, filters: str) -> dict[str, str]:
+        return {**BASE, "Seccomp": mode, "Seccomp_filters": filters}
+
+    assert process_context.differences(context(*ours), context(*theirs)) == differs
 
 
 def test_a_process_is_read_as_it_is() -> None:

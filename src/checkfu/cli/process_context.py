@@ -33,11 +33,14 @@ What the kernel shows only to the process itself (its securebits and memory-deny
 (``startup.own_context``) and is compared too: an honest client's word, where the rest is the server's own read,
 which a caller cannot lie about.
 
+Seccomp filters: ``/proc`` shows a process's mode and the number of its filters, not what they are, so two stacks of
+the same number may differ. A process under any filter is never taken to have the same context as another
+(``differences``): a caller under a seccomp filter is always refused, and a server under one serves no command.
+
 Not compared: what differs between any two processes (ids, memory, counters, the session and process group the
 client's own process keeps), the signal mask and dispositions (the child sets its own, as ``checkfu`` does), the
-autogroup (a server in a session of its own always has its own), the content of seccomp filters (only their count
-is shown), keyrings and timer slack. The umask, working directory, environment and streams are the client's own,
-passed with each request.
+autogroup (a server in a session of its own always has its own), keyrings and timer slack. The umask, working
+directory, environment and streams are the client's own, passed with each request.
 """
 
 from __future__ import annotations
@@ -216,9 +219,20 @@ def proves_access(fd: int | None, own: int | None) -> bool:
         return False
 
 
+def filtered(context: dict[str, str]) -> bool:
+    """Whether the process of ``context`` is under a seccomp filter (or in seccomp's strict mode)."""
+    return context.get("Seccomp", "0") != "0" or context.get("Seccomp_filters", "0") != "0"
+
+
 def differences(ours: dict[str, str], theirs: dict[str, str]) -> list[str]:
-    """The names whose values differ between two contexts, one side's missing name included; none: the same."""
-    return sorted(name for name in ours.keys() | theirs.keys() if ours.get(name) != theirs.get(name))
+    """The names whose values differ between two contexts, one side's missing name included; none: the same.
+
+    Either side under a seccomp filter differs in ``Seccomp_filters`` whatever the other's: ``/proc`` shows how
+    many filters a process has, not what they are, so two of the same number are not known to be the same."""
+    names = {name for name in ours.keys() | theirs.keys() if ours.get(name) != theirs.get(name)}
+    if filtered(ours) or filtered(theirs):
+        names.add("Seccomp_filters")
+    return sorted(names)
 
 
 def own_pid_is_procs() -> bool:

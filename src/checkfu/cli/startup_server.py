@@ -349,6 +349,8 @@ class Server:
         """Seconds until a spare should be made (0: now); ``None`` when none is wanted."""
         if not self.keep_spare or self.spare is not None or self.stopping or self.listener is None:
             return None
+        if self.context is not None and process_context.filtered(self.context):
+            return None  # under a seccomp filter: no caller's context is ever taken for this one, nor a spare's
         due = max(self.spare_failed + SPARE_RETRY, self.stirred + SPARE_QUIET if self.served else 0.0)
         return max(0.0, due - time.monotonic())
 
