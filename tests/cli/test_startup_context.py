@@ -178,7 +178,7 @@ if sys.argv[4] == "orphaned":  # the process that connected is gone before the r
         os.sched_yield()
 startup.send_message(sock, request, fds)
 said, _ = startup.recv_message(sock)
-print(json.dumps({**said, "sent": len(fds)}), flush=True)
+print("ANSWER", json.dumps({**said, "sent": len(fds)}), flush=True)
 """
 
 
@@ -199,7 +199,9 @@ def _raw(servers: Servers, wrapper: tuple[str, ...], claim: str, how: str, proof
         check=False,
     )
     assert done.returncode == 0, done.stderr.decode()
-    said: dict[str, object] = json.loads(done.stdout.decode().strip().splitlines()[-1])
+    # A command the server ran writes to the same stdout, before or after the answer.
+    (answer,) = [line for line in done.stdout.decode().splitlines() if line.startswith("ANSWER ")]
+    said: dict[str, object] = json.loads(answer.removeprefix("ANSWER "))
     return said
 
 
