@@ -187,7 +187,13 @@ def code_key(package: str | None = None, environ: dict[str, str] | os._Environ[s
 
 def _context() -> list[str]:
     """What a child inherits from its server rather than from its client, so a client whose differs gets a server
-    of its own: group and supplementary groups, resource limits, control group, mount namespace."""
+    of its own: group and supplementary groups, resource limits, control group, mount namespace.
+
+    A few of the things ``checkfu.cli.process_context`` compares, not derived from its lists: those are read from
+    another process's ``/proc`` with modules this one does not load, and this is read by this process of itself on
+    every command's way (and six limits, not all of ``limits``, which would change which contexts share a server).
+    Nor need the two agree: this only picks which server a client asks, and the server's comparison decides. A part
+    here the comparison lacks splits servers needlessly; one it has that is missing here costs a refusal."""
     import resource  # noqa: PLC0415 - a small C module, needed only here
 
     parts = [f"gid={os.getgid()}/{os.getegid()}", f"groups={sorted(os.getgroups())}"]
