@@ -23,21 +23,31 @@ directory is opened once and read through, the caller is checked to be alive aft
 ``SO_PEERPIDFD``, Linux 6.5) and to have started before its connection was accepted, and to be neither gone nor a
 zombie once everything is read. A caller that cannot be read so is refused.
 
-What the kernel shows only to the process itself (its securebits, memory-deny-write-execute, and whether it may look
-at the server at all, which a Landlock domain or an LSM forbids) the client reports (``startup.own_context``) and is
-compared too: an honest client's word, where the rest is the server's own read, which a caller cannot lie about.
+Whether the caller may look at the server at all, which a Landlock domain or an LSM forbids and ``/proc`` does not
+show, the caller proves rather than says: it passes the server's proof file, a ``memfd`` no path names, opened again
+through ``/proc/<server>/fd/N`` (``startup.proof``), which takes ptrace's read access; ``proves_access`` checks the
+descriptor, and ``sees_server`` is its answer, never the caller's word. (Not ``/proc/<server>/environ``: the kernel
+lets a process with ``CAP_PERFMON`` open that without ptrace's check, so root in a Landlock domain could.)
+
+What the kernel shows only to the process itself (its securebits and memory-deny-write-execute) the client reports
+(``startup.own_context``) and is compared too: an honest client's word, where the rest is the server's own read,
+which a caller cannot lie about.
+
+Seccomp filters: ``/proc`` shows a process's mode and the number of its filters, not what they are, so two stacks of
+the same number may differ. A process under any filter is never taken to have the same context as another
+(``differences``): a caller under a seccomp filter is always refused, and a server under one serves no command.
 
 Not compared: what differs between any two processes (ids, memory, counters, the session and process group the
 client's own process keeps), the signal mask and dispositions (the child sets its own, as ``checkfu`` does), the
-autogroup (a server in a session of its own always has its own), the content of seccomp filters (only their count
-is shown), keyrings and timer slack. The umask, working directory, environment and streams are the client's own,
-passed with each request.
+autogroup (a server in a session of its own always has its own), keyrings and timer slack. The umask, working
+directory, environment and streams are the client's own, passed with each request.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import fcntl
 import os
 import platform
 import signal
@@ -79,7 +89,7 @@ FILES = ("limits", "cgroup", "oom_score_adj", "loginuid", "sessionid")
 """Files of ``/proc/<pid>`` compared whole. A kernel without one (no audit: no ``loginuid``) has it for no process."""
 NO_LABEL = {2, 22, 95}
 """``attr/current`` errors that mean the process has no label (no such file, ``EINVAL``, ``EOPNOTSUPP``)."""
-REPORTED = ("securebits", "mdwe", "sees_server", "personality")
+REPORTED = ("securebits", "mdwe", "personality")
 """What the client says of itself (``startup.own_context``), compared as ``own.NAME``."""
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 SO_PEERPIDFD = getattr(socket, "SO_PEERPIDFD", None)
@@ -177,11 +187,14 @@ def read_peer(conn: socket.socket, accepted: float) -> dict[str, str]:
             os.close(pidfd)
 
 
-def with_report(context: dict[str, str], own: object) -> dict[str, str]:
+def with_report(context: dict[str, str], own: object, sees_server: bool) -> dict[str, str]:
     """``context`` with what its process said of itself (``startup.own_context``: not a dict, or a name missing, is
-    a value that differs); its personality is the process's word only when the reader may not read it."""
+    a value that differs), and ``sees_server``: whether it proved it may look at the server (``proves_access``; the
+    server's own context and its spare's have ``True``). Its personality is the process's word only when the reader
+    may not read it."""
     said = own if isinstance(own, dict) else {}
     merged = dict(context)
+    merged["sees_server"] = str(sees_server)
     for name in REPORTED:
         merged[f"own.{name}"] = repr(said.get(name, "unsaid"))
     if "personality" not in merged and isinstance(said.get("personality"), int):
@@ -189,9 +202,37 @@ def with_report(context: dict[str, str], own: object) -> dict[str, str]:
     return merged
 
 
+def proves_access(fd: int | None, own: int | None) -> bool:
+    """Whether ``fd``, passed by a caller with its request (``startup.proof``), is this process's proof file
+    ``own`` (a ``memfd`` it made, named ``startup.PROOF_NAME``) opened for reading: what only a process that may look
+    at this one can open, through ``/proc/<pid>/fd/N`` (ptrace's read access, which a Landlock domain or an LSM
+    denies to a process confined apart from this one). The same file (device and inode), and neither an
+    ``O_PATH`` descriptor nor one for writing."""
+    if fd is None or own is None:
+        return False
+    try:
+        if fcntl.fcntl(fd, fcntl.F_GETFL) & (os.O_ACCMODE | os.O_PATH) != os.O_RDONLY:
+            return False
+        theirs, ours = os.fstat(fd), os.fstat(own)
+        return (theirs.st_dev, theirs.st_ino) == (ours.st_dev, ours.st_ino)
+    except OSError:
+        return False
+
+
+def filtered(context: dict[str, str]) -> bool:
+    """Whether the process of ``context`` is under a seccomp filter (or in seccomp's strict mode)."""
+    return context.get("Seccomp", "0") != "0" or context.get("Seccomp_filters", "0") != "0"
+
+
 def differences(ours: dict[str, str], theirs: dict[str, str]) -> list[str]:
-    """The names whose values differ between two contexts, one side's missing name included; none: the same."""
-    return sorted(name for name in ours.keys() | theirs.keys() if ours.get(name) != theirs.get(name))
+    """The names whose values differ between two contexts, one side's missing name included; none: the same.
+
+    Either side under a seccomp filter differs in ``Seccomp_filters`` whatever the other's: ``/proc`` shows how
+    many filters a process has, not what they are, so two of the same number are not known to be the same."""
+    names = {name for name in ours.keys() | theirs.keys() if ours.get(name) != theirs.get(name)}
+    if filtered(ours) or filtered(theirs):
+        names.add("Seccomp_filters")
+    return sorted(names)
 
 
 def own_pid_is_procs() -> bool:

@@ -21,9 +21,11 @@ only modules Python has already loaded at start-up, or that cost next to nothing
   command run at a terminal), ``on`` (also start one from scripts) or ``off`` (never use or start one).
 - Who: both ends are this user's (``SO_PEERCRED``). A child runs a command in the server's process context, so the
   server runs only a command whose process has the same (``checkfu.cli.process_context``: credentials,
-  capabilities, namespaces, limits, priority, confinement): any other, it refuses, and the command runs here. The
-  commonest differences (groups, some limits, control group, mount namespace) are also part of the key, so a
-  process with its own has a server of its own. A background job of a terminal always runs here.
+  capabilities, namespaces, limits, priority, confinement; that this process may look at the server, which a
+  Landlock domain forbids and ``/proc`` does not show, it proves: ``proof``): any other, it refuses, and the
+  command runs here. The commonest differences (groups, some limits, control group, mount namespace) are also
+  part of the key, so a process with its own has a server of its own. A background job of a terminal always runs
+  here.
   ``CHECKFU_SERVER_DEBUG=1`` says on stderr why a command ran here.
 - Signals: a terminal's (SIGINT, SIGQUIT, SIGWINCH) go to the command's process group, a ``kill`` of this
   process (SIGTERM, SIGHUP, SIGUSR1, SIGUSR2) to the command alone; Ctrl-Z stops both. If this process goes
@@ -43,6 +45,7 @@ if TYPE_CHECKING:
     import signal
     import socket
     import subprocess
+    from collections.abc import Iterator
     from typing import Any
 else:  # the C modules: ``signal`` and ``socket`` import enum (and more), which costs more than all of this module
     import _signal as signal
@@ -184,7 +187,13 @@ def code_key(package: str | None = None, environ: dict[str, str] | os._Environ[s
 
 def _context() -> list[str]:
     """What a child inherits from its server rather than from its client, so a client whose differs gets a server
-    of its own: group and supplementary groups, resource limits, control group, mount namespace."""
+    of its own: group and supplementary groups, resource limits, control group, mount namespace.
+
+    A few of the things ``checkfu.cli.process_context`` compares, not derived from its lists: those are read from
+    another process's ``/proc`` with modules this one does not load, and this is read by this process of itself on
+    every command's way (and six limits, not all of ``limits``, which would change which contexts share a server).
+    Nor need the two agree: this only picks which server a client asks, and the server's comparison decides. A part
+    here the comparison lacks splits servers needlessly; one it has that is missing here costs a refusal."""
     import resource  # noqa: PLC0415 - a small C module, needed only here
 
     parts = [f"gid={os.getgid()}/{os.getegid()}", f"groups={sorted(os.getgroups())}"]
@@ -334,24 +343,12 @@ def same_user(sock: socket.socket) -> bool:
 PR_GET_SECUREBITS, PR_GET_MDWE = 27, 66
 
 
-def own_context(sock: socket.socket | None = None) -> dict[str, Any]:
+def own_context() -> dict[str, Any]:
     """What the kernel shows of this process's context to this process alone, for its server to compare with its
     own (``checkfu.cli.process_context``, which reads the rest from ``/proc`` itself): its securebits and
-    memory-deny-write-execute (``prctl``; a negative value is the error it gave), its personality (which ``/proc``
-    shows others only with ptrace's access), and whether it may look at the process at the other end of ``sock``
-    (without one: at itself): a process in a Landlock domain, or confined by an LSM, may not look at one outside it,
-    and ``/proc`` shows neither. An honest client's word, no more: the server takes nothing else from a client."""
-    if sock is None:
-        peer = os.getpid()
-    else:
-        try:
-            peer = UCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, UCRED.size))[0]
-        except OSError:
-            peer = 0
-    try:
-        sees = peer > 0 and bool(os.readlink(f"/proc/{peer}/ns/mnt"))
-    except OSError:
-        sees = False
+    memory-deny-write-execute (``prctl``; a negative value is the error it gave), and its personality (which
+    ``/proc`` shows others only with ptrace's access). An honest client's word, no more: whether this process may
+    look at its server is not said but proved (``proof``)."""
     try:
         with open("/proc/self/personality", "rb") as f:
             personality: int | None = int(f.read(), 16)
@@ -363,7 +360,44 @@ def own_context(sock: socket.socket | None = None) -> dict[str, Any]:
     except (ImportError, AttributeError, OSError, TypeError):  # no _ctypes here: unknown, as in its server
         bits = [None, None]
     securebits, mdwe = bits
-    return {"securebits": securebits, "mdwe": mdwe, "personality": personality, "sees_server": sees}
+    return {"securebits": securebits, "mdwe": mdwe, "personality": personality}
+
+
+PROOF_NAME = "checkfu-server-proof"
+"""The name of the server's proof file (``proof``): a ``memfd``, which ``/proc/<pid>/fd`` shows as
+``/memfd:NAME (deleted)``."""
+
+
+def proof(sock: socket.socket) -> int | None:
+    """The server's proof file (the process at the other end of ``sock``), opened again for reading through
+    ``/proc/<pid>/fd/N``: passed with the request, it proves that this process may look at the server.
+
+    Reading that link, and opening through it, take ptrace's read access to the server, which a Landlock domain
+    (or an LSM) denies towards a process outside it, and ``/proc`` shows neither; the file has no other name. The
+    server checks that the descriptor is its own file's (``checkfu.cli.process_context.proves_access``). ``None``:
+    this process may not look at the server (or it is not in this process's pid namespace, or keeps no proof file),
+    and the server will refuse the command."""
+    try:
+        pid = UCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, UCRED.size))[0]
+        if pid <= 0:
+            return None
+        where = f"/proc/{pid}/fd/"
+        for name in _server_fds(where):
+            try:
+                if os.readlink(where + name) == f"/memfd:{PROOF_NAME} (deleted)":
+                    return os.open(where + name, os.O_RDONLY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                continue  # closed since it was listed
+    except OSError:
+        pass
+    return None
+
+
+def _server_fds(where: str) -> Iterator[str]:
+    """The server's descriptors by number: its first after the three streams, where it makes its proof file, then
+    every one (listing them costs several times as much)."""
+    yield "3"
+    yield from sorted(os.listdir(where), key=int)
 
 
 def _prctl_get(*options: int) -> list[int]:
@@ -461,8 +495,11 @@ def attach(argv: list[str]) -> int | str | None:
         "env": dict(os.environ),
         "umask": _umask(),
         "stdio": specs,
-        "own": own_context(sock),
+        "own": own_context(),
     }
+    seen = proof(sock)
+    if seen is not None:
+        fds.append(seen)  # after the streams: the server takes the fourth descriptor for the proof
     forwarder = _Forwarder()  # from here, a signal is the command's, even before its process is known
     try:
         send_message(sock, request, fds)
@@ -470,6 +507,9 @@ def attach(argv: list[str]) -> int | str | None:
         sock.close()
         forwarder.restore()
         return None  # the server did not get the whole request: nothing started
+    finally:
+        if seen is not None:
+            os.close(seen)
     sock.settimeout(None)
     inbox = Inbox()  # the child's process id and its status may come in one read
     try:

@@ -16,7 +16,9 @@
   priority and confinement, not its client's. So a ``run`` is refused (``refused: context``, the client then runs
   the command in its own process) unless the process that connected has the same context as the server: read by the
   server itself from ``/proc`` (``checkfu.cli.process_context``), with what only a process can see of itself as its
-  client says it (``startup.own_context``). A refused command does not keep the server from its idle exit.
+  client says it (``startup.own_context``), and with the client's proof that it may look at the server (the
+  server's proof file, a ``memfd`` the client opens through ``/proc/<pid>/fd/N`` and passes after its streams:
+  ``startup.proof``). A refused command does not keep the server from its idle exit.
 - **The spare.** Once commands have been quiet a moment (``SPARE_QUIET``), the server forks a child ahead of the
   next one (``_spare``): it leaves the server and copies the pages it shares with it (``_prefault``), then waits.
   A ``run`` is handed to it (the client's connection and streams passed as descriptors, with the request); with
@@ -233,6 +235,11 @@ def _module_names(root: Path, package: str) -> list[str]:
 
 class Server:
     def __init__(self, directory: str, key: str, idle: float, spare: bool = True) -> None:
+        self.proof: int | None = None
+        """This process's proof file (``startup.proof``): made first, so it is the first descriptor after the three
+        streams, where a client looks for it first. ``None``: none could be made, and no command is run."""
+        with contextlib.suppress(OSError, AttributeError):
+            self.proof = os.memfd_create(startup.PROOF_NAME, os.MFD_CLOEXEC)
         self.directory, self.key, self.idle = directory, key, idle
         self.keep_spare = spare
         """Whether to keep a spare child ready (``startup.spare_wanted``)."""
@@ -311,7 +318,7 @@ class Server:
         if not process_context.own_pid_is_procs():
             return None
         try:
-            return process_context.with_report(process_context.read(os.getpid()), self.own)
+            return process_context.with_report(process_context.read(os.getpid()), self.own, sees_server=True)
         except process_context.Unreadable:
             return None
 
@@ -332,6 +339,9 @@ class Server:
         self._drop_spare(wait=True)
         if self.lock is not None:
             self.lock.close()
+        if self.proof is not None:
+            os.close(self.proof)
+            self.proof = None
 
     # spares -------------------------------------------------------------------------------------
 
@@ -339,6 +349,8 @@ class Server:
         """Seconds until a spare should be made (0: now); ``None`` when none is wanted."""
         if not self.keep_spare or self.spare is not None or self.stopping or self.listener is None:
             return None
+        if self.context is not None and process_context.filtered(self.context):
+            return None  # under a seccomp filter: no caller's context is ever taken for this one, nor a spare's
         due = max(self.spare_failed + SPARE_RETRY, self.stirred + SPARE_QUIET if self.served else 0.0)
         return max(0.0, due - time.monotonic())
 
@@ -379,7 +391,7 @@ class Server:
         # it was made) is let go, and another made later.
         self.context = self._own_context()
         try:
-            spare = process_context.with_report(process_context.read(self.spare.pid), self.own)
+            spare = process_context.with_report(process_context.read(self.spare.pid), self.own, sees_server=True)
         except process_context.Unreadable:
             spare = None
         if self.context is None or spare is None or process_context.differences(self.context, spare):
@@ -489,7 +501,7 @@ class Server:
     def _read(self, caller: Caller) -> None:
         """Read what ``caller`` has sent; once its request is whole, answer it."""
         try:
-            if not caller.inbox.read_from(caller.conn, want_fds=3):
+            if not caller.inbox.read_from(caller.conn, want_fds=4):  # the streams, then the proof
                 raise EOFError
             taken = caller.inbox.take()
         except BlockingIOError:
@@ -525,8 +537,13 @@ class Server:
 
     def _answer(self, caller: Caller, message: dict[str, Any], fds: list[int]) -> None:
         conn, op = caller.conn, message.get("op")
-        if op == "run" and len(fds) == 3 and _valid(message):
-            differs = self._differs(caller, message)
+        if op == "run" and len(fds) in (3, 4) and _valid(message):
+            fds, proof = fds[:3], fds[3:]  # the client's streams; the proof it may look at this process, if any
+            try:
+                differs = self._differs(caller, message, proof[0] if proof else None)
+            finally:
+                for fd in proof:
+                    os.close(fd)
             if not differs:
                 self.last = time.monotonic()
                 self._fork(conn, fds, message)
@@ -557,9 +574,10 @@ class Server:
                 startup.send_message(conn, {"error": f"not a request this server answers: {str(op)[:40]!r}"})
         conn.close()
 
-    def _differs(self, caller: Caller, message: dict[str, Any]) -> list[str]:
-        """What differs between the context of the process that sent ``message`` and this server's (its children's):
-        nothing, or the names that differ (``process_context``), or why it could not be read."""
+    def _differs(self, caller: Caller, message: dict[str, Any], proof: int | None) -> list[str]:
+        """What differs between the context of the process that sent ``message`` (with ``proof``, the descriptor
+        ``startup.proof`` passed, if any) and this server's (its children's): nothing, or the names that differ
+        (``process_context``), or why it could not be read."""
         if self.context is None:
             return ["the server's own context (unread)"]
         try:
@@ -568,7 +586,9 @@ class Server:
             return [f"the caller's (unread: {exc.reason})"]
         except OSError as exc:
             return [f"the caller's (unread: {exc.strerror})"]
-        return process_context.differences(self.context, process_context.with_report(theirs, message.get("own")))
+        sees = process_context.proves_access(proof, self.proof)
+        theirs = process_context.with_report(theirs, message.get("own"), sees_server=sees)
+        return process_context.differences(self.context, theirs)
 
     def status(self) -> dict[str, Any]:
         return {
@@ -704,6 +724,8 @@ def _leave_server(server: Server) -> None:
     os.close(server.wake_w)
     if server.lock is not None:
         server.lock.close()
+    if server.proof is not None:
+        os.close(server.proof)  # no process but the server holds it: a command's child is no proof of anything
 
 
 def _child(server: Server, conn: socket.socket, fds: list[int], message: dict[str, Any]) -> NoReturn:
