@@ -8,18 +8,18 @@ exposes and what to use instead; ``--credential FILE`` (a path) says nothing.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import secrets
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from listening import wait_listening
 
 CHECKFU = str(Path(sys.executable).with_name("checkfu"))
 RISK = "any user of this machine can read it"
@@ -49,12 +49,7 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str
     proc.stdin.write(f"{secret}\n".encode())
     proc.stdin.close()
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            assert proc.poll() is None, (tmp / "serve.log").read_text()
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
-                break
-            time.sleep(0.05)
+        wait_listening(proc, port, tmp / "serve.log")
         assert secret not in Path(f"/proc/{proc.pid}/cmdline").read_text()
         yield f"http://127.0.0.1:{port}", secret
     finally:

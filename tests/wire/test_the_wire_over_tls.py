@@ -37,6 +37,7 @@ from checkfu.contract.process import ProcessExit, ProcessOutput
 from checkfu.testing import MemoryProvider, Requests
 from checkfu.wire.client import RemoteProvider, create
 from checkfu.wire.tls import CA_ENV, ServerTls
+from listening import wait_listening
 
 pytestmark = pytest.mark.anyio
 
@@ -252,12 +253,7 @@ def _serving(tmp: Path, *tls_args: str) -> Iterator[tuple[int, Path]]:
     with (tmp / "serve.log").open("wb") as log:
         proc = subprocess.Popen([*argv, *tls_args], stdout=log, stderr=log, env=_env(tmp))
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            assert proc.poll() is None, (tmp / "serve.log").read_text()
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
-                break
-            time.sleep(0.05)
+        wait_listening(proc, port, tmp / "serve.log")
         yield port, credential
     finally:
         proc.terminate()
