@@ -26,6 +26,7 @@ import sqlalchemy as sa
 
 from checkfu.runner.journal import Journal, allocations, events, leases, run_output, runs
 from checkfu.runner.queue import is_terminal
+from enrolled import enroll_service
 
 CHECKFU = Path(sys.executable).with_name("checkfu")
 SCRUBBED = ("CHECKFU_DEBUG", "CHECKFU_RUNNER_TAG", "XDG_STATE_HOME", "COLUMNS", "CHECKFU_PROVIDER_CREDENTIAL")
@@ -122,7 +123,9 @@ class FleetRig:
                 return s.connect_ex(("127.0.0.1", port)) == 0
 
         wait_for("the provider service", answers, 30)
-        return f"http://127.0.0.1:{port}"
+        url = f"http://127.0.0.1:{port}"
+        enroll_service(self.db, url, credential_file)  # a service is selected only once enrolled at its endpoint
+        return url
 
     def start_runner(self, name: str, *options: str) -> RunnerProc:
         log = self.root / f"runner-{name}.jsonl"

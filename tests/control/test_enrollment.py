@@ -99,7 +99,9 @@ async def test_a_day_one_provider_behind_the_wire_is_selectable_once_enrolled_an
         assert enrolled.credential_path is not None
         assert stat.S_IMODE(enrolled.credential_path.stat().st_mode) == 0o600
         assert stat.S_IMODE((tmp_path / "cr").stat().st_mode) == 0o700  # made for it: the user's alone
-        row = journal.enrollment(adapter.target)
+        assert journal.enrollment(adapter.target) is None  # keyed by its endpoint too: an in-process twin is apart
+        row = journal.enrollment(adapter.target, adapter.site)
+        assert adapter.site == remote.url.rstrip("/")  # a service's adapter is placed at its endpoint
         assert row is not None and row.kind == "evidence" and row.credential_fingerprint
         assert enrolled.credential_path.read_text().strip() not in json.dumps(row.__dict__, default=str)
 

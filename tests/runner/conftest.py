@@ -25,7 +25,7 @@ from checkfu.contract.vocabulary import Platform
 from checkfu.runner.clock import ManualClock
 from checkfu.runner.driver import Limits, RunSession
 from checkfu.runner.journal import Journal, sqlite_url
-from checkfu.runner.registry import Adapter, Registry
+from checkfu.runner.registry import Adapter, Registry, enrollment_endpoint
 from checkfu.runner.runner import Attempt, Runner
 from checkfu.testing import MemoryProvider, memory_profile
 from checkfu.testing.served import serve_in_thread
@@ -90,10 +90,12 @@ class Rig:
 RigFactory = Callable[..., Rig]
 
 
-def enroll_for_tests(journal: Journal, envelope: SandboxProviderCapabilities) -> None:
-    """Record ``envelope`` as enrolled, as ``checkfu provider enroll`` would after checking its evidence."""
+def enroll_for_tests(journal: Journal, envelope: SandboxProviderCapabilities, endpoint: str = "") -> None:
+    """Record ``envelope`` as enrolled (at ``endpoint``, for a service), as ``checkfu provider enroll`` would after
+    checking its evidence."""
     journal.record_enrollment(
         envelope.target,
+        endpoint=endpoint,
         source="test rig",
         kind="evidence",
         envelope_digest=digest(envelope),
@@ -131,10 +133,12 @@ def make_rig(tmp_path: Path, transport: str) -> Iterator[RigFactory]:
             registry = Registry()
             # Behind the wire the runner drives a RemoteProvider; the test still holds the real one.
             driven = provider if transport == "in-process" else services.enter_context(serve_in_thread(provider))
-            registry.add(Adapter(envelope=memory.envelope, provider=driven, source=f"test rig ({transport})"))
+            adapter = Adapter(envelope=memory.envelope, provider=driven, source=f"test rig ({transport})")
+            registry.add(adapter)
             runner = Runner(registry, journal, runner_tag=runner_tag, clock=clock, limits=limits, lease_ttl=lease_ttl)
-            if memory.target.placement != "test":  # the rig stands for a provider already enrolled
-                enroll_for_tests(journal, memory.envelope)
+            # The rig stands for a provider already enrolled (a served one always is: never a test double).
+            if memory.target.placement != "test" or adapter.served:
+                enroll_for_tests(journal, memory.envelope, enrollment_endpoint(adapter))
             memory.calls.clear()
             return Rig(memory, provider, journal, clock, registry, runner)
 

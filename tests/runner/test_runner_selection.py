@@ -28,7 +28,7 @@ from checkfu.contract.target import ExecutionTarget
 from checkfu.contract.vocabulary import Platform, Resources
 from checkfu.runner.clock import ManualClock
 from checkfu.runner.journal import Journal, sqlite_url
-from checkfu.runner.registry import Adapter, Registry, adapter_from_factory, load_registry
+from checkfu.runner.registry import Adapter, Registry, adapter_from_factory, enrollment_endpoint, load_registry
 from checkfu.runner.runner import Runner
 from checkfu.testing import MemoryProvider, memory_envelope, memory_profile
 
@@ -248,6 +248,7 @@ def enrolled_runner(registry: Registry, journal: Journal) -> Runner:
     for adapter in registry.adapters:
         journal.record_enrollment(
             adapter.target,
+            endpoint=enrollment_endpoint(adapter),
             source=adapter.source,
             kind="evidence",
             envelope_digest=digest(adapter.envelope),

@@ -314,6 +314,7 @@ async def scene(served: ServedProcess, tmp_path: Path) -> AsyncIterator[Callable
         envelope = adapter.envelope
         journal.record_enrollment(  # as `checkfu provider enroll` would after checking its evidence
             envelope.target,
+            endpoint=adapter.site,
             source="test rig",
             kind="evidence",
             envelope_digest=digest(envelope),

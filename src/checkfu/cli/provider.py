@@ -14,7 +14,7 @@ from rich.table import Table
 
 from checkfu.cli.consoles import console
 from checkfu.cli.files import load
-from checkfu.cli.state import client_credential, open_journal, runner_tag, state_dir
+from checkfu.cli.state import client_credential, enrolled_credential, is_url, open_journal, runner_tag, state_dir
 from checkfu.conformance.cases import CASES, Case, CaseResult
 from checkfu.conformance.evidence import EvidenceError, load_private_key, load_public_key, sign
 from checkfu.conformance.suite import Report, resolve_target, run_suite
@@ -26,7 +26,7 @@ from checkfu.contract.profile import SandboxProfile
 from checkfu.control.enrollment import enroll
 from checkfu.control.grading import GradeCard, grade, grade_envelope, render_html, render_text
 from checkfu.runner.documents import DocumentError, read_bounded
-from checkfu.runner.registry import Adapter, Registry, load_registry
+from checkfu.runner.registry import Adapter, Registry, enrollment_endpoint, load_registry
 from checkfu.runner.runner import Runner
 from checkfu.wire.credentials import Credential, CredentialError
 from checkfu.wire.server import create_app
@@ -337,12 +337,13 @@ def provider_list(
     try:
         registry = asyncio.run(load_registry())
         Runner(registry, journal, runner_tag=runner_tag(db))  # records this package's own adapters, as a runner does
-        rows = {r.target.model_dump_json(): r for r in journal.enrollments()}
+        rows = {(r.target.model_dump_json(), r.endpoint): r for r in journal.enrollments()}
     finally:
         journal.close()
     listed: list[dict[str, Any]] = []
     for adapter in registry.adapters:
-        card = grade(adapter, enrollment=rows.pop(adapter.target.model_dump_json(), None))
+        key = (adapter.target.model_dump_json(), enrollment_endpoint(adapter))
+        card = grade(adapter, enrollment=rows.pop(key, None))
         listed.append(_listing(adapter.source, card))
     for row in rows.values():
         env = decode(SandboxProviderCapabilities, row.envelope)
@@ -400,12 +401,14 @@ def provider_grade(
     cred = _credential(credential, credential_file)
     journal = open_journal(db)
     try:
+        if cred is None and is_url(target):  # the credential issued at enrollment, as `checkfu run` uses it
+            cred = enrolled_credential(journal, target)
         adapter = asyncio.run(resolve_target(target, cred))
         Runner(_registry_of(adapter), journal, runner_tag=runner_tag(db))
         report = _run_cases(target, cred, None, None, quiet=as_json) if test else None
         card = grade(
             adapter,
-            enrollment=journal.enrollment(adapter.target),
+            enrollment=journal.enrollment(adapter.target, enrollment_endpoint(adapter)),
             history=journal.provider_faults(adapter.target),
             conformance=report.as_json() if report is not None else None,
         )

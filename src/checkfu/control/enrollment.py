@@ -35,7 +35,7 @@ from checkfu.contract.errors import SandboxEnrollmentRefused
 from checkfu.contract.vocabulary import EgressGrade
 from checkfu.runner import owner_only
 from checkfu.runner.journal import Journal
-from checkfu.runner.registry import Adapter
+from checkfu.runner.registry import Adapter, enrollment_endpoint
 from checkfu.wire.credentials import Credential
 
 
@@ -142,5 +142,6 @@ async def enroll(
         },
         credential_path=str(path) if path else None,
         credential_fingerprint=fingerprint,
+        endpoint=enrollment_endpoint(adapter),
     )
     return Enrolled(adapter, ceiling, verified, path)

@@ -149,6 +149,7 @@ enrollments = sa.Table(
     "enrollments",
     metadata,
     sa.Column("target", sa.Text, primary_key=True),
+    sa.Column("endpoint", sa.String(256), primary_key=True, server_default=""),
     sa.Column("provider", sa.String(256), nullable=False, index=True),
     sa.Column("source", sa.Text, nullable=False),
     sa.Column("kind", sa.String(16), nullable=False),
@@ -162,7 +163,9 @@ enrollments = sa.Table(
 )
 """Who may be selected, within which ceiling, on what evidence. ``kind`` is ``in_tree`` (this package's own
 providers, recorded when a runner starts) or ``evidence`` (a third party enrolled with signed conformance
-evidence). The credential itself is never stored here: only the file it was issued to and its fingerprint."""
+evidence). The credential itself is never stored here: only the file it was issued to and its fingerprint.
+Keyed by target and ``endpoint``: the provider service's URL (``checkfu.runner.registry.endpoint``), ``''`` for a
+provider loaded in the runner's own process, so a served provider and its in-process twin are enrolled apart."""
 
 runners = sa.Table(
     "runners",
@@ -309,6 +312,7 @@ class AllocationRow:
 @dataclass(frozen=True)
 class EnrollmentRow:
     target: ExecutionTarget
+    endpoint: str
     source: str
     kind: str
     envelope_digest: str
@@ -995,11 +999,13 @@ class Journal:
         evidence: dict[str, Any] | None = None,
         credential_path: str | None = None,
         credential_fingerprint: str | None = None,
+        endpoint: str = "",
     ) -> None:
-        """Record (or replace) the enrollment of ``target``."""
+        """Record (or replace) the enrollment of ``target`` at ``endpoint`` (``''``: loaded in-process)."""
         key = target_text(target)
         values = {
             "target": key,
+            "endpoint": endpoint,
             "provider": target.provider,
             "source": source,
             "kind": kind,
@@ -1012,13 +1018,23 @@ class Journal:
             "enrolled_at": now,
         }
         with self.tx() as c:
-            c.execute(enrollments.delete().where(enrollments.c.target == key))
+            c.execute(enrollments.delete().where(enrollments.c.target == key, enrollments.c.endpoint == endpoint))
             c.execute(enrollments.insert().values(**values))
 
     @journaled("enrollment")
-    def enrollment(self, target: ExecutionTarget) -> EnrollmentRow | None:
+    def enrollment(self, target: ExecutionTarget, endpoint: str = "") -> EnrollmentRow | None:
+        """The enrollment of ``target`` at ``endpoint`` (``''``: the provider loaded in-process), if any."""
+        q = enrollments.select().where(enrollments.c.target == target_text(target), enrollments.c.endpoint == endpoint)
         with self.tx() as c:
-            row = c.execute(enrollments.select().where(enrollments.c.target == target_text(target))).mappings().first()
+            row = c.execute(q).mappings().first()
+        return _enrollment_row(row) if row else None
+
+    @journaled("enrollment_at")
+    def enrollment_at(self, endpoint: str) -> EnrollmentRow | None:
+        """The most recent enrollment of the provider service at ``endpoint``, whatever it advertised."""
+        q = enrollments.select().where(enrollments.c.endpoint == endpoint).order_by(enrollments.c.enrolled_at.desc())
+        with self.tx() as c:
+            row = c.execute(q).mappings().first()
         return _enrollment_row(row) if row else None
 
     @journaled("enrollments")
@@ -1056,6 +1072,7 @@ def target_text(target: ExecutionTarget) -> str:
 def _enrollment_row(r: Any) -> EnrollmentRow:
     return EnrollmentRow(
         target=_target(r["target"]),
+        endpoint=r["endpoint"],
         source=r["source"],
         kind=r["kind"],
         envelope_digest=r["envelope_digest"],

@@ -16,12 +16,19 @@ factory lives in. Each adapter is held to a server-owned ceiling
 third-party one does not, nor an egress grade above ``advisory_filter``. A
 ``Registry`` only grows through its checked ``add``, which refuses, by name, every
 claim above the adapter's ceiling.
+
+A provider service reached by URL is placed at its *endpoint*: the adapter's site is
+the URL in one canonical spelling (``endpoint``), so every allocation it makes is
+journaled with where it lives, and reconciliation, reaping and expiry can reach it
+again (``checkfu.control.endpoints``). Any provider object that says it is served
+(``service_url``) is given that site, whoever built it.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib
+import urllib.parse
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import EntryPoint, entry_points
@@ -68,6 +75,59 @@ IN_TREE_PROVIDERS: Mapping[str, InTree] = MappingProxyType(
 
 TargetKey = tuple[str, str, str, str]
 
+ENDPOINT_MAX = 256
+"""The longest endpoint the journal keeps (its ``site`` columns): a longer provider URL is refused by name."""
+
+
+def is_endpoint(site: str | None) -> bool:
+    """Whether ``site`` is a provider service's endpoint (an ``http(s)://`` URL) rather than a Docker engine's
+    name (which never holds a ``:``)."""
+    return bool(site) and str(site).startswith(("http://", "https://"))
+
+
+def endpoint(url: str) -> str:
+    """The one spelling of a provider service's URL in the journal: scheme and host lowercased, no default port,
+    no trailing ``/``, no query or fragment.
+
+    Raises:
+        SandboxAdapterUnavailable: not an ``http(s)://HOST`` URL, or longer than ``ENDPOINT_MAX`` (field
+            ``provider``).
+    """
+    text = url.strip()
+    try:
+        parts = urllib.parse.urlsplit(text)
+        port = parts.port
+    except ValueError as exc:
+        raise SandboxAdapterUnavailable(f"{text[:120]!r} is not a provider URL: {exc}", field="provider") from None
+    scheme = parts.scheme.lower()
+    host = (parts.hostname or "").lower()
+    if scheme not in ("http", "https") or not host:
+        raise SandboxAdapterUnavailable(
+            f"{text[:120]!r} is not a provider URL (http://HOST[:PORT] or https://HOST[:PORT])", field="provider"
+        )
+    if ":" in host:
+        host = f"[{host}]"
+    default = 443 if scheme == "https" else 80
+    netloc = host if port in (None, default) else f"{host}:{port}"
+    if parts.username or parts.password:
+        raise SandboxAdapterUnavailable(
+            "a provider URL may not carry a user or password: give the credential with --credential-file",
+            field="provider",
+        )
+    canonical = f"{scheme}://{netloc}{parts.path.rstrip('/')}"
+    if len(canonical) > ENDPOINT_MAX:
+        raise SandboxAdapterUnavailable(
+            f"the provider URL is {len(canonical)} characters; the journal keeps at most {ENDPOINT_MAX}",
+            field="provider",
+        )
+    return canonical
+
+
+def enrollment_endpoint(adapter: Adapter) -> str:
+    """What an enrollment of ``adapter`` is keyed by besides its target: its endpoint, or ``""`` for a provider
+    loaded in this process."""
+    return adapter.site if is_endpoint(adapter.site) else ""
+
 
 def target_key(t: ExecutionTarget) -> TargetKey:
     return (t.provider, t.provider_revision, t.materialization_revision, t.placement)
@@ -83,15 +143,24 @@ class Adapter:
     in_tree: bool = False
     site: str = ""
     """Which of several placements of the same target this is (a Docker engine's name); empty when there is one.
-    Every allocation is journaled with its site, and compensated and enumerated there."""
+    Every allocation is journaled with its site, and compensated and enumerated there. For a provider service,
+    its endpoint (``endpoint``)."""
     door: ProviderDoor = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        served = getattr(self.provider, "service_url", None)
+        if isinstance(served, str) and not is_endpoint(self.site):  # a service is placed at its endpoint, always
+            object.__setattr__(self, "site", endpoint(served))
         object.__setattr__(self, "door", ProviderDoor(self.provider, source=self.source))
 
     @property
     def target(self) -> ExecutionTarget:
         return self.envelope.target
+
+    @property
+    def served(self) -> bool:
+        """Whether this is a provider service reached over the wire (its site is its endpoint)."""
+        return is_endpoint(self.site)
 
     @property
     def ceiling(self) -> RunnerProviderCapability:
@@ -240,6 +309,9 @@ async def adapter_from_factory(
     except Exception as exc:
         raise SandboxProviderFailed(f"{source}: cannot start: {type(exc).__name__}: {exc}") from None
     try:
+        served = getattr(provider, "service_url", None)
+        if isinstance(served, str):
+            site = endpoint(served)
         envelope = await describe(ProviderDoor(provider, source=source), recorder=recorder)
     except BaseException:
         close = getattr(provider, "close", None)

@@ -26,7 +26,7 @@ from checkfu.runner.clock import Clock, SystemClock
 from checkfu.runner.driver import Limits, RunSession
 from checkfu.runner.journal import Journal
 from checkfu.runner.leases import DEFAULT_TTL, LeaseStore, boot_id
-from checkfu.runner.registry import Adapter, Registry
+from checkfu.runner.registry import Adapter, Registry, enrollment_endpoint
 
 
 @dataclass(frozen=True)
@@ -185,20 +185,28 @@ class Runner:
         return self.leases.acquire(run_id)
 
     def _admit(self, adapter: Adapter) -> None:
-        """Only enrolled adapters are selected: this package's own, a test double at placement ``test``, or a
-        third party enrolled with evidence for exactly this target and envelope.
+        """Only enrolled adapters are selected: this package's own, a test double loaded in this process at
+        placement ``test``, or a third party enrolled with evidence for exactly this target, endpoint and envelope.
+        A provider service is never a test double, whatever placement it advertises: it is enrolled like any other.
 
         Raises:
             SandboxAdapterUnavailable: the adapter is not enrolled, or was enrolled for another envelope.
         """
-        if adapter.in_tree or adapter.target.placement == "test":
+        if adapter.in_tree or (adapter.target.placement == "test" and not adapter.served):
             return
-        row = self.journal.enrollment(adapter.target)
+        where = enrollment_endpoint(adapter)
+        row = self.journal.enrollment(adapter.target, where)
         how = f"checkfu provider enroll {adapter.source} --evidence FILE --pub KEY"
         if row is None:
+            at = f" at {where}" if where else ""
+            test = (
+                " (placement 'test' admits only a test double loaded in the runner's own process, never a service)"
+                if adapter.target.placement == "test"
+                else ""
+            )
             raise SandboxAdapterUnavailable(
-                f"{adapter.target} is not enrolled, so it cannot be selected: enroll it with signed conformance "
-                f"evidence ({how})",
+                f"{adapter.target}{at} is not enrolled, so it cannot be selected{test}: enroll it with signed "
+                f"conformance evidence ({how})",
                 field="target",
             )
         if row.envelope_digest != digest(adapter.envelope):
@@ -211,7 +219,7 @@ class Runner:
     def record_in_tree(self) -> None:
         """Enroll this package's own adapters with their own ceiling, as a runner does when it starts."""
         for adapter in self.registry.adapters:
-            if not adapter.in_tree:
+            if not adapter.in_tree or adapter.served:
                 continue
             row = self.journal.enrollment(adapter.target)
             if row is None or row.envelope_digest != digest(adapter.envelope):  # evidence already attached stays

@@ -225,6 +225,12 @@ class RemoteProvider:
         return f"RemoteProvider({self.url!r})"
 
     @property
+    def service_url(self) -> str:
+        """Where this provider is served: the registry places its adapter at this endpoint, so what it allocates
+        is journaled with where to reach it again."""
+        return self.url
+
+    @property
     def headers(self) -> dict[str, str]:
         return {"authorization": self._credential.header} if self._credential is not None else {}
 
