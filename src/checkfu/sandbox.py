@@ -123,31 +123,30 @@ def _seconds(value: float | None, name: str, default: float) -> float:
     return check_ttl(default if value is None else value, field=name)
 
 
-async def _open(provider: str, db: str | None) -> _Context:
-    """Open the journal (reclaiming what is due, as every ``checkfu`` command does) and load ``provider``."""
-    from checkfu.cli.state import client_credential, default_journal_url, is_url, runner_tag  # noqa: PLC0415
+async def _open(provider: str, db: str | None, *, site: str | None = None) -> _Context:
+    """Open the journal (reclaiming what is due, as every ``checkfu`` command does) and load ``provider``: an
+    installed provider by name, or the provider service at a URL (``provider`` itself, or ``site`` when a journal
+    row places the sandbox at a service's endpoint), with ``CHECKFU_PROVIDER_CREDENTIAL`` or else the credential
+    issued when it was enrolled."""
+    from checkfu.cli.state import client_credential, default_journal_url, runner_tag  # noqa: PLC0415
+    from checkfu.control.endpoints import reach  # noqa: PLC0415
     from checkfu.runner.journal import Journal  # noqa: PLC0415
-    from checkfu.runner.registry import Registry, adapter_from_factory, load_registry  # noqa: PLC0415
-    from checkfu.runner.sandboxes import SandboxHost, sweep  # noqa: PLC0415
+    from checkfu.runner.registry import is_endpoint  # noqa: PLC0415
+    from checkfu.runner.sandboxes import SandboxHost, Wanted, sweep  # noqa: PLC0415
 
     journal = await asyncio.to_thread(Journal, db or default_journal_url())
     try:
-        if is_url(provider):
-            from checkfu.wire.client import RemoteProvider  # noqa: PLC0415
-
-            credential = client_credential(None)
-            registry = Registry()
-            registry.add(
-                await adapter_from_factory(lambda: RemoteProvider(provider, credential), provider, {}, recorder=journal)
-            )
-        else:
-            registry = await load_registry(entry_point_names=[provider], recorder=journal)
+        served = provider if is_endpoint(provider) else site if is_endpoint(site) else None
+        given = client_credential(None) if served else None
+        credentials = {served: given} if served and given is not None else None
+        registry = await reach(journal, [(provider, served)], recorder=journal, credentials=credentials)
         tag = runner_tag(db)
 
-        async def registry_for(names: set[str]) -> Registry:
-            if names <= {a.target.provider for a in registry.adapters}:
+        async def registry_for(wanted: set[Wanted]) -> Registry:
+            have = {(a.target.provider, a.site or None) for a in registry.adapters}
+            if all((name, where or None) in have or (where, where) in have for name, where in wanted):
                 return registry
-            return await load_registry(entry_point_names=sorted(names), recorder=journal)
+            return await reach(journal, wanted, recorder=journal)
 
         await sweep(journal, tag, registry_for)
         return _Context(journal, registry, SandboxHost(registry, journal, runner_tag=tag))
@@ -384,7 +383,10 @@ class AsyncSandbox:
             finally:
                 journal.close()
             provider = rec.provider if rec is not None else "docker"
-        ctx = await _open(provider, db)
+            site = rec.site if rec is not None else None
+        else:
+            site = None
+        ctx = await _open(provider, db, site=site)
         sb = cls(provider=provider, db=db)
         sb._args = None
         try:
@@ -412,7 +414,8 @@ class AsyncSandbox:
             SandboxNotFound: no such snapshot, or it was deleted.
         """
         ref = snapshot.snapshot_id if isinstance(snapshot, SnapshotInfo) else snapshot
-        ctx = await _open(provider or await _provider_of_snapshot(ref, db), db)
+        name, site = (provider, None) if provider else await _provider_of_snapshot(ref, db)
+        ctx = await _open(name, db, site=site)
         try:
             live = await ctx.host.resume(ref, ttl=_seconds(ttl, "ttl", _default_ttl()), detached=detach)
         except BaseException:
@@ -581,7 +584,8 @@ def _info(rec: SnapshotRecord) -> SnapshotInfo:
     return SnapshotInfo(rec.snapshot_ref, rec.sandbox_id, rec.created_at, rec.expires_at, rec.keep_seconds)
 
 
-async def _provider_of_snapshot(ref: str, db: str | None) -> str:
+async def _provider_of_snapshot(ref: str, db: str | None) -> tuple[str, str | None]:
+    """The provider a snapshot was taken on, and its site (a service's endpoint, if it is one)."""
     from checkfu.cli.state import default_journal_url  # noqa: PLC0415
     from checkfu.runner.journal import Journal  # noqa: PLC0415
     from checkfu.runner.sandboxes import SandboxBook  # noqa: PLC0415
@@ -591,7 +595,7 @@ async def _provider_of_snapshot(ref: str, db: str | None) -> str:
         rec = SandboxBook(journal).snapshot(ref)
     finally:
         journal.close()
-    return rec.target.provider if rec is not None else "docker"
+    return (rec.target.provider, rec.site) if rec is not None else ("docker", None)
 
 
 def _default_ttl() -> float:
@@ -602,8 +606,13 @@ def _default_ttl() -> float:
 
 def _choose(registry: Registry, provider: str) -> Any:
     from checkfu.contract.errors import SandboxAdapterUnavailable  # noqa: PLC0415
+    from checkfu.runner.registry import is_endpoint  # noqa: PLC0415
 
-    found = registry.adapters if provider.startswith(("http://", "https://")) else registry.by_provider(provider)
+    found = (
+        [a for a in registry.adapters if a.served]
+        if is_endpoint(provider)
+        else [a for a in registry.by_provider(provider) if not a.served]
+    )
     if len(found) == 1:
         return found[0].target
     why = "; ".join(f"{k}: {v}" for k, v in registry.unavailable.items())

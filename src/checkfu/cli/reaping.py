@@ -71,12 +71,17 @@ def reap(journal: Journal, *, runner_tag: str | None = None, quiet: bool = False
             )
     if not gone:
         return None
-    from checkfu.runner.registry import load_registry  # noqa: PLC0415 - only when there is an orphan
-
     command = "checkfu " + " ".join(sys.argv[1:2])
 
     async def run() -> ReapReport:
-        registry = await load_registry(entry_point_names=_providers(gone), recorder=journal)
+        from checkfu.control.endpoints import reach  # noqa: PLC0415
+
+        wanted: set[tuple[str, str | None]] = set()
+        for orphan in gone:  # each allocation where it was journaled: a provider service's at its endpoint
+            wanted |= {(r.target.provider, r.site) for r in journal.open_allocations(run_id=orphan.run_id)}
+        if not wanted:  # nothing is held: the providers by name, as ever (they settle the Runs)
+            wanted = {(name, None) for name in _providers(gone)}
+        registry = await reach(journal, wanted, recorder=journal)
         return await reap_orphans(journal, registry, SystemClock(), gone, reaper=command.strip())
 
     try:

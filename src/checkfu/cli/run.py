@@ -1162,8 +1162,16 @@ def runner_reconcile(
     sites = engine_sites(engine, engine_certs)
     journal = open_journal(db, reap=False)  # this pass reaps orphans itself, and counts them in its report
     try:
-        registry = asyncio.run(load_registry(entry_point_names=provider, recorder=journal, sites=sites))
-        report = asyncio.run(reconcile(journal, registry, SystemClock(), runner_tag=runner_tag(db)))
+        tag = runner_tag(db)
+
+        async def reach_all() -> Registry:
+            from checkfu.control.endpoints import add_endpoints, open_endpoints  # noqa: PLC0415
+
+            loaded = await load_registry(entry_point_names=provider, recorder=journal, sites=sites)
+            return await add_endpoints(loaded, journal, open_endpoints(journal, runner_tag=tag), recorder=journal)
+
+        registry = asyncio.run(reach_all())
+        report = asyncio.run(reconcile(journal, registry, SystemClock(), runner_tag=tag))
     finally:
         journal.close()
     if as_json:

@@ -209,7 +209,8 @@ async def _remove(ids: list[str], db: str | None, *, status: str) -> list[str]:
     for ident in ids:
         if ident.startswith("snap-"):
             _check_id(ident, snapshot=True)
-            ctx = await sdk._open(await sdk._provider_of_snapshot(ident, db), db)
+            name, site = await sdk._provider_of_snapshot(ident, db)
+            ctx = await sdk._open(name, db, site=site)
             try:
                 await ctx.host.delete_snapshot(ident)
             finally:
@@ -582,6 +583,11 @@ def ps_command(db: DbOpt = None, as_json: JsonOpt = False) -> None:
         for r in reclaimed:
             gone = book.get(r.sandbox_id)
             if gone is None:
+                continue
+            listed = next((b for b in boxes if b["id"] == r.sandbox_id), None)
+            if listed is not None:  # it could not be reclaimed, so it is still live: one line, with why
+                if r.error:
+                    listed["error"] = r.error
                 continue
             rec = gone
             sandbox_runs.add(rec.run_id)

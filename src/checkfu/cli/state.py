@@ -31,7 +31,7 @@ from checkfu.runner.journal import (
     sqlite_url,
 )
 from checkfu.runner.migrate import JournalTooNew
-from checkfu.runner.registry import Registry, load_registry
+from checkfu.runner.registry import Registry
 from checkfu.wire.credentials import MAX_BYTES, Credential, CredentialError, read_credential
 
 AFTER_REPLY: list[Callable[[], object]] | None = None
@@ -175,10 +175,10 @@ def reclaim_sandboxes(journal: Journal, url: str | None) -> None:
     except Exception:  # a journal too old to hold sandboxes, or one that cannot be read: nothing to reclaim here
         return
 
-    async def registry_for(names: set[str]) -> Any:
-        from checkfu.runner.registry import load_registry  # noqa: PLC0415
+    async def registry_for(wanted: set[tuple[str, str | None]]) -> Any:
+        from checkfu.control.endpoints import reach  # noqa: PLC0415
 
-        return await load_registry(entry_point_names=sorted(names), recorder=journal)
+        return await reach(journal, wanted, recorder=journal)
 
     async def run() -> list[Any]:
         return await sweep(journal, tag, registry_for)
@@ -226,8 +226,9 @@ def sweep_expired(journal: Journal, db: str | None) -> ExpiryReport | None:
         return None
 
     async def adapters(rows: list[AllocationRow]) -> Registry:
-        names = sorted({r.target.provider for r in rows})
-        return await load_registry(entry_point_names=names, recorder=journal)
+        from checkfu.control.endpoints import reach  # noqa: PLC0415
+
+        return await reach(journal, {(r.target.provider, r.site) for r in rows}, recorder=journal)
 
     try:
         report = asyncio.run(sweep_expired_snapshots(journal, adapters, SystemClock(), runner_tag=tag))
@@ -318,10 +319,6 @@ def _stdin_credential() -> Credential:
 
 def enrolled_credential(journal: Journal, url: str) -> Credential | None:
     """The credential issued when the service at ``url`` was enrolled, if it was and its file is readable."""
-    for row in journal.enrollments():
-        if row.source.rstrip("/") == url.rstrip("/") and row.credential_path:
-            try:
-                return read_credential(Path(row.credential_path))
-            except CredentialError:
-                return None
-    return None
+    from checkfu.control.endpoints import enrolled_credential as enrolled  # noqa: PLC0415
+
+    return enrolled(journal, url)

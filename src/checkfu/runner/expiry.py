@@ -99,7 +99,12 @@ async def sweep_expired_snapshots(
         for row in rows:
             adapter = adapters.get((target_key(row.target), row.site or ""))
             if adapter is None:
-                report.skipped[row.allocation_key] = f"no adapter for {row.target} is loaded: it expires once one is"
+                why = registry.unavailable.get(row.site or "")
+                report.skipped[row.allocation_key] = (
+                    f"{row.target} at {row.site}: {why}"
+                    if why
+                    else f"no adapter for {row.target} is loaded: it expires once one is"
+                )
                 continue
             if adapter.envelope.snapshot_custody == "provider":
                 journal.set_allocation(row.allocation_key, row_transition(row.state, "release"), now=clock.now())

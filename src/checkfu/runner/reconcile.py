@@ -167,6 +167,8 @@ def _note_other_tags(journal: Journal, leases: LeaseStore, runner_tag: str, repo
 
 def _unreachable(registry: Registry, row: AllocationRow) -> str:
     """Why ``row``'s provider cannot be asked, in words a person can act on."""
+    if row.site and row.site in registry.unavailable:  # a provider service, by its endpoint
+        return f"its provider service at {row.site} is unavailable: {registry.unavailable[row.site]}"
     reasons = [why for source, why in registry.unavailable.items() if source.split()[-1] == row.target.provider]
     if reasons:
         return f"its provider {row.target.provider} is unavailable: {'; '.join(reasons)}"

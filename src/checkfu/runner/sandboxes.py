@@ -88,6 +88,10 @@ CREATE_HOLD = 900.0
 SandboxState = Literal["provisioning", "live", "released", "reclaimed", "failed"]
 
 
+Wanted = tuple[str, str | None]
+"""A provider's name and a site (``None``: the one without a site; a URL: a provider service's endpoint)."""
+
+
 def new_sandbox_id() -> str:
     return f"sb-{uuid.uuid4().hex[:20]}"
 
@@ -530,7 +534,7 @@ class LiveSandbox:
         except SandboxLeaseFenced:
             registry = self.host.registry
 
-            async def same(_: set[str]) -> Registry:
+            async def same(_: set[Wanted]) -> Registry:
                 return registry
 
             await sweep(self.host.journal, self.host.runner_tag, same, self.host.clock)
@@ -947,12 +951,13 @@ def due_for_sweep(journal: Journal, runner_tag: str, clock: Clock | None = None)
 async def sweep(
     journal: Journal,
     runner_tag: str,
-    registry_for: Callable[[set[str]], Awaitable[Registry]],
+    registry_for: Callable[[set[Wanted]], Awaitable[Registry]],
     clock: Clock | None = None,
 ) -> list[Reclaimed]:
     """Reclaim every sandbox of ``runner_tag`` whose time-to-live passed or whose owner is gone.
 
-    ``registry_for`` loads the adapters of the named providers; it is called only when something is due.
+    ``registry_for`` loads the adapters of the named providers at the named sites (a provider service's site is its
+    endpoint: ``checkfu.control.endpoints.reach``); it is called only when something is due.
     Each due sandbox's lease is taken over (a compare-and-set: a holder that extended it meanwhile keeps
     it), its instance compensated by allocation key, its row and Run settled. A compensation that fails
     leaves it open, reported with the error, for the next pass.
@@ -961,7 +966,7 @@ async def sweep(
     due = due_for_sweep(journal, runner_tag, clock)
     if not due:
         return []
-    registry = await registry_for({r.provider for r in due})
+    registry = await registry_for({(r.provider, r.site or None) for r in due})
     book = SandboxBook(journal)
     store = LeaseStore(journal, clock)
     out: list[Reclaimed] = []
@@ -979,7 +984,9 @@ async def sweep(
                     continue  # a snapshot outlives its sandbox
                 adapter = _find(registry, row.target, row.site)
                 if adapter is None:
-                    raise SandboxNotFound(f"provider {row.target.provider} is not available here", field="provider")
+                    where = f" at {row.site}" if row.site else ""
+                    why = registry.unavailable.get(row.site or "") or "not available here"
+                    raise SandboxNotFound(f"provider {row.target.provider}{where}: {why}", field="provider")
                 try:
                     await adapter.door.call(
                         compensate_plan(adapter.target, lease, row.allocation_key, runner_tag),
