@@ -14,6 +14,7 @@ from checkfu.contract.codec import digest
 from checkfu.contract.target import ExecutionTarget
 from checkfu.control.endpoints import remote_adapter
 from checkfu.runner.journal import Journal
+from checkfu.runner.registry import Registry
 from checkfu.wire.credentials import Credential
 
 
@@ -49,3 +50,21 @@ def enroll_service(db: str, url: str, credential_file: Path | None = None) -> Ex
     finally:
         journal.close()
     return target
+
+
+def enroll_adapters(journal: Journal, registry: Registry) -> None:
+    """Record every adapter of ``registry`` that is served as enrolled at its endpoint: the tests that call this are
+    about what comes after enrollment."""
+    for adapter in registry.adapters:
+        if adapter.served:
+            env = adapter.envelope
+            journal.record_enrollment(
+                env.target,
+                endpoint=adapter.site,
+                source=adapter.source,
+                kind="evidence",
+                envelope_digest=digest(env),
+                envelope=env.model_dump_json(),
+                ceiling=adapter.ceiling.model_dump_json(),
+                now=0.0,
+            )

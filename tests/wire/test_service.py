@@ -57,6 +57,7 @@ from checkfu.wire.client import RemoteProvider
 from checkfu.wire.credentials import OPERATION_SECRET
 from checkfu.wire.errors import STATUS, WireError, status_of
 from checkfu.wire.files import FILES_MEDIA_TYPE, REQUEST_HEADER
+from enrolled import enroll_adapters
 
 HTTP_MEMBERS = [m for m in MEMBERS if m != "openProcess"]
 
@@ -251,6 +252,7 @@ async def test_the_credential_is_never_logged_answered_or_journaled(
     journal = Journal(sqlite_url(tmp_path / "journal.sqlite"))
     registry = Registry()
     registry.add(Adapter(envelope=memory.envelope, provider=remote, source=f"remote {service.url}"))
+    enroll_adapters(journal, registry)
     runner = Runner(registry, journal, runner_tag="wire-secret-test", limits=Limits())
     workspace = tmp_path / "ws"
     workspace.mkdir()

@@ -33,6 +33,7 @@ from checkfu.runner.registry import Adapter, Registry
 from checkfu.runner.runner import Runner
 from checkfu.testing import Invocation, MemoryProvider, Misbehaving, Misbehaviour, hang, memory_profile
 from checkfu.wire.client import RemoteProvider
+from enrolled import enroll_adapters
 
 pytestmark = pytest.mark.anyio
 
@@ -70,6 +71,7 @@ async def wire_run(serve: Callable[..., Service], tmp_path: Path) -> AsyncIterat
         journal = Journal(sqlite_url(tmp_path / f"journal-{len(made)}.sqlite"))
         registry = Registry()
         registry.add(Adapter(envelope=memory.envelope, provider=remote, source=f"remote {service.url}"))
+        enroll_adapters(journal, registry)
         runner = Runner(registry, journal, runner_tag="wire-faults", limits=limits or Limits())
         session = runner.start(memory.target, PROFILE, platform=memory.envelope.platforms[0]).session
         run = WireRun(memory, provider, service, remote, journal, session)
@@ -371,5 +373,6 @@ async def test_a_body_cut_in_the_middle_is_typed_and_the_instance_reclaimed(
 def _session_over(run: WireRun, remote: RemoteProvider) -> RunSession:
     registry = Registry()
     registry.add(Adapter(envelope=run.memory.envelope, provider=remote, source="relay"))
+    enroll_adapters(run.journal, registry)
     runner = Runner(registry, run.journal, runner_tag="wire-faults")
     return runner.start(run.memory.target, PROFILE, platform=run.platform).session
