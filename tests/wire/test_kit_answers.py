@@ -38,7 +38,7 @@ from checkfu.contract.errors import (
     SandboxPathRejected,
     SandboxProviderTimeout,
 )
-from checkfu.contract.members import ExecRequest, OpenProcessRequest
+from checkfu.contract.members import ActivateRequest, ExecRequest, OpenProcessRequest
 from checkfu.contract.process import ProcessExit
 from checkfu.contract.requirements import require_capabilities
 from checkfu.contract.tiers import assess
@@ -47,7 +47,10 @@ from checkfu.providers.host_process.spawning import BASE_PATH
 from checkfu.runner.session import SessionCore
 from checkfu.testing import MemoryProvider, Requests, day_one_envelope, memory_envelope, memory_profile
 from checkfu.testing.memory import AMD64, TEST_LEASE
+from checkfu.testing.served import serve_in_thread
+from checkfu.wire.client import REATTACH_PAUSE
 from checkfu.wire.credentials import OPERATION_SECRET
+from checkfu.wire.errors import WireError
 from checkfu.wire.kit_readme import DEFAULT_PATH, FEATURES
 from checkfu.wire.server import STDIN_WINDOW
 
@@ -371,7 +374,7 @@ async def test_without_path_in_env_the_default_path_is_searched_and_a_bad_cwd_is
     r = Requests(envelope.target, profile=profile, platform=envelope.platforms[0])
     image = (await provider.materialize(r.materialize())).image
     inst = await provider.provision(r.provision("ak-path", image))
-    from checkfu.contract.members import ActivateRequest, ReleaseRequest  # noqa: PLC0415
+    from checkfu.contract.members import ReleaseRequest  # noqa: PLC0415
 
     inst = await provider.activate(ActivateRequest(**r.on(inst)))
     try:
@@ -434,6 +437,41 @@ def test_the_method_rule_of_open_process_is_the_services(serve: Callable[..., Se
     assert (status, headers["allow"]) == (405, "POST")
     text = answer("i")
     assert "any other method is `405` with `Allow: GET`" in text and "a `GET` without the upgrade is `400`" in text
+
+
+def _upgrade_refused(app: Any) -> Any:
+    """A gateway that answers every WebSocket upgrade 501 with the wire's error body, as a service that does not
+    serve openProcess may."""
+    body = WireError.of(SandboxOperationUnsupported("openProcess is not served", field="path")).model_dump_json()
+
+    async def gateway(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "websocket":
+            await app(scope, receive, send)
+            return
+        headers = [(b"content-type", b"application/json")]
+        await send({"type": "websocket.http.response.start", "status": 501, "headers": headers})
+        await send({"type": "websocket.http.response.body", "body": body.encode()})
+
+    return gateway
+
+
+@pytest.mark.anyio
+async def test_an_upgrade_answered_501_is_raised_at_once_not_retried() -> None:
+    memory = MemoryProvider()
+    r = Requests(memory.target)
+    with serve_in_thread(memory, front=_upgrade_refused) as remote:
+        try:
+            image = (await remote.materialize(r.materialize())).image
+            inst = await remote.provision(r.provision("ak-upgrade", image))
+            inst = await remote.activate(ActivateRequest(**r.on(inst)))
+            started = time.monotonic()
+            with pytest.raises(SandboxOperationUnsupported) as caught:
+                await remote.open_process(OpenProcessRequest(**r.on(inst), argv=["cat"]))
+            assert time.monotonic() - started < REATTACH_PAUSE * 2  # the first answer, not six attempts
+            assert caught.value.field == "path"
+        finally:
+            await remote.aclose()
+    assert "raises that error at once instead of retrying" in answer("i")
 
 
 # (j) enumeration, (k) features --------------------------------------------------------------------------------
