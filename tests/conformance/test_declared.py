@@ -11,13 +11,14 @@ stranger's service is reached.
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 
 import pytest
 
 from checkfu.conformance import cases
 from checkfu.conformance.evidence import statement
-from checkfu.conformance.suite import SUITE_VERSION, Report, Suite, default_profile
+from checkfu.conformance.suite import SUITE_VERSION, Report, Suite, default_profile, resolve_target
 from checkfu.contract.envelope import LifecycleAssurances, SandboxProviderCapabilities
 from checkfu.contract.errors import SandboxOperationUnsupported
 from checkfu.runner.door import ProviderDoor
@@ -326,3 +327,24 @@ async def test_what_is_not_declared_is_never_called() -> None:
     optional = {"openProcess", "readFiles", "listDir", "listAllocations", "snapshot", "deleteSnapshot"}
     assert optional.isdisjoint(day_one.calls)
     assert {c.number: c.exercised for c in report.cases if c.exercised} == {4: ["release_destroys"]}
+
+
+# The in-tree tiers behind the wire: the credit and the reattach of a real process ---------------------------
+
+
+@pytest.mark.parametrize("name", ["host-process", pytest.param("docker", marks=pytest.mark.docker)])
+async def test_an_in_tree_tier_served_over_the_wire_holds_case_2(name: str) -> None:
+    if name == "docker" and os.environ.get("CHECKFU_REQUIRE_DOCKER") != "1":
+        pytest.importorskip("docker").from_env().ping()
+    adapter = await resolve_target(name)
+    with serve_in_thread(adapter.provider) as remote:
+        try:
+            envelope = await describe(ProviderDoor(remote, source=remote.url))
+            served = Adapter(envelope=envelope, provider=remote, source=remote.url)
+            report = await Suite(served, default_profile(adapter.envelope), remote.url, only=(2, 4)).run()
+        finally:
+            await remote.aclose()
+    assert failing(report) == set(), explain(report)
+    (two,) = [c for c in report.cases if c.number == 2]
+    assert "openProcess" in two.exercised
+    assert any(line.startswith("a dropped connection: 262144 bytes in, 262144 out") for line in two.evidence)
