@@ -255,6 +255,25 @@ async def test_a_release_that_leaves_processes_running_fails_case_4(impatient: N
     assert "reaps_process_tree (declared by lifecycle_assurances.reaps_process_tree)" in reason(report, 4)
 
 
+class KeepsEphemeralSnapshots(MemoryProvider):
+    """Releases an ephemeral_zdr instance as it should, except that its snapshots outlive it."""
+
+    async def _destroy(self, obj: Any) -> None:
+        if getattr(obj, "retention", None) == "ephemeral_zdr" and hasattr(obj, "processes"):
+            obj.retention = "durable"  # so its snapshots are left alone
+        await super()._destroy(obj)
+
+
+async def test_snapshots_outliving_their_ephemeral_instance_fail_case_8() -> None:
+    report = await suite_for(KeepsEphemeralSnapshots())
+    assert failing(report) == {8}, explain(report)
+    assert "resumed a snapshot of a released ephemeral_zdr instance" in reason(report, 8)
+    (eight,) = [c for c in report.cases if c.number == 8]
+    assert eight.faulted == ["release_destroys"]
+    assert {"snapshot", "deleteSnapshot", "resume"} <= set(eight.exercised)  # those checks came first, and held
+    assert "release_destroys (declared by lifecycle_assurances.release_destroys)" in reason(report, 8)
+
+
 # snapshot lifetimes -------------------------------------------------------------------------------------
 
 

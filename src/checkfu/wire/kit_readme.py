@@ -463,7 +463,8 @@ def _exercised_by() -> list[str]:
         "deleteSnapshot": "a deleted snapshot cannot be resumed",
         "clone": "a new identity, writes kept apart",
         "resume": "a snapshot's files (6); a deleted, foreign or ephemeral one refused (8)",
-        "release_destroys": "release answers destroyed; inspect says released or gone",
+        "release_destroys": "release answers destroyed; inspect says released or gone (4); an ephemeral_zdr "
+        "instance's snapshots die with it (8)",
         "release_idempotent": "a second release, the same identity",
         "reaps_process_tree": "a process tree left running at release ends (needs `openProcess` to watch it)",
         "enumerates_allocations": "the live instance listed, reclaimed ones not",
