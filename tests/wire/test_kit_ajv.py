@@ -92,7 +92,7 @@ def test_what_ajv_cannot_refuse_is_exactly_the_rules_beyond_the_schema(checked: 
 def test_javascript_computes_every_profile_digest_from_the_readmes_recipe(checked: tuple[int, Any]) -> None:
     _, report = checked
     with_digest = [p for p in VALID if {"profile", "profile_digest"} <= set(KIT[p]["document"])]
-    assert report["digests"] == len(with_digest) + 1  # and the worked example
+    assert report["digests"] == len(with_digest) + 2  # and the two worked examples, the profile's and the envelope's
     assert report["failures"] == []
 
 
@@ -153,6 +153,25 @@ def test_a_schema_default_removed_changes_the_digest(node_ajv: Any, tmp_path: Pa
     code, report = run_ajv(node_ajv, tmp_path)
     assert code == 1
     assert "digest-example.json" in _failed(report)
+
+
+def test_a_wrong_envelope_digest_or_a_lost_rule_7_default_fails(node_ajv: Any, tmp_path: Path) -> None:
+    # Rule 7: beside ephemeral_zdr an omitted release_destroys is true, stated as the default of an if/then
+    # clause. Without it JavaScript fills false and computes another digest.
+    export_kit(tmp_path)
+    _edit(tmp_path, "envelope-digest-example.json", lambda d: d.__setitem__("digest", "sha256:" + "0" * 64))
+    code, report = run_ajv(node_ajv, tmp_path)
+    assert code == 1 and "envelope-digest-example.json" in _failed(report)
+    export_kit(tmp_path)
+
+    def lose_rule_7_default(schema: dict[str, Any]) -> None:
+        (clause,) = [c for c in schema["allOf"] if c["$comment"].startswith("rule 7")]
+        clause["then"]["properties"]["lifecycle_assurances"]["properties"]["release_destroys"].pop("default")
+        clause["then"]["properties"]["lifecycle_assurances"]["default"] = {}
+
+    _edit(tmp_path, "schemas/SandboxProviderCapabilities.schema.json", lose_rule_7_default)
+    code, report = run_ajv(node_ajv, tmp_path)
+    assert code == 1 and "envelope-digest-example.json" in _failed(report)
 
 
 def test_a_clause_naming_another_field_fails(node_ajv: Any, tmp_path: Path) -> None:

@@ -179,7 +179,7 @@ def _table(report: Report) -> None:
             f"{c.number:d} {escape(c.name)}",
             f"[{colour}]{escape(c.outcome)}[/]",
             f"{c.seconds:.2f} s",
-            escape(c.reason),
+            escape(c.reason) + (f" [dim](exercised: {escape(', '.join(c.exercised))})[/]" if c.exercised else ""),
         )
     Console(stderr=True).print(table)
     t = report.tally()

@@ -2,7 +2,9 @@
 
 The Statement's subject is the execution target tuple, with the SHA-256 of the
 envelope's RFC 8785 canonical JSON as its digest; the predicate holds the suite
-version, the envelope itself, each case's outcome and reason, and the time. The
+version, the envelope itself, each case's outcome and reason with the declared
+optional members and lifecycle assurances it exercised (``exercised``: seen to
+hold; ``faulted``: seen to fail), and the time. The
 DSSE envelope and the signature come from ``securesystemslib`` (the in-toto
 project's DSSE implementation), the key from ``cryptography``.
 
@@ -185,7 +187,15 @@ def statement(report: Report) -> dict[str, Any]:
             "envelope": json.loads(canonical(env)),
             "envelope_digest": report.envelope_digest,
             "cases": [
-                {"number": c.number, "name": c.name, "outcome": c.outcome, "reason": c.reason} for c in report.cases
+                {
+                    "number": c.number,
+                    "name": c.name,
+                    "outcome": c.outcome,
+                    "reason": c.reason,
+                    "exercised": c.exercised,
+                    "faulted": c.faulted,
+                }
+                for c in report.cases
             ],
             "tally": report.tally(),
             "started_at": _iso(report.started_at),

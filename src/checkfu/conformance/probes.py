@@ -181,6 +181,24 @@ async def write_file(session: RunSession, inst: Instance, path: str, text: str) 
     )
 
 
+async def write_new(session: RunSession, inst: Instance, path: str, text: str) -> Ran:
+    """Write ``text`` to ``path``, making the directories above it (a sandbox's own ``write`` makes them)."""
+    return await first(
+        session,
+        inst,
+        [
+            ["sh", "-c", 'mkdir -p "$(dirname "$2")" && printf %s "$1" > "$2"', "sh", text, path],
+            ["write", path, text],
+        ],
+    )
+
+
+async def has_shell(session: RunSession, inst: Instance) -> bool:
+    """Whether the sandbox runs ``sh -c``."""
+    ran = await session.exec(inst, ["sh", "-c", "exit 0"], timeout=PROBE_TIMEOUT)
+    return ran.exit_code == 0
+
+
 async def writable_dir(session: RunSession, inst: Instance) -> str:
     """A directory the sandbox user may write in: its home, else /tmp."""
     try:

@@ -29,9 +29,13 @@ from checkfu.runner.registry import Adapter, Registry, adapter_from_factory, loa
 from checkfu.wire.client import RemoteProvider
 from checkfu.wire.credentials import Credential
 
-SUITE_VERSION = "checkfu-conformance 1"
+SUITE_VERSION = "checkfu-conformance 2"
+"""Version 2 exercises every optional member and lifecycle assurance the envelope declares (issue 30)."""
 COMFORTABLE = Resources(cpu_millis=500, memory_mib=128, disk_mib=64, pids=64)
 """What a sandbox running a shell and a few probes needs; clipped into the envelope's range."""
+CONFORMANCE_WINDOW = 256 << 10
+"""The output credit the suite grants a service's open process: small, so a modest echo outruns it and the
+service must wait for the suite's grants (the runner grants ``DEFAULT_WINDOW``; any grant binds a service)."""
 
 
 @dataclass
@@ -118,7 +122,9 @@ async def resolve_target(target: str, credential: Credential | None = None) -> A
         SandboxError: the service's envelope does not decode, or describe failed.
     """
     if is_url(target):
-        return await adapter_from_factory(lambda: RemoteProvider(target, credential), target, {})
+        return await adapter_from_factory(
+            lambda: RemoteProvider(target, credential, window=CONFORMANCE_WINDOW), target, {}
+        )
     registry: Registry = await load_registry(entry_point_names=[target])
     found = registry.by_provider(target)
     if len(found) != 1:

@@ -5,7 +5,8 @@ order, refuses with ``SandboxEnrollmentRefused`` naming what does not hold:
 
 1. the evidence: its signature verifies with the conformance key the operator
    trusts, and it is for exactly this execution target and this envelope's digest;
-2. no case of it failed;
+2. no case of it failed, and it was made by this runner's suite (``SUITE_VERSION``):
+   an older suite did not exercise what the envelope declares, so its passes say less;
 3. ``security_boundary`` egress: only with evidence from the operator's own matrix,
    signed by the matrix key (never the provider's key), for this same envelope;
 4. the ceiling: every axis and field the envelope claims above the server-owned
@@ -28,7 +29,7 @@ from pathlib import Path
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from checkfu.conformance.evidence import EvidenceError, Verified, verify_evidence
-from checkfu.conformance.suite import resolve_target
+from checkfu.conformance.suite import SUITE_VERSION, resolve_target
 from checkfu.contract.ceiling import RunnerProviderCapability, overreach
 from checkfu.contract.codec import digest
 from checkfu.contract.errors import SandboxEnrollmentRefused
@@ -115,6 +116,12 @@ async def enroll(
     if verified.failed:
         names = ", ".join(f"{c.get('number')} {c.get('name')}" for c in verified.failed)
         raise _refuse(f"the evidence records failed cases: {names}", "evidence")
+    if verified.suite_version != SUITE_VERSION:
+        raise _refuse(
+            f"the evidence was made by {verified.suite_version!r}, not this runner's {SUITE_VERSION!r}, which "
+            "exercises what the envelope declares: run checkfu provider verify again",
+            "evidence",
+        )
     ceiling = adapter.ceiling
     over = overreach(adapter.envelope, ceiling, matrix_egress=matrix_grade(adapter, matrix_evidence, matrix_key))
     if over:

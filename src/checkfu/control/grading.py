@@ -5,8 +5,10 @@ third party, Docker parity also needs provider snapshot custody; the in-tree Doc
 tier is the reference parity is measured against), each axis with its authority,
 whether that counts as enforcement and what the ceiling allows, the egress grade
 (an ``allowlist`` at ``unsupported`` is an uncertified allowlist), the conformance
-tally recorded at enrollment with each skip's reason, the provider faults recorded
-in the journal, and a plain warning for each thing a weak tier does not do.
+tally recorded at enrollment with each skip's reason, each optional member and
+lifecycle assurance the envelope declares with whether that conformance exercised it
+(held or failed, in which case; or not exercised, and why), the provider faults
+recorded in the journal, and a plain warning for each thing a weak tier does not do.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from checkfu.conformance.cases import CASES, ITEMS, NOT_EXERCISED, declared, declared_by
 from checkfu.contract.ceiling import THIRD_PARTY, RunnerProviderCapability, overreach
 from checkfu.contract.codec import digest
 from checkfu.contract.enforcement import AXES, counts_as_enforcement
@@ -67,6 +70,8 @@ class GradeCard:
     enrollment: dict[str, Any] | None
     warnings: list[str] = field(default_factory=list)
     history: list[dict[str, Any]] = field(default_factory=list)
+    declared: list[dict[str, Any]] = field(default_factory=list)
+    """Each optional member and lifecycle assurance the envelope declares, and what conformance made of it."""
 
     @property
     def loud(self) -> bool:
@@ -93,6 +98,7 @@ class GradeCard:
             "warnings": self.warnings,
             "loud": self.loud,
             "history": self.history,
+            "declared": self.declared,
         }
 
 
@@ -114,6 +120,60 @@ def _warnings(env: SandboxProviderCapabilities, tier: TierName, uncertified: boo
     if not env.user_namespace:
         out.append("no user namespace per sandbox: uid 0 inside would be uid 0 on the host")
     return out
+
+
+def exercised(env: SandboxProviderCapabilities, recorded: dict[str, Any], *, current: bool) -> list[dict[str, Any]]:
+    """Each optional member and lifecycle assurance ``env`` declares, and whether the recorded conformance
+    exercised it: ``held`` or ``failed`` in the case that did (from that case's ``exercised`` and ``faulted``),
+    else ``not exercised``, with why. Only a record of this very envelope counts."""
+    cases = [c for c in recorded.get("cases") or [] if isinstance(c, dict)]
+    says = any(isinstance(c.get("exercised"), list) for c in cases)
+    out: list[dict[str, Any]] = []
+    for item in ITEMS:
+        if not declared(env, item):
+            continue
+        row: dict[str, Any] = {
+            "item": item,
+            "kind": "assurance" if declared_by(item).startswith("lifecycle_assurances") else "operation",
+            "declared_by": declared_by(item),
+            "exercised": "not exercised",
+            "case": None,
+            "why": "",
+        }
+        failed = [c for c in cases if item in _strings(c.get("faulted"))]
+        held = [c for c in cases if item in _strings(c.get("exercised"))]
+        if not cases:
+            row["why"] = "no conformance recorded (checkfu provider test runs it; enrollment records it)"
+        elif not current:
+            row["why"] = "the recorded conformance is of another envelope"
+        elif not says:
+            suite = recorded.get("suite_version") or "an older suite"
+            row["why"] = f"recorded by {suite}, which does not say what it exercised"
+        elif failed:
+            row.update(exercised="failed", case=failed[0].get("number"), why=str(failed[0].get("reason", "")))
+        elif held:
+            row.update(exercised="held", case=held[0].get("number"))
+        else:
+            row["why"] = _why_not(item, cases, env)
+        out.append(row)
+    return out
+
+
+def _strings(value: object) -> list[str]:
+    return [v for v in value if isinstance(v, str)] if isinstance(value, list) else []
+
+
+def _why_not(item: str, cases: list[dict[str, Any]], env: SandboxProviderCapabilities) -> str:
+    """Why a declared item went unexercised in a record that says what it exercised."""
+    if item in NOT_EXERCISED:
+        return NOT_EXERCISED[item]
+    if item == "reaps_process_tree" and not env.declares("openProcess"):
+        return "needs openProcess, to watch a process across release"
+    owners = [case.number for case in CASES if item in case.items]
+    for c in cases:
+        if c.get("number") in owners and c.get("outcome") == "skip":
+            return f"case {c.get('number')} was skipped: {c.get('reason', '')}"
+    return "no recorded case exercised it"
 
 
 def grade(
@@ -157,10 +217,13 @@ def grade_envelope(
     uncertified = "allowlist" in env.network_modes and env.egress_certification == "unsupported"
     if conformance is not None:
         recorded = {"source": "run now", **conformance}
+        current = conformance.get("envelope_digest", digest(env)) == digest(env)
     elif enrollment is not None and enrollment.evidence is not None:
         recorded = {"source": "enrollment evidence", **enrollment.evidence}
+        current = enrollment.envelope_digest == digest(env)
     else:
         recorded = {"source": "none recorded", "tally": None, "cases": []}
+        current = False
     return GradeCard(
         target=str(env.target),
         envelope_digest=digest(env),
@@ -193,6 +256,7 @@ def grade_envelope(
             }
             for e in history or []
         ],
+        declared=exercised(env, recorded, current=current),
     )
 
 
@@ -221,6 +285,17 @@ def render_text(card: GradeCard) -> list[str]:
                 lines.append(f"  case {c.get('number')} {c.get('outcome')}: {c.get('reason')}")
     else:
         lines.append("conformance none recorded (checkfu provider test; enrollment records it)")
+    lines.append("declared   (optional members and lifecycle assurances; what conformance exercised)")
+    for d in card.declared:
+        if d["exercised"] == "not exercised":
+            verdict = f"not exercised: {d['why']}"
+        else:
+            verdict = f"exercised in case {d['case']}: " + (
+                "held" if d["exercised"] == "held" else f"FAILED: {d['why']}"
+            )
+        lines.append(f"  {d['item']:<22} {d['declared_by']:<44} {verdict}"[:400])
+    if not card.declared:
+        lines.append("  nothing beyond the nine required members")
     for w in card.warnings:
         lines.append(f"warning    {w}")
     for h in card.history[:10]:
@@ -245,6 +320,14 @@ def render_html(card: GradeCard) -> str:
         f"<td>{e(str(c.get('outcome')))}</td><td>{e(str(c.get('reason', '')))}</td></tr>"
         for c in conf.get("cases", [])
     )
+    declared_rows = (
+        "".join(
+            f"<tr class='{e(d['exercised'].replace(' ', '-'))}'><td>{e(d['item'])}</td><td>{e(d['declared_by'])}</td>"
+            f"<td>{e(d['exercised'])}</td><td>{e(str(d['case'] or ''))}</td><td>{e(d['why'])}</td></tr>"
+            for d in card.declared
+        )
+        or "<tr><td colspan='5'>nothing beyond the nine required members</td></tr>"
+    )
     history = (
         "".join(
             f"<tr><td>{e(h['member'])}</td><td>{e(str(h['error_code']))}</td><td>{e(str(h['detail'] or ''))}</td>"
@@ -267,7 +350,8 @@ def render_html(card: GradeCard) -> str:
 body{{font:15px/1.45 system-ui,sans-serif;margin:2rem auto;max-width:60rem;color:#1b1b1b}}
 h1{{font-size:1.35rem}} table{{border-collapse:collapse;width:100%;margin:.5rem 0 1.5rem}}
 td,th{{border:1px solid #ccc;padding:.3rem .5rem;text-align:left;vertical-align:top}}
-tr.weak td,tr.fail td{{background:#fde2e2}} tr.ok td,tr.pass td{{background:#e6f4e6}} tr.skip td{{background:#fff6d6}}
+tr.weak td,tr.fail td,tr.failed td{{background:#fde2e2}} tr.ok td,tr.pass td,tr.held td{{background:#e6f4e6}}
+tr.skip td,tr.not-exercised td{{background:#fff6d6}}
 .tier{{font-size:1.2rem;font-weight:600}} .loud .tier{{color:#a40000}}
 ul.warnings li{{color:#a40000}}
 </style></head>
@@ -282,6 +366,9 @@ ul.warnings li{{color:#a40000}}
 <h2>Egress</h2><p id="egress">{egress}; the ceiling allows {e(card.ceiling["egress_certification"])}</p>
 <h2>Conformance</h2><p id="conformance">{conformance}</p>
 {f'<table id="cases"><tr><th>#</th><th>case</th><th>outcome</th><th>reason</th></tr>{cases}</table>' if cases else ""}
+<h2>Declared, and exercised by conformance</h2>
+<table id="declared"><tr><th>optional member or assurance</th><th>declared by</th><th>conformance</th><th>case</th>
+<th>why</th></tr>{declared_rows}</table>
 <h2>Warnings</h2><ul class="warnings" id="warnings">{warnings}</ul>
 <h2>Provider faults recorded</h2>
 <table id="history"><tr><th>member</th><th>code</th><th>detail</th><th>run</th></tr>{history}</table>

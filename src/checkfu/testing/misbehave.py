@@ -26,7 +26,13 @@ from pydantic import create_model
 
 from checkfu.contract.checks import sha256_digest
 from checkfu.contract.envelope import MEMBERS, Member
-from checkfu.contract.errors import ERROR_CLASSES, SandboxCapabilityUnavailable, Unmet
+from checkfu.contract.errors import (
+    ERROR_CLASSES,
+    SandboxBoundExceeded,
+    SandboxCapabilityUnavailable,
+    SandboxOperationUnsupported,
+    Unmet,
+)
 from checkfu.contract.members import (
     ActivateRequest,
     CloneRequest,
@@ -62,9 +68,9 @@ from checkfu.contract.members import (
     WriteFileRequest,
     WriteFileResult,
 )
-from checkfu.contract.model import Model, format_timestamp
+from checkfu.contract.model import MAX_SAFE_INT, Model, format_timestamp
 from checkfu.contract.paths import MAX_PATH_BYTES
-from checkfu.contract.process import ProcessEvent, ProcessExit
+from checkfu.contract.process import ProcessEvent, ProcessExit, ProcessOutput
 from checkfu.contract.provider import ProcessStream, Provider
 from checkfu.contract.target import Lease
 
@@ -403,6 +409,146 @@ hang = Misbehaviour("hang", frozenset(MEMBERS), _hang)
 """Do the work, then answer only after an hour: the runner's deadline must fire."""
 crash = Misbehaviour("crash", frozenset(MEMBERS), _crash)
 """Do the work, then raise an exception outside the vocabulary."""
+
+# Faults only conformance catches ------------------------------------------------------------------
+#
+# Each answer below is one the runner takes as it comes (it decodes, echoes and stays within its bounds), so
+# only a check of what a declared member must do can find it: the conformance suite's. None of them is in
+# ``PRESETS``, which holds the faults the runner's own checks catch.
+
+
+async def _unsupported(inv: Invocation) -> Any:
+    raise SandboxOperationUnsupported(f"{inv.member} is not served here", field="path")
+
+
+unsupported = Misbehaviour("unsupported", frozenset(MEMBERS), _unsupported)
+"""Answer ``SandboxOperationUnsupported`` (over the wire: 501) without doing anything, whatever the envelope says."""
+
+truncation_unflagged = corrupting(
+    "truncation_unflagged",
+    {"exec"},
+    lambda r, inv: r.model_copy(update={"stdout_truncated": False, "stderr_truncated": False}),
+)
+"""Cut the output at ``max_output_bytes`` as asked, and say nothing was cut."""
+
+timeout_unreported = corrupting(
+    "timeout_unreported",
+    {"exec"},
+    lambda r, inv: r.model_copy(update={"timed_out": False, "exit_code": 0}) if r.timed_out else r,
+)
+"""A command stopped at its timeout, answered as one that finished well."""
+
+
+class _Wrapped:
+    """An open process that is the inner stream's in all but what a subclass overrides."""
+
+    def __init__(self, inner: ProcessStream) -> None:
+        self._inner = inner
+
+    @property
+    def started(self) -> ProcessStarted:
+        return self._inner.started
+
+    async def send_stdin(self, data: bytes) -> None:
+        await self._inner.send_stdin(data)
+
+    async def close_stdin(self) -> None:
+        await self._inner.close_stdin()
+
+    def events(self) -> AsyncIterator[ProcessEvent]:
+        return self._inner.events()
+
+    async def resize(self, rows: int, cols: int) -> None:
+        await self._inner.resize(rows, cols)
+
+    async def kill(self) -> None:
+        await self._inner.kill()
+
+
+class _DropsFirstOutput(_Wrapped):
+    async def _events(self) -> AsyncIterator[ProcessEvent]:
+        dropped = False
+        async for event in self._inner.events():
+            if not dropped and isinstance(event, ProcessOutput):
+                dropped = True
+                continue
+            yield event
+
+    def events(self) -> AsyncIterator[ProcessEvent]:
+        return self._events()
+
+
+class _IgnoresKill(_Wrapped):
+    async def kill(self) -> None:
+        return None
+
+
+def _streaming(name: str, wrap: Callable[[ProcessStream], Any]) -> Misbehaviour:
+    async def act(inv: Invocation) -> Any:
+        return wrap(await inv.proceed())
+
+    return Misbehaviour(name, frozenset({"openProcess"}), act)
+
+
+drops_output = _streaming("drops_output", _DropsFirstOutput)
+"""An open process whose first chunk of output never arrives; the rest, the ends and the exit do."""
+kill_ignored = _streaming("kill_ignored", _IgnoresKill)
+"""An open process that ``kill`` does not end."""
+exit_status_zero = _exit_status("exit_status_zero", 0)
+"""Every exit answered as 0, whatever the process exited with."""
+
+
+def _missing_as_files(r: ReadFilesResult, inv: Invocation) -> ReadFilesResult:
+    return r.model_copy(update={"files": (*r.files, *(_content(p) for p in r.missing)), "missing": ()})
+
+
+missing_as_empty_files = corrupting("missing_as_empty_files", {"readFiles"}, _missing_as_files)
+"""Every path with no regular file (a directory, nothing at all) answered as an empty file."""
+
+
+async def _truncate_over_max(inv: Invocation) -> Any:
+    try:
+        return await inv.proceed()
+    except SandboxBoundExceeded:
+        request: ReadFilesRequest = inv.request
+        whole = await inv.double.inner.read_files(request.model_copy(update={"max_bytes": MAX_SAFE_INT}))
+        files, room = [], request.max_bytes
+        for f in whole.files:
+            data = f.data[:room]
+            room -= len(data)
+            files.append(f.model_copy(update={"data": data, "digest": sha256_digest(data)}))
+        return whole.model_copy(update={"files": tuple(files)})
+
+
+truncates_over_max = Misbehaviour("truncates_over_max", frozenset({"readFiles"}), _truncate_over_max)
+"""Files over ``max_bytes`` answered cut short to fit (each with the digest of what is left), not refused."""
+
+lists_no_entries = corrupting(
+    "lists_no_entries", {"listDir"}, lambda r, inv: r.model_copy(update={"entries": (), "truncated": False})
+)
+"""Every directory answered as empty."""
+
+lists_no_allocations = corrupting(
+    "lists_no_allocations", {"listAllocations"}, lambda r, inv: r.model_copy(update={"allocations": ()})
+)
+"""``listAllocations`` answered empty, whatever is held."""
+
+CONFORMANCE_FAULTS: dict[str, Misbehaviour] = {
+    m.name: m
+    for m in (
+        unsupported,
+        truncation_unflagged,
+        timeout_unreported,
+        drops_output,
+        kill_ignored,
+        exit_status_zero,
+        missing_as_empty_files,
+        truncates_over_max,
+        lists_no_entries,
+        lists_no_allocations,
+    )
+}
+"""Every fault the runner takes as an answer in contract and only the conformance suite finds, by name."""
 
 PRESETS: dict[str, Misbehaviour] = {
     m.name: m

@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import secrets
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from checkfu.contract.provider import Provider
@@ -55,15 +55,21 @@ class _Service(threading.Thread):
 
 @contextlib.contextmanager
 def serve_in_thread(
-    provider: Provider, *, credential: str | None = None, attest_enforcement: bool = True
+    provider: Provider,
+    *,
+    credential: str | None = None,
+    attest_enforcement: bool = True,
+    front: Callable[[Any], Any] | None = None,
 ) -> Iterator[RemoteProvider]:
-    """Serve ``provider`` on loopback in a background thread; yields a client for it.
+    """Serve ``provider`` on loopback in a background thread; yields a client for it. ``front`` wraps the service's
+    ASGI application in one of the caller's (a gateway that answers some requests itself, say).
 
     Raises:
         RuntimeError: the service did not start.
     """
     secret = credential or secrets.token_urlsafe(24)
-    service = _Service(create_app(provider, [secret], attest_enforcement=attest_enforcement))
+    app = create_app(provider, [secret], attest_enforcement=attest_enforcement)
+    service = _Service(front(app) if front is not None else app)
     service.start()
     if not service.ready.wait(timeout=30) or service.url is None:
         service.stop()

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from websockets.asyncio.client import ClientConnection, connect
-from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
+from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
 
 from checkfu.contract.codec import decode, strict_json
 from checkfu.contract.deadlines import DEFAULT_DEADLINES
@@ -452,6 +452,10 @@ class RemoteProcess:
         self._broken: SandboxError | None = None
         self._reader: asyncio.Task[None] | None = None
         self._send_lock = asyncio.Lock()
+        self.stdin_grant: int | None = None
+        """The stdin credit the service granted at the start (its first ``start.window``)."""
+        self.reattached = 0
+        """How many times the stream reattached after its connection dropped."""
 
     @property
     def started(self) -> ProcessStarted:
@@ -544,6 +548,12 @@ class RemoteProcess:
             except ssl.SSLError as exc:
                 why = f"the TLS handshake failed: {exc.reason or exc} (does it serve TLS?)"
                 raise observed_by_runner(self.provider._tls_failed("openProcess", why, verify=False)) from None
+            except InvalidStatus as exc:
+                refused = _refused_upgrade(exc)
+                if refused is not None:  # the service answered the upgrade with a wire error: it will again
+                    raise refused from None
+                last = exc
+                await asyncio.sleep(REATTACH_PAUSE * (2**attempt))
             except (ConnectionClosed, OSError, InvalidHandshake, InvalidURI) as exc:
                 last = exc
                 await asyncio.sleep(REATTACH_PAUSE * (2**attempt))
@@ -552,7 +562,16 @@ class RemoteProcess:
                 SandboxProtocolViolation(f"openProcess: cannot open the process stream: {last}", field="connection")
             )
         self._started = decode(ProcessStarted, frame.started.model_dump_json())
+        self.stdin_grant = frame.window
         self._reader = asyncio.ensure_future(self._read())
+
+    def interrupt(self) -> None:
+        """Drop the current connection at once, as a network fault would; the stream reattaches by itself.
+
+        For conformance and tests: what the service owes a client whose connection broke (the operation kept,
+        the output after the resume point sent again, the stdin it lacks taken again) is checked this way.
+        """
+        self._abort()
 
     async def _reattach(self) -> bool:
         """Connect again and resume from what the caller consumed; false when the service cannot be reached.
@@ -578,6 +597,7 @@ class RemoteProcess:
                     self._abort()
                     continue  # this connection failed too: try again, from the same point
             self._credit.set()
+            self.reattached += 1
             return True
         return False
 
@@ -785,6 +805,17 @@ class RemoteProcess:
         if self._ws is not None:
             with contextlib.suppress(Exception):
                 self._ws.transport.abort()
+
+
+def _refused_upgrade(exc: InvalidStatus) -> SandboxError | None:
+    """The wire error a service answered an ``openProcess`` upgrade with (``501 SandboxOperationUnsupported`` from
+    a service that does not serve it, a ``401``), or ``None`` when the answer carries none: a status alone
+    (a proxy's ``502``, say) may pass, so the caller tries again."""
+    response = exc.response
+    try:
+        return decode(WireError, bytes(response.body or b"")).to_exception()
+    except SandboxError:
+        return None
 
 
 def create(url: str, credential_file: str | None = None, ca_file: str | None = None, **options: Any) -> RemoteProvider:

@@ -31,7 +31,7 @@ import rfc8785
 from pydantic.json_schema import models_json_schema
 
 from checkfu.contract import examples as ex
-from checkfu.contract.codec import build, canonical, decode_value
+from checkfu.contract.codec import build, canonical, decode_value, digest
 from checkfu.contract.envelope import SandboxProviderCapabilities
 from checkfu.contract.errors import (
     SandboxDigestMismatch,
@@ -1022,6 +1022,21 @@ def digest_example() -> dict[str, Any]:
     }
 
 
+def envelope_digest_example() -> dict[str, Any]:
+    """One envelope as written (every optional field left out), as decoded, its canonical bytes and its digest:
+    the digest conformance evidence and enrollment bind to."""
+    written = ex.seed_day_one_envelope()
+    envelope = decode_value(SandboxProviderCapabilities, written)
+    return {
+        "description": "the envelope digest worked through: decode, fill every default (release_destroys by rule 7), "
+        "RFC 8785, SHA-256",
+        "envelope_as_written": written,
+        "envelope_decoded": envelope.model_dump(mode="json"),
+        "canonical": canonical(envelope).decode("utf-8"),
+        "digest": digest(envelope),
+    }
+
+
 # --- the kit -------------------------------------------------------------------------------------
 
 
@@ -1037,6 +1052,7 @@ def build_kit() -> dict[str, Any]:
         "beyond_schema": BEYOND_SCHEMA,
         "json_rules": JSON_RULES,
         "digest_example": "digest-example.json",
+        "envelope_digest_example": "envelope-digest-example.json",
         "object_codes": object_codes(),
         "openapi": "openapi.json",
     }
@@ -1070,6 +1086,7 @@ def build_kit() -> dict[str, Any]:
         files[f"schemas/{name}.schema.json"] = schema(model)
         index["frame_schemas"][name] = f"schemas/{name}.schema.json"
     files["digest-example.json"] = digest_example()
+    files["envelope-digest-example.json"] = envelope_digest_example()
     files["openapi.json"] = copy.deepcopy(openapi_document())
     files["index.json"] = index
     return files

@@ -11,8 +11,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from checkfu.conformance.cases import CASES, ECHO_FLOOR, ITEMS, NOT_EXERCISED, PATIENCE, declared_by
+from checkfu.conformance.suite import CONFORMANCE_WINDOW, SUITE_VERSION
 from checkfu.contract.codec import MAX_DOCUMENT_BYTES
-from checkfu.contract.envelope import MEMBERS
+from checkfu.contract.envelope import MEMBERS, SandboxProviderCapabilities
 from checkfu.contract.errors import ERROR_CLASSES
 from checkfu.contract.frames import DEFAULT_WINDOW, MAX_DATA, TAG_ERR, TAG_OUT, TAG_STDIN
 from checkfu.contract.lifecycle import TRANSITIONS
@@ -37,7 +39,11 @@ from checkfu.wire.kit import (
 )
 from checkfu.wire.limits import RequestLimits
 from checkfu.wire.operations import OPERATION_TTL
-from checkfu.wire.server import MAX_WRITE_BYTES
+from checkfu.wire.server import MAX_WRITE_BYTES, STDIN_WINDOW
+
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+"""The search path the in-tree providers use when a request's ``env`` has no ``PATH`` (their own constants:
+``providers.docker.process.DEFAULT_PATH``, ``providers.host_process.spawning.BASE_PATH``; a test holds them equal)."""
 
 BEYOND_SCHEMA_TEXT: dict[str, str] = {
     "minimum-not-above-maximum": (
@@ -73,8 +79,11 @@ BEYOND_SCHEMA_TEXT: dict[str, str] = {
     ),
     "integers-written-as-integers": (
         'Where the schema says `"type": "integer"`, the JSON number must be written as an integer: digits '
-        "with an optional leading `-`, no fraction and no exponent. `8.0`, `8e0` and `8E+0` are refused as the "
-        "wrong type, with the code of the message that owns the field and the field's path. JSON Schema 2020-12 "
+        "with an optional leading `-`, no fraction and no exponent. `8.0`, `8e0` and `8E+0` are refused as a value "
+        "of the wrong type at that place, with the code Step 2 gives one there: the code of the innermost object "
+        "containing the value that owns a code, else the message's own (so `profile.resource_limits.memory_mib: "
+        "256.0` in a `MaterializeRequest` is `SandboxProfileInvalid`, `lease.lease_epoch: 1.0` is the request's "
+        "`SandboxProtocolViolation`), and the field's path. JSON Schema 2020-12 "
         "counts `8.0` as an integer, and a validator working on parsed values cannot tell `8.0` from `8` (in "
         "JavaScript they are the same value), so check the number as written, in your JSON parser."
     ),
@@ -262,10 +271,11 @@ runner leaves a choice to the provider, it says so.
   runner never gives you cause.
 - **`activate`**: make the staged files real at their targets (sealed, if your envelope
   claims `mounts_sealed`) and start the instance: `active`.
-- **`exec`**: run `argv` (no shell unless `argv` names one) with exactly `env` as its whole
-  environment, in `cwd` (null or omitted: a directory of your choosing; the in-tree
-  providers take `/`, the sandbox user's home, or the instance's work directory), with
-  `stdin`'s bytes and then end of file, to completion:
+- **`exec`**: run `argv` (no shell unless `argv` names one) with `env` as its environment,
+  in `cwd` (null or omitted: a directory of your choosing; the in-tree providers take `/`,
+  the sandbox user's home, or the instance's work directory), with `stdin`'s bytes and then
+  end of file, to completion (when `env` has no `PATH`, or `cwd` is not a directory: *(g)*
+  under *What the contract leaves open, answered*):
   - `exit_code` is the process's exit status. A process killed by signal N exits
     **128 + N**, as a shell reports it (what the in-tree providers answer; a negative code
     is legal JSON, but no convention the runner shows users). A program that cannot be
@@ -302,6 +312,21 @@ runner leaves a choice to the provider, it says so.
   so is deleting them once `expires_at` passes (the runner asks nothing then, and later
   compensates a key you still list); with `runner` custody the runner calls `deleteSnapshot`
   once it passes, and you may delete it yourself first (answer `deleted: false` then).
+- **`listDir`** (only where `list_dir` is true): what is at `path` (`kind`: `dir`, `file`,
+  `symlink`, `other`, or `missing` for nothing; a final symlink is never followed) and, for a
+  directory, its entries (all below it with `recursive`), each with its `kind`, `size` and
+  `mode`, at most `max_entries` of them, `truncated` true when there were more. Nothing
+  there, a file, a link: each is an answer, not an error. The runner refuses an entry
+  outside `path` (`SandboxPathRejected`) and more than `max_entries` (`SandboxBoundExceeded`).
+- **`readFiles`** (only where `operations` has it): each asked path exactly once, as a file
+  (`path`, `mode`, `digest`, the bytes) or in `missing`; for directories and `max_bytes`:
+  *(h)* below.
+- **`openProcess`** (only where `operations` has it): start `argv` as `exec` would, and
+  stream: *openProcess* above, and *(c)* to *(f)* below.
+- **`listAllocations`** (only where `operations` has it): everything you hold labelled with
+  the request's `runner_tag`, each with its `allocation_key`, `kind` and `object_id`. With
+  `enumerates_allocations` you promise the list is complete: conformance checks that a live
+  instance is on it and a reclaimed one is not.
 
 ### Errors, and what the runner makes of them
 
@@ -357,6 +382,314 @@ future version that adds a route will say how it is offered.
 """
 
 
+# The envelope digest, conformance, and the questions a stranger asked ---------------------------------------------
+
+
+def _envelope_defaults() -> list[str]:
+    """Every optional field of the envelope and its default, from the model."""
+    out = []
+    for name, info in SandboxProviderCapabilities.model_fields.items():
+        if info.is_required():
+            continue
+        if name == "lifecycle_assurances":
+            out.append(
+                "`lifecycle_assurances`: an object with all five keys, each `false`, except `release_destroys`, "
+                "`true` beside `ephemeral_zdr` (rule 7), whether the object or only that key is left out"
+            )
+            continue
+        out.append(
+            f"`{name}`: {_code(SandboxProviderCapabilities.model_fields[name].get_default(call_default_factory=True))}"
+        )
+    return out
+
+
+def _envelope_digest_section(files: dict[str, Any]) -> str:
+    example = files["envelope-digest-example.json"]
+    written = json.dumps(example["envelope_as_written"], indent=2)
+    defaults = "\n".join(f"  - {d}" for d in _envelope_defaults())
+    return f"""
+## The envelope digest
+
+Conformance evidence and enrollment are bound to one envelope by its digest: the evidence's
+subject digest (the hex alone) and its predicate's `envelope_digest` (with `sha256:`), and the
+digest an enrollment records. A new revision, or any change to the envelope, needs new evidence.
+It is computed as the profile digest is, over the envelope:
+
+`envelope_digest` is `sha256:` and the lowercase hex SHA-256 of the RFC 8785 (JCS) canonical JSON
+of the **decoded** envelope, the value of `envelope` in your `describe` answer (not the
+`{{"envelope": ...}}` around it, not your body's spacing or key order):
+
+- every optional field present, at its default when you left it out:
+{defaults}
+- every array in the order you wrote it: the decoder refuses duplicates but sorts nothing, so
+  `["none", "allowlist"]` and `["allowlist", "none"]` are two envelopes with two digests (keep
+  the order stable from one revision to the next);
+- integers as plain digits, booleans as `true`/`false`, object keys sorted by their UTF-16 code
+  units, no whitespace, strings in their shortest JSON escapes (as for the profile);
+- as the runner decodes what it is served: the runner's own service (`checkfu provider serve`)
+  restates a `runner_enforced` axis as `provider_attested` before it answers, so the digest is of
+  the envelope as served (and a third party may claim no `runner_enforced` axis anyway).
+
+`envelope-digest-example.json` works one envelope through, the seed's day-one tier with every
+optional field left out. As written:
+
+```json
+{written}
+```
+
+canonical bytes (UTF-8, exactly these, no trailing newline):
+
+```
+{example["canonical"]}
+```
+
+digest:
+
+```
+{example["digest"]}
+```
+"""
+
+
+def _exercised_by() -> list[str]:
+    """One row per optional member and lifecycle assurance: the case that exercises it, or why none can."""
+    how = {
+        "openProcess": "stdin past every credit window echoed whole, exit after all output; a failing status as "
+        "exec's; kill; over the wire, a dropped connection reattached",
+        "readFiles": "a file's bytes; a directory and nothing missing; over `max_bytes` refused",
+        "listDir": "entries with kind and size; `max_entries` truncates; a file; nothing",
+        "listAllocations": "answers for the runner tag",
+        "snapshot": "resumed with its files (6); an expiry within `keep_seconds` (8)",
+        "deleteSnapshot": "a deleted snapshot cannot be resumed",
+        "clone": "a new identity, writes kept apart",
+        "resume": "a snapshot's files (6); a deleted, foreign or ephemeral one refused (8)",
+        "release_destroys": "release answers destroyed; inspect says released or gone (4); an ephemeral_zdr "
+        "instance's snapshots die with it (8)",
+        "release_idempotent": "a second release, the same identity",
+        "reaps_process_tree": "a process tree left running at release ends (needs `openProcess` to watch it)",
+        "enumerates_allocations": "the live instance listed, reclaimed ones not",
+    }
+    rows = []
+    for item in ITEMS:
+        cases = [str(c.number) for c in CASES if item in c.items]
+        if item in NOT_EXERCISED:
+            rows.append(f"| `{item}` | `{declared_by(item)}` | none | not exercised: {NOT_EXERCISED[item]} |")
+        else:
+            rows.append(f"| `{item}` | `{declared_by(item)}` | {', '.join(cases)} | {how[item]} |")
+    return rows
+
+
+def _conformance_section() -> str:
+    blocks = []
+    for case in CASES:
+        runs = "always" if case.requires == "-" else f"when the envelope declares {case.requires}, else skipped"
+        checks = "\n".join(f"| {c.does} | {c.when} |" for c in case.checks)
+        blocks.append(
+            f"""### Case {case.number}: {case.name}
+
+Runs {runs}.
+
+| check | turned on by |
+| --- | --- |
+{checks}
+"""
+        )
+    cases = "\n".join(blocks)
+    items = "\n".join(_exercised_by())
+    return f"""
+## Conformance: the nine cases
+
+`checkfu provider test URL` runs them ({SUITE_VERSION}); `checkfu provider verify URL --key KEY`
+runs them and signs the report as evidence; enrollment takes evidence of this suite version
+with no failed case. Every case drives your service through the runner's own door, so it is held
+to every check a Run makes (decoding, echoes, leases, paths, bounds, deadlines), and then to the
+case's own checks below.
+
+What runs is decided by your envelope. A case whose requirement you do not declare is skipped,
+naming the field. Inside a case that runs, a check of an optional member or lifecycle assurance
+runs only where you declare it, and an undeclared member is never called. A declared one that
+fails fails its case, and the reason starts with it and the field that declared it:
+`openProcess (declared by operations): openProcess: the provider raised
+SandboxOperationUnsupported: ...`. Case 2 tries each declared member even after another failed
+(on a new instance when a failure cost the first: the runner reclaims an instance after any
+error), so every broken one is named. Each case records the declared members and assurances it
+exercised and saw hold (`exercised`) or fail (`faulted`); the evidence signs both, and the grade
+card shows them.
+
+{cases}
+### Each optional member and assurance, and the case that exercises it
+
+| declared | by | case | what is checked |
+| --- | --- | --- | --- |
+{items}
+
+### How the suite drives you
+
+- Over a URL it grants {CONFORMANCE_WINDOW >> 10} KiB of output credit per open process (the
+  runner grants {DEFAULT_WINDOW >> 20} MiB): an echo of {ECHO_FLOOR >> 20} MiB and more outruns
+  it, so you must wait for its grants; it sends more stdin than your first grant, so it must
+  wait for yours.
+- It waits {PATIENCE:g} s for what must end (a timed-out command, a killed process, the processes
+  of a released instance) before it says it did not.
+- Inside the sandbox it runs `echo`, `cat`, `env`, `ls` and `sleep`, and `sh -c` where there is
+  one (writing files with `mkdir -p` and `printf`; without a shell, a `write PATH TEXT`
+  command); a check that finds no way to probe fails, saying so: a case never passes for want of
+  a tool.
+"""
+
+
+FEATURES: tuple[tuple[str, str, str], ...] = (
+    ("`checkfu run` output as it comes", "`openProcess`", "`exec`: the output arrives at the end"),
+    ("`checkfu run -i` (stdin streamed)", "`openProcess`", "refused at selection: `SandboxCapabilityUnavailable`"),
+    ("`checkfu run -t` (a terminal)", "`openProcess` and `terminal`", "refused at selection"),
+    ("`checkfu exec ID -- CMD` streamed, `-i`", "`openProcess`", "`exec`: `-i` reads all of stdin first"),
+    ("`checkfu run --capture PATH` of a file", "`readFiles`", "the capture fails after the command"),
+    ("`--capture` of a directory", "`listDir` and `readFiles`", "read as one file: it comes back missing"),
+    ("`checkfu cp ID:PATH LOCAL`", "`listDir` and `readFiles`", "refused"),
+    ("`checkfu cp LOCAL ID:PATH`", "`listDir`, and `exec` of a POSIX `sh`", "refused"),
+    ("SDK `files.write`", "`exec` of a POSIX `sh`", "the write fails"),
+    ("SDK `files.read` / `files.list`", "`readFiles` / `listDir`", "refused"),
+    ("SDK `run(..., on_stdout=...)` / `spawn`", "`openProcess`", "`run` hands output over at the end / refused"),
+    ("a durable profile (`retention_mode: durable`)", "`durable` retention and `snapshots`", "refused at selection"),
+    ("`checkfu snapshot`, `resume`, `clone`", "`snapshots`", "refused"),
+    ("`--mount SRC:TARGET:rw`", "`writable_mounts`", "refused at selection"),
+    ("a mount holding a symlink", "`mount_symlinks`", "refused at selection"),
+    (
+        "the orphan sweep of `checkfu runner reconcile`",
+        "`listAllocations` and `enumerates_allocations`",
+        "only what the journal recorded is reclaimed",
+    ),
+)
+"""Runner features, what each needs the envelope to declare, and what happens without it (answer (k))."""
+
+
+def _answers_section() -> str:
+    limits = Limits()
+    features = "\n".join(f"| {feature} | {needs} | {without} |" for feature, needs, without in FEATURES)
+    return f"""
+## What the contract leaves open, answered
+
+Each answer is what the runner and its own service do; the tests hold the two to these words.
+
+### (a) A fault inside a nullable field
+
+A field that may be `null` (`cwd`, `tty`, `keep_seconds`, `expires_at`, a start frame's
+`resume`) is an `anyOf` of its value and `null` in the schema. `null` always passes. Any other
+value is judged as if the field were not nullable, and its fault is named by the plain dotted
+path, never by a branch of the `anyOf`: `tty.rows` for `"tty": {{"rows": 0, "cols": 80}}`,
+`cwd` for a relative `cwd` (the path rule: `SandboxPathRejected`) and for `"cwd": 5` (the
+message's own code), `keep_seconds` for `0`. The code follows Step 2 as for any field. A validator
+that reports an error for each branch of the `anyOf` (Ajv does) must report the non-null
+branch's. Inside an `openProcess` frame the same fault is `request.tty.rows`,
+`SandboxProtocolViolation`.
+
+### (b) Integers written as integers: the code
+
+`8.0`, `8e0` and `8E+0` where an integer is due are a value of the wrong type at that place, with
+the code Step 2 gives such a value there: the innermost object around it that owns a code, else
+the message's own. `profile.resource_limits.memory_mib: 256.0` in a `MaterializeRequest` is
+`SandboxProfileInvalid` (`422`); `lease.lease_epoch: 1.0` is the request's
+`SandboxProtocolViolation` (`400`). The field is the value's path. (Earlier kits said "the code of
+the message that owns the field", which is wrong for a field inside a profile.)
+
+### (c) What the {DEADLINES["openProcess"]:g} s `openProcess` deadline bounds
+
+One connection's start: from opening it (TCP, TLS, the WebSocket upgrade) to your `start` (or
+`error`) answering the client's `start`, which you send once the provider started the process.
+Each reattach gets it again (connect, `start`, your `start`, the stdin resent), and the runner
+holds its whole call to open the process, every attempt included, to the same bound. It does
+**not** bound the process:
+it may run and stream for as long as it likes (the runner ends a command at its own timeout with
+a `kill` frame), and it does not bound the gap between frames. The runner's client sends a
+WebSocket ping every 20 s and takes a connection with no pong for 20 s as dropped (it reattaches):
+answer pings, as WebSocket libraries do.
+
+### (d) The close code after an `error` frame
+
+`1000`. The side that sends `error` then closes with 1000 (normal closure): the frame, not the
+code, says what went wrong, and nothing comes after it. The runner's service does so for every
+refusal (no credential, a bad first frame, an unknown operation). The runner's client, once it
+has an `error`, stops reading and may drop the connection with no close frame: wait for none, and
+read nothing into the code. After `exit`, the client closes with 1000, and the server forgets the
+operation; a connection that ends any other way leaves it for a reattach
+({OPERATION_TTL:g} s).
+
+### (e) Reattaching to an unknown operation
+
+A `start` with `resume` for an `operation_id` you do not hold (never seen, forgotten after a
+restart or its {OPERATION_TTL:g} s, or started by a client that sent another
+`{OPERATION_SECRET}`) is answered with an `error` frame, `SandboxNotFound`, field
+`operation_id`, then close 1000. Never start a process for a `start` that carries `resume`. The
+runner's client then ends the process's events with that error (the runner reports
+`SandboxProviderFailed` naming `SandboxNotFound` and reclaims the instance); it never makes up an
+exit.
+
+### (f) Stdin credit on reattach
+
+Credit belongs to a connection: none carries over. Your `start` on a reattach carries `stdin`,
+the stdin bytes you have received for the operation over every connection, and `window`, a fresh
+grant: the runner's service grants {STDIN_WINDOW} bytes less the stdin it holds and has not yet
+written to the process (at least 1). The client sends again only what it sent past `stdin`, then
+`stdin_end` if it had sent it and `kill` if it had asked for one, all within the fresh grant and
+before anything new; a byte below `stdin` is never sent twice. Output likewise: the client's
+reattach `start.window` is a fresh grant for out and err, and you send again everything after its
+`resume` point.
+
+### (g) A missing `cwd` or `PATH`
+
+- `cwd` null or omitted: a directory of your choosing (Docker: the sandbox user's home; host
+  process: the instance's work directory; memory: `/`).
+- `cwd` that is not a directory in the sandbox: answer as a program that cannot be started,
+  exit 126 with the reason in the output (the Docker tier), or refuse the call with
+  `SandboxPathRejected`, field `cwd` (the host-process tier). Both are in contract; the first
+  keeps the sandbox, for the runner reclaims an instance after any error (the memory test
+  provider answers 127).
+- `env` with no `PATH`: look `argv[0]` up (when it has no `/`) in
+  `{DEFAULT_PATH}`, as the in-tree providers do. The runner
+  sends exactly the user's `-e` variables, usually none, and conformance runs `echo`, `cat`
+  and `sh` with no `env` at all. The in-tree providers also put a `PATH` (the image's own, or
+  that one) and a `HOME` in the process's environment (Docker a `HOSTNAME` too): plain
+  variables like these may be added; a credential never (case 3 looks for one).
+
+### (h) `readFiles` for directories and over `max_bytes`
+
+A path with no regular file there (a directory, a symlink, which is never followed, a device,
+nothing at all) is answered in `missing`, not as an error and not as a file. Files that together
+hold more than `max_bytes` are refused whole: `SandboxBoundExceeded`, field `max_bytes`
+(`413`); never a part of a file, never some of the files. The runner asks for at most
+{limits.max_read_bytes >> 20} MiB per call; its capture reads sizes with `listDir` first (where declared) and
+batches within that bound, because a refusal, like any error, costs the instance.
+
+### (i) The HTTP method of `/v1/openProcess`
+
+`GET`, with the WebSocket upgrade (`Connection: Upgrade`, `Upgrade: websocket`). After the
+credential (`401` first, as everywhere): any other method is `405` with `Allow: GET` and
+`SandboxProtocolViolation`, field `method`; a `GET` without the upgrade is `400`, the same code
+and field. Every other member takes `POST` only (`405`, `Allow: POST`). A service that does not
+serve `openProcess` may answer the upgrade `501` `SandboxOperationUnsupported` with the error
+body: the runner's client raises that error at once instead of retrying.
+
+### (j) What "enumeration" means
+
+In the seed's tier table, *enumeration* is `list_dir`: enumerating a mounted tree with `listDir`.
+The durable tier needs it; the grade card names it "enumeration (list_dir)" when it is missing.
+It is not `listAllocations`, which enumerates what you hold for a runner tag (with the assurance
+`enumerates_allocations` that the list is complete): that serves orphan reconciliation, and no
+tier requires it.
+
+### (k) Which runner features need which members
+
+A feature refused at selection is refused before anything is allocated
+(`SandboxCapabilityUnavailable`, naming the field: `stdin`, `tty`, `mounts`,
+`profile.retention_mode`); one refused later is refused by the runner before it calls you
+(`SandboxOperationUnsupported`, naming the member): it never calls what you do not declare.
+
+| feature | needs | without it |
+| --- | --- | --- |
+{features}
+"""
+
+
 def readme(files: dict[str, Any]) -> str:
     """The README of the kit whose files are ``files`` (as ``build_kit`` returns them)."""
     assert set(BEYOND_SCHEMA_TEXT) == set(BEYOND_SCHEMA)
@@ -389,18 +722,23 @@ Schema validator of another language, so the kit and the code cannot disagree.
    object inside it owns one: `object_codes`; see *Step 2*), and its vectors. `ClientFrame`
    and `ServerFrame` are the `openProcess` text frames each side sends (`frame_types` names
    the schema of each frame type; `frame_schemas` lists them). `beyond_schema` and
-   `json_rules` name the rules of the two sections below; `digest_example` names the
-   digest's worked example; `openapi` names the OpenAPI document of the service.
+   `json_rules` name the rules of the two sections below; `digest_example` and
+   `envelope_digest_example` name the worked examples of the profile and envelope digests;
+   `openapi` names the OpenAPI document of the service.
 2. Decode every message in three steps, in this order: the **JSON text rules**, then the
    **schema**, then the **rules beyond the schema**. Then fill in every **default** (the
    table below): that is the decoded value.
 3. Run the vectors (below) against your decoder until all pass: each valid document
    decodes, each invalid one is refused with exactly `expect.code` and `expect.field`.
 4. Compute profile digests as *The profile digest* says, and check yours against
-   `digest-example.json` and every valid vector that carries a `profile_digest`.
+   `digest-example.json` and every valid vector that carries a `profile_digest`; compute
+   your envelope's digest (what evidence and enrollment bind to) as *The envelope digest*
+   says, and check it against `envelope-digest-example.json`.
 5. Serve the members as *The HTTP wire form* says, and `openProcess` (if your envelope
    declares it) as *openProcess* says, doing what *What each member must do* says.
-   Advertise an envelope that decodes under these rules.
+   Advertise an envelope that decodes under these rules, and declare only what you serve:
+   conformance exercises every optional member and lifecycle assurance you declare
+   (*Conformance: the nine cases*), and the grade card shows which held.
 
 ## Files
 
@@ -422,6 +760,8 @@ Schema validator of another language, so the kit and the code cannot disagree.
   - `"rule"`: a rule beyond the schema, named in `beyond_schema` (the schema accepts the
     document: only that rule refuses it).
 - `digest-example.json`: one profile as written, as decoded, its canonical bytes and digest.
+- `envelope-digest-example.json`: the same for one envelope (`envelope_as_written`,
+  `envelope_decoded`, `canonical`, `digest`).
 - `openapi.json`: the OpenAPI 3.1 document the runner's own service serves at
   `GET /openapi.json` (every member's path, request, result and error responses). The
   schemas above, not this document, are what a decoder is held to.
@@ -637,9 +977,11 @@ One HTTP service per provider, at a base URL the runner is given (`http://host:p
 
   A path under `/v1` that names no member is `501` `SandboxOperationUnsupported` (field
   `path`); a method other than `POST` is `405` with `Allow: POST` and
-  `SandboxProtocolViolation` (field `method`); a JSON body over {MAX_DOCUMENT_BYTES >> 20} MiB is
-  `SandboxProtocolViolation` (field `body`). A member your envelope does not declare answers
-  `SandboxOperationUnsupported`.
+  `SandboxProtocolViolation` (field `method`), except at `/v1/openProcess`, which is a
+  WebSocket: there any method but `GET` is `405` with `Allow: GET`, and a `GET` without the
+  upgrade `400` (*(i)* under *What the contract leaves open, answered*); a JSON body over
+  {MAX_DOCUMENT_BYTES >> 20} MiB is `SandboxProtocolViolation` (field `body`). A member your
+  envelope does not declare answers `SandboxOperationUnsupported`.
 - **Deadlines**: the runner bounds each call ({deadlines}; `exec` adds its request's
   `timeout_ms`); a call past its deadline is `SandboxProviderTimeout`.
 - **OpenAPI**: the runner's own service answers `GET <base>/openapi.json` with the OpenAPI
@@ -738,4 +1080,4 @@ point, and answers `start` with `stdin`: the stdin bytes it holds, so the client
 the rest (and `stdin_end` if it had sent it). The server keeps an operation whose client went
 away without closing for {OPERATION_TTL:g} s, and forgets it once the client closes normally
 after `exit`.
-{_members_section()}"""
+{_members_section()}{_envelope_digest_section(files)}{_conformance_section()}{_answers_section()}"""

@@ -9,7 +9,8 @@
 // (not-json and nan do not parse; a duplicate key or an unpaired surrogate parses, and then the
 // schema accepts the document: the text rule is its only fault). Every profile_digest of a valid
 // vector, and the digest example, must be SHA-256 of the RFC 8785 form of the profile with the
-// schema's defaults filled in (Ajv's useDefaults), computed here from scratch.
+// schema's defaults filled in (Ajv's useDefaults), computed here from scratch; so must the envelope
+// digest example's, of the envelope with its defaults filled in.
 //
 // It also holds the kit to what its README says a decoder reports, from Ajv's own errors: every
 // message names its code in index.json; a schema vector refused as SandboxPathRejected fails a
@@ -85,6 +86,18 @@ function profileDigest(profile) {
   if (fillProfile === null) fillProfile = withDefaults.compile(read("schemas/SandboxProfile.schema.json"));
   const filled = structuredClone(profile);
   if (!fillProfile(filled)) throw new Error("the profile does not validate: " + JSON.stringify(fillProfile.errors));
+  return { filled, canonical: canonical(filled), digest: sha256(canonical(filled)) };
+}
+
+// The envelope digest, by the README's rule: every default filled in (rule 7's conditional release_destroys
+// included: the schema states it as the default of an if/then clause, which Ajv fills), RFC 8785, SHA-256.
+let fillEnvelope = null;
+function envelopeDigest(envelope) {
+  if (fillEnvelope === null) {
+    fillEnvelope = withDefaults.compile(read("schemas/SandboxProviderCapabilities.schema.json"));
+  }
+  const filled = structuredClone(envelope);
+  if (!fillEnvelope(filled)) throw new Error("the envelope does not validate: " + JSON.stringify(fillEnvelope.errors));
   return { filled, canonical: canonical(filled), digest: sha256(canonical(filled)) };
 }
 
@@ -230,6 +243,20 @@ try {
   if (worked.digest !== example.digest) fail(index.digest_example, `digest ${example.digest}, computed ${worked.digest}`);
 } catch (err) {
   fail(index.digest_example, `cannot compute the digest: ${err.message}`);
+}
+
+const envelopeExample = read(index.envelope_digest_example);
+try {
+  const worked = envelopeDigest(envelopeExample.envelope_as_written);
+  report.digests += 1;
+  if (worked.canonical !== envelopeExample.canonical) {
+    fail(index.envelope_digest_example, "canonical bytes differ", worked.canonical);
+  }
+  if (worked.digest !== envelopeExample.digest) {
+    fail(index.envelope_digest_example, `digest ${envelopeExample.digest}, computed ${worked.digest}`);
+  }
+} catch (err) {
+  fail(index.envelope_digest_example, `cannot compute the digest: ${err.message}`);
 }
 
 report.failures = failures;
