@@ -565,9 +565,9 @@ class FleetRunner:
                 cwd=request.workdir,
                 timeout=request.timeout,
             )
-        except SandboxLeaseFenced:
-            raise
         except SandboxError as exc:
+            # A SandboxLeaseFenced here may be a provider's answer echoing another lease, not a takeover: the
+            # Run is settled with it, and settling is itself fenced, so a real takeover is still told apart there.
             return runner.outcome, exc
         return runner.outcome, None
 
