@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -184,3 +185,82 @@ def test_checkfu_run_says_lease_fenced_for_a_wrong_echo(
     assert doc["ok"] is False and doc["error"]["code"] == "SandboxLeaseFenced"
     assert doc["error"]["field"] == "lease.lease_id"
     assert memory.live_objects() == ()
+
+
+# 2. a refused credential is SandboxUnauthenticated, saying which one to give ------------------------------------
+
+
+@pytest.fixture
+def guarded(served: Callable[..., tuple[MemoryProvider, Misbehaving, Service]]) -> Service:
+    """An honest memory provider behind a service that accepts only its own credential."""
+    return served()[2]
+
+
+def enroll_with(cli: Cli, url: str, credential: Path) -> None:
+    """Record ``url`` as enrolled with ``credential`` in the CLI's journal (as ``checkfu provider enroll`` would)."""
+    from checkfu.contract.ceiling import THIRD_PARTY  # noqa: PLC0415
+    from checkfu.contract.codec import digest  # noqa: PLC0415
+
+    made = cli("runs", "list")  # makes the journal
+    assert made.code == 0, str(made)
+    envelope = memory_envelope()
+    journal = Journal(sqlite_url(cli.journal_path))
+    try:
+        journal.record_enrollment(
+            envelope.target,
+            source=url,
+            kind="evidence",
+            envelope_digest=digest(envelope),
+            envelope=envelope.model_dump_json(),
+            ceiling=THIRD_PARTY.model_dump_json(),
+            now=time.time(),
+            evidence={"key_id": "test", "suite_version": "test", "finished_at": time.time(), "tally": {}, "cases": []},
+            credential_path=str(credential),
+            credential_fingerprint="sha256:test",
+        )
+    finally:
+        journal.close()
+
+
+@pytest.mark.parametrize("command", ["run", "grade"])
+@pytest.mark.parametrize("given", ["none", "file", "environment", "enrolled"])
+def test_a_refused_credential_is_unauthenticated_and_says_which_to_give(
+    guarded: Service, cli: Cli, profile: Path, tmp_path: Path, command: str, given: str
+) -> None:
+    wrong = tmp_path / "wrong.credential"
+    wrong.write_text("not-the-services-credential\n", encoding="utf-8")
+    args: list[str] = []
+    env: dict[str, str] = {}
+    if given == "file":
+        args = ["--credential-file", str(wrong)]
+    elif given == "environment":
+        env = {"CHECKFU_PROVIDER_CREDENTIAL": "not-the-services-credential"}
+    elif given == "enrolled":
+        enroll_with(cli, guarded.url, wrong)
+    if command == "run":
+        done = cli("run", "--provider", guarded.url, "--profile", str(profile), *args, "--", "true", **env)
+        assert done.code == 125, str(done)
+    else:
+        done = cli("provider", "grade", guarded.url, *args, **env)
+        assert done.code == 1, str(done)
+    assert done.said.count("SandboxUnauthenticated") >= 1, str(done)
+    assert "SandboxProviderFailed" not in done.said, str(done)
+    assert guarded.secret not in done.err and "not-the-services-credential" not in done.err
+    if given == "none":
+        assert "carries no credential" in done.said, str(done)
+        assert "--credential-file" in done.said and "CHECKFU_PROVIDER_CREDENTIAL" in done.said, str(done)
+    elif given == "file":
+        assert f"refused the credential from --credential-file {wrong}" in done.said, str(done)
+    elif given == "environment":
+        assert "refused the credential from CHECKFU_PROVIDER_CREDENTIAL" in done.said, str(done)
+    else:
+        assert "refused the credential issued when it was enrolled" in done.said, str(done)
+        assert str(wrong) in done.said, str(done)
+
+
+def test_grade_json_prints_the_refusal_as_json(guarded: Service, cli: Cli) -> None:
+    done = cli("provider", "grade", guarded.url, "--json")
+    assert done.code == 1, str(done)
+    doc = json.loads(done.out)
+    assert doc["ok"] is False and doc["error"]["code"] == "SandboxUnauthenticated"
+    assert doc["error"]["field"] == "credential"

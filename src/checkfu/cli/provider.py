@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
@@ -14,14 +15,14 @@ from rich.table import Table
 
 from checkfu.cli.consoles import console
 from checkfu.cli.files import load
-from checkfu.cli.state import client_credential, open_journal, runner_tag, state_dir
+from checkfu.cli.state import client_credential, enrolled_credential, is_url, open_journal, runner_tag, state_dir
 from checkfu.conformance.cases import CASES, Case, CaseResult
 from checkfu.conformance.evidence import EvidenceError, load_private_key, load_public_key, sign
 from checkfu.conformance.suite import Report, resolve_target, run_suite
 from checkfu.contract.ceiling import RunnerProviderCapability
 from checkfu.contract.codec import decode
 from checkfu.contract.envelope import SandboxProviderCapabilities
-from checkfu.contract.errors import SandboxAdapterUnavailable
+from checkfu.contract.errors import SandboxAdapterUnavailable, SandboxError
 from checkfu.contract.profile import SandboxProfile
 from checkfu.control.enrollment import enroll
 from checkfu.control.grading import GradeCard, grade, grade_envelope, render_html, render_text
@@ -34,6 +35,10 @@ from checkfu.wire.serving import serve
 from checkfu.wire.tls import ServerTls, TlsError
 
 err = console(stderr=True, highlight=False, soft_wrap=True)
+
+T = TypeVar("T")
+EXIT_REFUSED = 1
+"""A refusal of this group's commands (``checkfu.cli.main`` exits so for any ``SandboxError``)."""
 
 provider_app = typer.Typer(
     help="Provider services: serve one over the wire; test one (in-tree or by URL) and sign the evidence.",
@@ -400,7 +405,9 @@ def provider_grade(
     cred = _credential(credential, credential_file)
     journal = open_journal(db)
     try:
-        adapter = asyncio.run(resolve_target(target, cred))
+        if cred is None and is_url(target):
+            cred = enrolled_credential(journal, target)  # as checkfu run does for an enrolled service
+        adapter = _refusing(as_json, lambda: asyncio.run(resolve_target(target, cred)))
         Runner(_registry_of(adapter), journal, runner_tag=runner_tag(db))
         report = _run_cases(target, cred, None, None, quiet=as_json) if test else None
         card = grade(
@@ -422,6 +429,19 @@ def provider_grade(
         out.print(f"[{style}]{escape(line)}[/]" if style else escape(line))
     if html_out is not None:
         err.print(f"page written to {escape(str(html_out))}")
+
+
+def _refusing(as_json: bool, body: Callable[[], T]) -> T:
+    """``body()``; with ``as_json``, a refusal is also printed as ``{"ok": false, "error": {code, message, field}}``
+    on stdout (the shape ``checkfu run --json`` writes), and either way the command exits 1 with the code first."""
+    try:
+        return body()
+    except SandboxError as exc:
+        if not as_json:
+            raise
+        err.print(f"[bold red]{escape(exc.code)}[/]: {escape(exc.message)}")
+        print(json.dumps({"ok": False, "error": {"code": exc.code, "message": exc.message, "field": exc.field}}))
+        raise typer.Exit(EXIT_REFUSED) from None
 
 
 def _registry_of(adapter: Adapter) -> Registry:

@@ -32,7 +32,7 @@ from checkfu.runner.journal import (
 )
 from checkfu.runner.migrate import JournalTooNew
 from checkfu.runner.registry import Registry, load_registry
-from checkfu.wire.credentials import MAX_BYTES, Credential, CredentialError, read_credential
+from checkfu.wire.credentials import ENROLLED, MAX_BYTES, Credential, CredentialError, read_credential
 
 AFTER_REPLY: list[Callable[[], object]] | None = None
 """In a start-up server's child (``checkfu.cli.startup_server``), a list: what the command leaves until its exit
@@ -313,7 +313,7 @@ def _stdin_credential() -> Credential:
     text = text.strip()
     if not text:
         raise CredentialError("standard input (--credential-file -) holds no credential on its first line")
-    return Credential(text)
+    return Credential(text, source="--credential-file - (standard input)")
 
 
 def enrolled_credential(journal: Journal, url: str) -> Credential | None:
@@ -321,7 +321,8 @@ def enrolled_credential(journal: Journal, url: str) -> Credential | None:
     for row in journal.enrollments():
         if row.source.rstrip("/") == url.rstrip("/") and row.credential_path:
             try:
-                return read_credential(Path(row.credential_path))
+                read = read_credential(Path(row.credential_path))
             except CredentialError:
                 return None
+            return None if read is None else Credential(read.secret, source=f"{ENROLLED} ({row.credential_path})")
     return None
