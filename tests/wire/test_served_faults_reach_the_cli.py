@@ -32,7 +32,7 @@ from checkfu.runner.driver import Limits
 from checkfu.runner.journal import Journal, sqlite_url
 from checkfu.runner.registry import Adapter, Registry
 from checkfu.runner.runner import Runner
-from checkfu.testing import MemoryProvider, Misbehaving, memory_profile, stale_epoch, wrong_lease_id
+from checkfu.testing import MemoryProvider, Misbehaving, memory_profile, release_keeps, stale_epoch, wrong_lease_id
 from checkfu.testing.memory import BASE_IMAGE, memory_envelope
 
 CHECKFU = str(Path(sys.executable).with_name("checkfu"))
@@ -264,3 +264,30 @@ def test_grade_json_prints_the_refusal_as_json(guarded: Service, cli: Cli) -> No
     doc = json.loads(done.out)
     assert doc["ok"] is False and doc["error"]["code"] == "SandboxUnauthenticated"
     assert doc["error"]["field"] == "credential"
+
+
+# 3. release answering destroyed: false against its envelope is loud -----------------------------------------------
+
+
+def test_a_release_that_keeps_what_the_envelope_promised_to_destroy_is_loud(
+    served: Callable[..., tuple[MemoryProvider, Misbehaving, Service]], cli: Cli, profile: Path, tmp_path: Path
+) -> None:
+    memory, double, service = served()
+    assert memory.envelope.lifecycle_assurances.release_destroys
+    double.set("release", release_keeps)
+    summary = tmp_path / "summary.json"
+    done = cli(
+        "run", "--provider", service.url, "--profile", str(profile), "--json", str(summary), "--", "echo", "ran",
+        CHECKFU_PROVIDER_CREDENTIAL=service.secret,
+    )  # fmt: skip
+    assert done.out == b"ran\n", str(done)  # the command ran to its end ...
+    assert done.code == 125, str(done)  # ... but its status would hide what the provider kept
+    assert "destroyed: false" in done.said and "release_destroys" in done.said, str(done)
+    assert "warning" in done.said or "the command exited 0, but" in done.said, str(done)
+    doc = run_json(done, summary)
+    assert doc["ok"] is False and doc["exit_code"] == 125, doc
+    (key,) = doc["left"]
+    assert "destroyed" in doc["left"][key], doc
+    # It was compensated by its key all the same, and the journal has nothing open.
+    assert memory.live_objects() == ()
+    assert "compensate" in memory.calls

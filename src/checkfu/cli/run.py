@@ -857,9 +857,11 @@ async def _run(
         if not _report_left(observer.attempt, db, said):
             err.print(f"{said}: released and compensated; nothing is left behind")
         summary.update(ok=False, exit_code=128 + signum, interrupted=signal.Signals(signum).name)
+        summary.update(_left_of(observer.attempt))
         return 128 + signum
     except (SandboxError, JournalError):
         _report_left(observer.attempt, db, "[bold red]failed[/]")
+        summary.update(_left_of(observer.attempt))
         raise
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -896,7 +898,7 @@ async def _run(
     if not quiet:
         _summary(result, label, allowed, profile_name, env, workdir)
     if _report_left(observer.attempt, db, f"[bold red]the command exited {result.exit_code:d}, but[/]"):
-        summary.update(exit_code=LEFT_BEHIND_EXIT, left=dict(result.left))
+        summary.update(ok=False, exit_code=LEFT_BEHIND_EXIT, **_left_of(observer.attempt))
         return LEFT_BEHIND_EXIT
     if result.unjournaled:
         summary["unjournaled"] = dict(result.unjournaled)
@@ -942,13 +944,36 @@ LEFT_BEHIND_EXIT = EXIT_REFUSED
 sandbox failure around the command, so checkfu's own 125, never a status the command could have had."""
 
 
+def _left_of(attempt: Attempt | None) -> dict[str, Any]:
+    """For the ``--json`` summary: ``left``, what of the Run is still held or, by the provider's own word, survived
+    its release (by allocation key, with why); nothing when there is none."""
+    if attempt is None:
+        return {}
+    left = {**attempt.session.left, **attempt.session.undestroyed}
+    return {"left": left} if left else {}
+
+
 def _report_left(attempt: Attempt | None, db: str | None, said: str) -> bool:
-    """Say what of the Run is still held (never claim it was released) and how to finish; returns whether
-    anything is. Also say what the journal could not record (that needs no action: reconciliation settles it)."""
+    """Say what of the Run is still held (never claim it was released) and how to finish, and what a release said
+    it kept against the envelope's promise; returns whether there is either. Also say what the journal could not
+    record (that needs no action: reconciliation settles it)."""
     if attempt is None:
         return False
     session = attempt.session
     finish = "checkfu runner reconcile" + (f" --db {shlex.quote(db)}" if db else "")
+    if session.undestroyed:
+        err.print(
+            f"{said}: the release of {len(session.undestroyed):d} sandbox(es) of {escape(session.run_id)} answered "
+            "destroyed: false, against the envelope's promise; by the provider's own word something of each "
+            "survived its release:"
+        )
+        for key, why in session.undestroyed.items():
+            err.print(f"  {escape(key)}: {escape(why[:300])}")
+        err.print(
+            "[bold yellow]warning[/]: each was compensated by its key since, but only the provider says what that "
+            f"reclaimed; report it to the provider's author (`checkfu runs show {escape(session.run_id)}` lists "
+            "every call)"
+        )
     if session.unjournaled:
         err.print(
             "[bold yellow]warning[/]: the journal could not record everything (it was locked or unreachable); "
@@ -957,7 +982,7 @@ def _report_left(attempt: Attempt | None, db: str | None, said: str) -> bool:
         for what, why in session.unjournaled.items():
             err.print(f"  {escape(what)}: {escape(why[:300])}")
     if not session.left:
-        return False
+        return bool(session.undestroyed)
     err.print(
         f"{said}: {len(session.left):d} allocation(s) of {escape(session.run_id)} could not be released "
         "and are left behind:"

@@ -168,6 +168,8 @@ class JobResult:
     """Targets of the mounts that are writable (``:rw``), hence not sealed."""
     left: dict[str, str] = field(default_factory=dict)
     """What is still held in the provider after release, by allocation key, with why (empty: nothing)."""
+    undestroyed: dict[str, str] = field(default_factory=dict)
+    """What ``release`` said it kept against the envelope's promise to destroy it (compensated since), by key."""
     unjournaled: dict[str, str] = field(default_factory=dict)
     """What the journal could not record (it was locked or unreachable): reconciliation settles it later."""
     adopted: str | None = None
@@ -330,6 +332,7 @@ async def run_job(
         obs.phase("release", phases.seconds["release"])
         result.phases = phases.seconds
         result.left = dict(session.left)
+        result.undestroyed = dict(session.undestroyed)
         summary: dict[str, object] = {
             "phases": phases.seconds,
             "captured": result.captured,
@@ -344,6 +347,8 @@ async def run_job(
             summary["adopted"] = result.adopted
         if session.left:
             summary["left"] = session.left
+        if session.undestroyed:
+            summary["undestroyed"] = session.undestroyed
         if keeper is not None:
             summary.update(keeper.summary())
             short = sorted(name for name, value in env.items() if 0 < len(value.encode()) < MASK_MIN)
