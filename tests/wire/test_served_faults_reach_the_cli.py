@@ -27,6 +27,8 @@ from typing import Any
 import pytest
 from wire_rig import Service
 
+from checkfu.contract.codec import decode_value
+from checkfu.contract.envelope import SandboxProviderCapabilities
 from checkfu.contract.errors import SandboxLeaseFenced
 from checkfu.runner.driver import Limits
 from checkfu.runner.journal import Journal, sqlite_url
@@ -112,7 +114,7 @@ def served(serve: Callable[..., Service]) -> Callable[..., tuple[MemoryProvider,
     """``served(envelope=None)``: a misbehaving memory provider behind a service of its own."""
 
     def make(envelope: dict[str, Any] | None = None) -> tuple[MemoryProvider, Misbehaving, Service]:
-        memory = MemoryProvider(None if envelope is None else memory_envelope().model_validate(envelope))
+        memory = MemoryProvider(None if envelope is None else decode_value(SandboxProviderCapabilities, envelope))
         double = Misbehaving(memory)
         return memory, double, serve(double)
 
@@ -291,3 +293,83 @@ def test_a_release_that_keeps_what_the_envelope_promised_to_destroy_is_loud(
     # It was compensated by its key all the same, and the journal has nothing open.
     assert memory.live_objects() == ()
     assert "compensate" in memory.calls
+
+
+# 4. --capture asks for what the envelope serves, at admission ---------------------------------------------------
+
+
+def envelope_without(*, operation: str | None = None, list_dir: bool = True) -> dict[str, Any]:
+    doc: dict[str, Any] = json.loads(memory_envelope().model_dump_json())
+    if operation is not None:
+        doc["operations"] = [o for o in doc["operations"] if o != operation]
+    doc["list_dir"] = list_dir
+    return doc
+
+
+def test_a_capture_on_a_provider_without_read_files_is_refused_before_any_provider_work(
+    served: Callable[..., tuple[MemoryProvider, Misbehaving, Service]], cli: Cli, profile: Path, tmp_path: Path
+) -> None:
+    memory, _, service = served(envelope_without(operation="readFiles"))
+    assert not memory.envelope.declares("readFiles")
+    summary = tmp_path / "summary.json"
+    done = cli(
+        "run", "--provider", service.url, "--profile", str(profile), "--json", str(summary),
+        "--capture", "/out/result.txt", "--", "echo", "ran",
+        CHECKFU_PROVIDER_CREDENTIAL=service.secret,
+    )  # fmt: skip
+    assert done.code == 125, str(done)
+    assert done.out == b"", str(done)  # the command never ran
+    assert "SandboxCapabilityUnavailable" in done.said and "readFiles" in done.said, str(done)
+    doc = run_json(done, summary)
+    assert doc["ok"] is False and doc["error"]["code"] == "SandboxCapabilityUnavailable"
+    assert doc["error"]["field"] == "capture"
+    assert memory.calls == ["describe"]  # asked for its envelope, and nothing else
+    assert not (cli.home / "state" / "checkfu" / "captures").exists()
+
+
+def test_a_directory_capture_on_a_provider_without_list_dir_is_refused_before_any_provider_work(
+    served: Callable[..., tuple[MemoryProvider, Misbehaving, Service]], cli: Cli, profile: Path, tmp_path: Path
+) -> None:
+    memory, _, service = served(envelope_without(list_dir=False))
+    assert memory.envelope.declares("readFiles") and not memory.envelope.declares("listDir")
+    summary = tmp_path / "summary.json"
+    done = cli(
+        "run", "--provider", service.url, "--profile", str(profile), "--json", str(summary),
+        "--capture", "/out/", "--", "echo", "ran",
+        CHECKFU_PROVIDER_CREDENTIAL=service.secret,
+    )  # fmt: skip
+    assert done.code == 125, str(done)
+    assert done.out == b"", str(done)
+    assert "SandboxCapabilityUnavailable" in done.said and "listDir" in done.said and "/out/" in done.said
+    assert run_json(done, summary)["error"]["field"] == "capture"
+    assert memory.calls == ["describe"]
+
+
+def test_a_directory_found_only_after_the_run_names_list_dir(
+    served: Callable[..., tuple[MemoryProvider, Misbehaving, Service]], cli: Cli, profile: Path, tmp_path: Path
+) -> None:
+    """Without a trailing /, a path may be a file: the Run goes ahead, and a directory found there is named."""
+    memory, _, service = served(envelope_without(list_dir=False))
+    into = tmp_path / "captured"
+    done = cli(
+        "run", "--provider", service.url, "--profile", str(profile), "--capture", "/out", "--capture-dir", str(into),
+        "--", "write", "/out/a", "x",
+        CHECKFU_PROVIDER_CREDENTIAL=service.secret,
+    )  # fmt: skip
+    assert done.code == 0, str(done)
+    assert "not captured" in done.said and "/out" in done.said and "listDir" in done.said, str(done)
+    assert memory.live_objects() == ()
+
+
+def test_a_directory_capture_with_list_dir_reads_the_files_back(
+    served: Callable[..., tuple[MemoryProvider, Misbehaving, Service]], cli: Cli, profile: Path, tmp_path: Path
+) -> None:
+    _, _, service = served()
+    into = tmp_path / "captured"
+    done = cli(
+        "run", "--provider", service.url, "--profile", str(profile), "--capture", "/out/", "--capture-dir", str(into),
+        "--", "write", "/out/sub/b", "b",
+        CHECKFU_PROVIDER_CREDENTIAL=service.secret,
+    )  # fmt: skip
+    assert done.code == 0, str(done)
+    assert (into / "out" / "sub" / "b").read_bytes() == b"b"

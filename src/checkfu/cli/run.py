@@ -537,7 +537,8 @@ def run_command(
         list[str] | None,
         typer.Option(
             "--capture",
-            help="an absolute sandbox path (a file or a directory) to read back",
+            help="an absolute sandbox path to read back: a file, or a directory (end it with / to say so; a "
+            "directory needs a provider that serves listDir)",
             show_default=False,
             metavar="PATH",
         ),
