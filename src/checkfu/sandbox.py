@@ -123,12 +123,15 @@ def _seconds(value: float | None, name: str, default: float) -> float:
     return check_ttl(default if value is None else value, field=name)
 
 
-async def _open(provider: str, db: str | None) -> _Context:
-    """Open the journal (reclaiming what is due, as every ``checkfu`` command does) and load ``provider``."""
+async def _open(provider: str, db: str | None, adapters: str | Path | None = None) -> _Context:
+    """Open the journal (reclaiming what is due, as every ``checkfu`` command does) and load ``provider``, with the
+    adapters file ``adapters`` (default: the one ``CHECKFU_ADAPTERS`` names, if any)."""
     from checkfu.cli.state import client_credential, default_journal_url, is_url, runner_tag  # noqa: PLC0415
     from checkfu.runner.journal import Journal  # noqa: PLC0415
-    from checkfu.runner.registry import Registry, adapter_from_factory, load_registry  # noqa: PLC0415
+    from checkfu.runner.registry import Registry, adapter_from_factory, adapters_file, load_registry  # noqa: PLC0415
     from checkfu.runner.sandboxes import SandboxHost, sweep  # noqa: PLC0415
+
+    config = adapters_file(None if adapters is None else Path(adapters))
 
     journal = await asyncio.to_thread(Journal, db or default_journal_url())
     try:
@@ -141,13 +144,13 @@ async def _open(provider: str, db: str | None) -> _Context:
                 await adapter_from_factory(lambda: RemoteProvider(provider, credential), provider, {}, recorder=journal)
             )
         else:
-            registry = await load_registry(entry_point_names=[provider], recorder=journal)
+            registry = await load_registry(entry_point_names=[provider], recorder=journal, config=config)
         tag = runner_tag(db)
 
         async def registry_for(names: set[str]) -> Registry:
             if names <= {a.target.provider for a in registry.adapters}:
                 return registry
-            return await load_registry(entry_point_names=sorted(names), recorder=journal)
+            return await load_registry(entry_point_names=sorted(names), recorder=journal, config=config)
 
         await sweep(journal, tag, registry_for)
         return _Context(journal, registry, SandboxHost(registry, journal, runner_tag=tag))
@@ -301,6 +304,7 @@ class AsyncSandbox:
         ttl: float | None = None,
         detach: bool = False,
         db: str | None = None,
+        adapters: str | Path | None = None,
     ) -> None:
         self._args: dict[str, Any] | None = {
             "profile": profile,
@@ -309,6 +313,7 @@ class AsyncSandbox:
             "ttl": ttl,
             "detach": detach,
             "db": db,
+            "adapters": adapters,
         }
         self._ctx: _Context | None = None
         self._live_sb: LiveSandbox | None = None
@@ -328,14 +333,16 @@ class AsyncSandbox:
         ttl: float | None = None,
         detach: bool = False,
         db: str | None = None,
+        adapters: str | Path | None = None,
     ) -> AsyncSandbox:
-        """Make a sandbox and return it, active, its mounts staged.
+        """Make a sandbox and return it, active, its mounts staged. ``adapters``: an adapters file loaded besides
+        the installed providers (default: ``CHECKFU_ADAPTERS``; ``checkfu.runner.registry.read_adapters_file``).
 
         Raises:
             SandboxError: refused (a profile, mount or ttl named with its field), or a provider fault;
                 nothing is left allocated.
         """
-        sb = cls(profile=profile, mounts=mounts, provider=provider, ttl=ttl, detach=detach, db=db)
+        sb = cls(profile=profile, mounts=mounts, provider=provider, ttl=ttl, detach=detach, db=db, adapters=adapters)
         await sb._make()
         return sb
 
@@ -349,7 +356,7 @@ class AsyncSandbox:
         specs = _mounts(args["mounts"])
         prof = await asyncio.to_thread(_profile, args["profile"], args["provider"])
         resolved = await resolve_mounts(specs, QuietObserver())
-        ctx = await _open(args["provider"], args["db"])
+        ctx = await _open(args["provider"], args["db"], args["adapters"])
         try:
             target = _choose(ctx.registry, args["provider"])
             self._live_sb = await ctx.host.create(
@@ -604,6 +611,9 @@ def _choose(registry: Registry, provider: str) -> Any:
     from checkfu.contract.errors import SandboxAdapterUnavailable  # noqa: PLC0415
 
     found = registry.adapters if provider.startswith(("http://", "https://")) else registry.by_provider(provider)
+    ambiguous = None if provider.startswith(("http://", "https://")) else registry.ambiguity(provider)
+    if ambiguous is not None:
+        raise ambiguous
     if len(found) == 1:
         return found[0].target
     why = "; ".join(f"{k}: {v}" for k, v in registry.unavailable.items())

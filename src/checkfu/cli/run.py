@@ -65,8 +65,10 @@ from checkfu.runner.reconcile import describe_owner, reconcile, run_status
 from checkfu.runner.registry import (
     Registry,
     adapter_from_factory,
+    adapters_file,
     installed_entry_points,
     load_registry,
+    read_adapters_file,
 )
 from checkfu.runner.runner import Attempt, Runner
 
@@ -101,6 +103,16 @@ DbOpt = Annotated[
     ),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="print JSON")]
+AdaptersOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--adapters",
+        help="an adapters file (TOML: [[adapters]] tables of factory = ENTRY-POINT or MODULE:CALLABLE, and options) "
+        "loaded besides the installed providers (default: $CHECKFU_ADAPTERS); docs/adapters.md",
+        show_default=False,
+        metavar="FILE",
+    ),
+]
 
 
 def human_bytes(n: int) -> str:
@@ -250,6 +262,9 @@ def _terminal() -> Any:
 
 def _choose(registry: Registry, provider: str, explicit: bool) -> Any:
     found = registry.by_provider(provider)
+    ambiguous = registry.ambiguity(provider)
+    if ambiguous is not None:
+        raise ambiguous
     if len(found) == 1:
         return found[0].target
     if not found:
@@ -391,14 +406,24 @@ def check_run_inputs(
     timeout: float,
     allow: list[str],
     warnings: list[str],
+    adapters: Path | None = None,
 ) -> CheckedRun:
     """Every check of ``checkfu run``'s inputs that asks no provider anything, every problem listed.
+
+    ``adapters``: an adapters file (already defaulted from ``CHECKFU_ADAPTERS``); it is read and its tables checked
+    here, and a provider name it may serve is not refused for not being installed (its factories are called only
+    when the Run loads its registry).
 
     Raises:
         SandboxError: the problems found (nothing was run, nothing allocated).
     """
     problems: list[Problem] = []
-    if not remote:
+    if adapters is not None and not remote:
+        try:
+            read_adapters_file(adapters)
+        except SandboxError as exc:
+            problems.append(Problem(exc))
+    if not remote and adapters is None:
         installed = sorted(ep.name for ep in installed_entry_points())
         if name not in installed:
             problems.append(
@@ -566,6 +591,7 @@ def run_command(
             metavar="HOST:PORT",
         ),
     ] = None,
+    adapters: AdaptersOpt = None,
     pool: Annotated[
         bool,
         typer.Option(
@@ -613,6 +639,7 @@ def run_command(
             warnings=warnings,
             summary=summary,
             pool=pool,
+            adapters=adapters_file(adapters),
         )
     except SandboxError as exc:
         _refused(exc, json_file, summary)
@@ -678,6 +705,7 @@ def _admit_and_run(
     warnings: list[str],
     summary: dict[str, Any],
     pool: bool = False,
+    adapters: Path | None = None,
 ) -> int:
     """Every input checked (every problem listed), then the Run. Returns the exit status.
 
@@ -702,6 +730,7 @@ def _admit_and_run(
         timeout=timeout,
         allow=allow,
         warnings=warnings,
+        adapters=adapters,
     )
     read, specs, env = checked.read, checked.specs, checked.env
     for line in warnings:
@@ -744,6 +773,7 @@ def _admit_and_run(
                 db=db,
                 profile_name=read.name,
                 pool=pool,
+                adapters=adapters,
             )
         )
     finally:
@@ -751,10 +781,17 @@ def _admit_and_run(
 
 
 async def _registry(
-    name: str, credential: Credential | None, observer: ConsoleObserver, journal: Any, *, hold: bool = False
+    name: str,
+    credential: Credential | None,
+    observer: ConsoleObserver,
+    journal: Any,
+    *,
+    hold: bool = False,
+    adapters: Path | None = None,
 ) -> Registry:
-    """The adapters to choose from: the named installed provider, or the provider service at a URL. With ``hold``
-    (a warm pool's filler), the Docker tier provisions held sandboxes: started and paused, thawed at activation."""
+    """The adapters to choose from: the named installed provider and those of the adapters file (``adapters``, else
+    ``CHECKFU_ADAPTERS``), or the provider service at a URL. With ``hold`` (a warm pool's filler), the Docker tier
+    provisions held sandboxes: started and paused, thawed at activation."""
     if is_url(name):
         from checkfu.wire.client import RemoteProvider  # noqa: PLC0415
 
@@ -765,7 +802,8 @@ async def _registry(
     if hold:
         docker["hold"] = "yes"
     options = {"docker": docker}
-    return await load_registry(entry_point_names=[name], options=options, recorder=journal)
+    config = adapters_file(adapters)
+    return await load_registry(entry_point_names=[name], options=options, recorder=journal, config=config)
 
 
 async def _run(
@@ -790,6 +828,7 @@ async def _run(
     db: str | None = None,
     profile_name: str = "",
     pool: bool = False,
+    adapters: Path | None = None,
 ) -> int:
     observer = ConsoleObserver(quiet=quiet)
     # Mounts are read, bounded and hashed before any provider is asked anything (describe included).
@@ -797,7 +836,7 @@ async def _run(
     resolved = await resolve_mounts(specs, observer)
     resolve_seconds = time.perf_counter() - t0
     observer.phase("resolve", resolve_seconds)
-    registry = await _registry(name, credential, observer, journal)
+    registry = await _registry(name, credential, observer, journal, adapters=adapters)
     if isinstance(prof, ReadProfile):  # a provider service: the provider it serves decides who pins a tag
         (adapter,) = registry.adapters
         target = adapter.target
@@ -1179,16 +1218,23 @@ def runner_reconcile(
     as_json: JsonOpt = False,
     engine: EngineOpt = None,
     engine_certs: EngineCertsOpt = None,
+    adapters: AdaptersOpt = None,
 ) -> None:
     """Compensate every unsettled allocation whose lease expired or whose owner is gone, and settle its Run.
 
     Exits 1 when anything is left (a compensation failed, a provider could not be reached, or the journal
     holds a gone runner's allocations under another runner tag): what is left and how to finish are listed.
+    An adapters file that makes two adapters advertise one target is refused (SandboxAdapterAmbiguous)
+    before anything is compensated: which one reclaims an allocation would be a guess.
     """
     sites = engine_sites(engine, engine_certs)
+    config = adapters_file(adapters)
     journal = open_journal(db, reap=False)  # this pass reaps orphans itself, and counts them in its report
     try:
-        registry = asyncio.run(load_registry(entry_point_names=provider, recorder=journal, sites=sites))
+        registry = asyncio.run(load_registry(entry_point_names=provider, recorder=journal, sites=sites, config=config))
+        ambiguous = registry.ambiguity()
+        if ambiguous is not None:
+            raise ambiguous
         report = asyncio.run(reconcile(journal, registry, SystemClock(), runner_tag=runner_tag(db)))
     finally:
         journal.close()
