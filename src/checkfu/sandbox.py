@@ -123,30 +123,36 @@ def _seconds(value: float | None, name: str, default: float) -> float:
     return check_ttl(default if value is None else value, field=name)
 
 
-async def _open(provider: str, db: str | None, *, site: str | None = None) -> _Context:
+async def _open(
+    provider: str, db: str | None, adapters: str | Path | None = None, *, site: str | None = None
+) -> _Context:
     """Open the journal (reclaiming what is due, as every ``checkfu`` command does) and load ``provider``: an
-    installed provider by name, or the provider service at a URL (``provider`` itself, or ``site`` when a journal
-    row places the sandbox at a service's endpoint), with ``CHECKFU_PROVIDER_CREDENTIAL`` or else the credential
-    issued when it was enrolled."""
+    installed provider by name (with the adapters file ``adapters``, default: the one ``CHECKFU_ADAPTERS`` names),
+    or the provider service at a URL (``provider`` itself, or ``site`` when a journal row places the sandbox at a
+    service's endpoint), with ``CHECKFU_PROVIDER_CREDENTIAL`` or else the credential issued when it was enrolled."""
     from checkfu.cli.state import client_credential, default_journal_url, runner_tag  # noqa: PLC0415
     from checkfu.control.endpoints import reach  # noqa: PLC0415
     from checkfu.runner.journal import Journal  # noqa: PLC0415
-    from checkfu.runner.registry import is_endpoint  # noqa: PLC0415
+    from checkfu.runner.registry import adapters_file, is_endpoint  # noqa: PLC0415
     from checkfu.runner.sandboxes import SandboxHost, Wanted, sweep  # noqa: PLC0415
+
+    config = adapters_file(None if adapters is None else Path(adapters))
 
     journal = await asyncio.to_thread(Journal, db or default_journal_url())
     try:
         served = provider if is_endpoint(provider) else site if is_endpoint(site) else None
         given = client_credential(None) if served else None
         credentials = {served: given} if served and given is not None else None
-        registry = await reach(journal, [(provider, served)], recorder=journal, credentials=credentials)
+        registry = await reach(
+            journal, [(provider, served)], recorder=journal, credentials=credentials, config=None if served else config
+        )
         tag = runner_tag(db)
 
         async def registry_for(wanted: set[Wanted]) -> Registry:
             have = {(a.target.provider, a.site or None) for a in registry.adapters}
             if all((name, where or None) in have or (where, where) in have for name, where in wanted):
                 return registry
-            return await reach(journal, wanted, recorder=journal)
+            return await reach(journal, wanted, recorder=journal, config=config)
 
         await sweep(journal, tag, registry_for)
         return _Context(journal, registry, SandboxHost(registry, journal, runner_tag=tag))
@@ -300,6 +306,7 @@ class AsyncSandbox:
         ttl: float | None = None,
         detach: bool = False,
         db: str | None = None,
+        adapters: str | Path | None = None,
     ) -> None:
         self._args: dict[str, Any] | None = {
             "profile": profile,
@@ -308,6 +315,7 @@ class AsyncSandbox:
             "ttl": ttl,
             "detach": detach,
             "db": db,
+            "adapters": adapters,
         }
         self._ctx: _Context | None = None
         self._live_sb: LiveSandbox | None = None
@@ -327,14 +335,16 @@ class AsyncSandbox:
         ttl: float | None = None,
         detach: bool = False,
         db: str | None = None,
+        adapters: str | Path | None = None,
     ) -> AsyncSandbox:
-        """Make a sandbox and return it, active, its mounts staged.
+        """Make a sandbox and return it, active, its mounts staged. ``adapters``: an adapters file loaded besides
+        the installed providers (default: ``CHECKFU_ADAPTERS``; ``checkfu.runner.registry.read_adapters_file``).
 
         Raises:
             SandboxError: refused (a profile, mount or ttl named with its field), or a provider fault;
                 nothing is left allocated.
         """
-        sb = cls(profile=profile, mounts=mounts, provider=provider, ttl=ttl, detach=detach, db=db)
+        sb = cls(profile=profile, mounts=mounts, provider=provider, ttl=ttl, detach=detach, db=db, adapters=adapters)
         await sb._make()
         return sb
 
@@ -348,7 +358,7 @@ class AsyncSandbox:
         specs = _mounts(args["mounts"])
         prof = await asyncio.to_thread(_profile, args["profile"], args["provider"])
         resolved = await resolve_mounts(specs, QuietObserver())
-        ctx = await _open(args["provider"], args["db"])
+        ctx = await _open(args["provider"], args["db"], args["adapters"])
         try:
             target = _choose(ctx.registry, args["provider"])
             self._live_sb = await ctx.host.create(
@@ -613,6 +623,9 @@ def _choose(registry: Registry, provider: str) -> Any:
         if is_endpoint(provider)
         else [a for a in registry.by_provider(provider) if not a.served]
     )
+    ambiguous = None if is_endpoint(provider) else registry.ambiguity(provider)
+    if ambiguous is not None:
+        raise ambiguous
     if len(found) == 1:
         return found[0].target
     why = "; ".join(f"{k}: {v}" for k, v in registry.unavailable.items())

@@ -300,7 +300,7 @@ def test_security_boundary_from_a_provider_is_named(tmp_path: Path) -> None:
     }
     out = flat(invoke("envelope", "check", str(write(tmp_path, "env.json", doc))).stdout)
     assert "would refuse egress_certification: claims security_boundary" in out
-    assert "operator's own matrix" in out
+    assert "security_boundary egress is not admissible for a provider that is not in-tree" in out
 
 
 def test_human_summary_below_day_one(tmp_path: Path) -> None:

@@ -21,8 +21,8 @@ from checkfu.contract import (
     SandboxDigestMismatch,
     SandboxError,
     SandboxIdentityMismatch,
+    SandboxLeaseFenced,
     SandboxPathRejected,
-    SandboxProtocolViolation,
     SandboxResultInvalid,
     SandboxStateConflict,
     WriteFileRequest,
@@ -74,7 +74,7 @@ def test_check_lease(returned: dict[str, Any], field: str | None) -> None:
     if field is None:
         check_lease(lease, LEASE)
     else:
-        with raises(SandboxProtocolViolation, field):  # a wrong echo, never mistaken for a takeover
+        with raises(SandboxLeaseFenced, field):  # another lease or epoch is fenced (contract section 6)
             check_lease(lease, LEASE)
 
 
@@ -100,13 +100,13 @@ def instance_result(**changes: Any) -> InstanceResult:
         ({"target": {"provider_revision": "acme-sandbox 1.4.2 "}}, SandboxIdentityMismatch, "target"),
         ({"target": {"materialization_revision": "ACME-IMAGES 7"}}, SandboxIdentityMismatch, "target"),
         ({"target": {"placement": "byoc"}}, SandboxIdentityMismatch, "target"),
-        ({"lease": {"lease_epoch": 2}}, SandboxProtocolViolation, "lease.lease_epoch"),
-        ({"lease": {"lease_id": "lease-9"}}, SandboxProtocolViolation, "lease.lease_id"),
+        ({"lease": {"lease_epoch": 2}}, SandboxLeaseFenced, "lease.lease_epoch"),
+        ({"lease": {"lease_id": "lease-9"}}, SandboxLeaseFenced, "lease.lease_id"),
         ({"allocation_key": "ak-0002"}, SandboxIdentityMismatch, "allocation_key"),
         ({"instance_id": "i-43"}, SandboxIdentityMismatch, "instance_id"),
         # the target is checked before the lease, the lease before the ids
         ({"target": {"placement": "byoc"}, "lease": {"lease_epoch": 2}}, SandboxIdentityMismatch, "target"),
-        ({"lease": {"lease_epoch": 2}, "instance_id": "i-43"}, SandboxProtocolViolation, "lease.lease_epoch"),
+        ({"lease": {"lease_epoch": 2}, "instance_id": "i-43"}, SandboxLeaseFenced, "lease.lease_epoch"),
     ],
 )
 def test_check_echo(changes: dict[str, Any], error: type[SandboxError] | None, field: str | None) -> None:

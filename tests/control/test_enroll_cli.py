@@ -131,3 +131,64 @@ def test_a_service_is_run_only_after_it_is_enrolled(tmp_path: Path) -> None:
         listed = json.loads(checkfu("provider", "list", "--json", cwd=tmp_path).stdout)
         (stranger,) = [a for a in listed["adapters"] if a["target"].startswith("stranger@")]
         assert stranger["enrolled"] == "yes" and stranger["in_tree"] is False
+
+
+# A refusal under --json is a JSON document too, with the exit code of the refusal -----------------------------
+
+
+def _refusal(done: subprocess.CompletedProcess[str]) -> dict[str, object]:
+    doc = json.loads(done.stdout)
+    assert set(doc) == {"ok", "error"} and doc["ok"] is False, doc
+    error = doc["error"]
+    assert isinstance(error, dict) and set(error) == {"code", "message", "field"}, doc
+    return error
+
+
+def test_enroll_json_prints_a_refusal_as_json(tmp_path: Path) -> None:
+    from checkfu.conformance.evidence import generate_keys  # noqa: PLC0415
+
+    _, pub = generate_keys(tmp_path / "conformance")
+    garbage = tmp_path / "evidence.json"
+    garbage.write_text('{"not": "evidence"}\n')
+    argv = ["provider", "enroll", "memory", "--evidence", str(garbage), "--pub", str(pub), "--json"]
+    done = checkfu(*argv, cwd=tmp_path)
+    assert done.returncode == 1, done.stderr
+    error = _refusal(done)
+    assert error["code"] == "SandboxEnrollmentRefused" and error["field"] == "evidence"
+    assert "SandboxEnrollmentRefused" in done.stderr  # and a person reads it on stderr, as without --json
+
+
+def test_enroll_json_prints_a_usage_refusal_as_json_and_keeps_its_exit_code(tmp_path: Path) -> None:
+    garbage = tmp_path / "evidence.json"
+    garbage.write_text("{}\n")
+    done = checkfu("provider", "enroll", "memory", "--evidence", str(garbage), "--json", cwd=tmp_path)  # no --pub
+    assert done.returncode == 2, done.stderr
+    error = _refusal(done)
+    assert error["field"] == "--pub" and "--pub" in str(error["message"])
+
+
+# security_boundary is not admissible through "matrix evidence" -------------------------------------------------
+
+
+def test_matrix_evidence_is_refused_by_name_saying_why_and_what_to_do_instead(tmp_path: Path) -> None:
+    from checkfu.conformance.evidence import generate_keys  # noqa: PLC0415
+
+    _, pub = generate_keys(tmp_path / "conformance")
+    _, matrix_pub = generate_keys(tmp_path / "matrix")
+    evidence = tmp_path / "evidence.json"
+    evidence.write_text("{}\n")
+    for flags in (
+        ["--matrix-evidence", str(evidence)],
+        ["--matrix-pub", str(matrix_pub)],
+        ["--matrix-evidence", str(evidence), "--matrix-pub", str(matrix_pub)],
+    ):
+        argv = ["provider", "enroll", "memory", "--evidence", str(evidence), "--pub", str(pub), *flags]
+        done = checkfu(*argv, cwd=tmp_path)
+        assert done.returncode == 1, done.stderr
+        said = " ".join(done.stderr.split())
+        assert "SandboxEnrollmentRefused" in said and "security_boundary" in said, said
+        assert "not in-tree" in said and "advisory_filter" in said, said
+        assert "--evidence alone" in said, said
+        error = _refusal(checkfu(*argv, "--json", cwd=tmp_path))
+        assert error["code"] == "SandboxEnrollmentRefused" and error["field"] == "egress_certification"
+    assert not (tmp_path / "state" / "checkfu" / "credentials").exists()  # nothing was issued

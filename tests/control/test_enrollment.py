@@ -42,12 +42,9 @@ def hosted(**changes: Any) -> SandboxProviderCapabilities:
 @pytest.fixture
 def keys(tmp_path: Path) -> dict[str, Any]:
     conformance, conformance_pub = generate_keys(tmp_path / "keys" / "conformance")
-    matrix, matrix_pub = generate_keys(tmp_path / "keys" / "matrix")
     return {
         "conformance": load_private_key(conformance),
         "conformance_pub": load_public_key(conformance_pub),
-        "matrix": load_private_key(matrix),
-        "matrix_pub": load_public_key(matrix_pub),
     }
 
 
@@ -172,43 +169,35 @@ async def test_a_third_party_claiming_runner_enforced_is_refused_by_name(
     assert journal.enrollments() == []
 
 
-async def test_security_boundary_needs_evidence_from_the_operators_own_matrix(
+async def test_security_boundary_is_not_admissible_for_a_provider_that_is_not_in_tree(
     keys: dict[str, Any], journal: Journal, tmp_path: Path
 ) -> None:
+    """The ceiling holds a third party at advisory_filter; no evidence, whoever signed it, lifts it (the "matrix
+    evidence" path was ordinary evidence under another key, and is gone)."""
     boundary = hosted(network_modes=("none", "allowlist"), egress_certification="security_boundary")
     with serve_in_thread(MemoryProvider(boundary), credential=BOOTSTRAP) as remote:
         signed = await evidence(remote.url, keys["conformance"], only=(1, 2, 4))
-        common = {"credential": _cred(), "credentials_dir": tmp_path / "cr"}
-        with pytest.raises(SandboxEnrollmentRefused) as caught:
-            await enroll(journal, remote.url, signed, keys["conformance_pub"], **common)
-        assert caught.value.field == "egress_certification"
-        assert "security_boundary" in caught.value.message and "matrix" in caught.value.message
-        # Evidence signed by any key but the operator's matrix key does not count, the provider's included.
-        provider_key, _ = generate_keys(tmp_path / "provider-key")
-        self_signed = await evidence(remote.url, load_private_key(provider_key), only=(1, 2, 4))
         with pytest.raises(SandboxEnrollmentRefused) as caught:
             await enroll(
                 journal,
                 remote.url,
                 signed,
                 keys["conformance_pub"],
-                matrix_evidence=self_signed,
-                matrix_key=keys["matrix_pub"],
-                **common,
+                credential=_cred(),
+                credentials_dir=tmp_path / "cr",
             )
-        assert "matrix evidence" in caught.value.message and "another key" in caught.value.message
-        from_matrix = await evidence(remote.url, keys["matrix"], only=(1, 2, 4))
-        enrolled = await enroll(
-            journal,
-            remote.url,
-            signed,
-            keys["conformance_pub"],
-            matrix_evidence=from_matrix,
-            matrix_key=keys["matrix_pub"],
-            **common,
-        )
-        assert enrolled.adapter.envelope.egress_certification == "security_boundary"
-        await remote.aclose()
+        assert caught.value.field == "egress_certification"
+        assert "security_boundary" in caught.value.message and "advisory_filter" in caught.value.message
+        assert "no evidence stands in for it" in caught.value.message
+        assert not (tmp_path / "cr").exists() and journal.enrollments() == []
+    # The API no longer takes matrix evidence at all.
+    with pytest.raises(TypeError):
+        await enroll(journal, "memory", b"", keys["conformance_pub"], credentials_dir=tmp_path, matrix_evidence=b"")  # type: ignore[call-arg]
+    # And the grade it would have admitted is refused by run and grade alike: the registry holds it to the ceiling.
+    adapter = Adapter(envelope=boundary, provider=MemoryProvider(boundary), source="stranger")
+    with pytest.raises(SandboxEnrollmentRefused) as again:
+        Registry().add(adapter)
+    assert again.value.field == "egress_certification"
 
 
 async def test_evidence_with_a_failed_case_is_refused(keys: dict[str, Any], journal: Journal, tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ import sqlalchemy as sa
 from checkfu.contract import examples as ex
 from checkfu.contract.codec import decode_value
 from checkfu.contract.envelope import SandboxProviderCapabilities
-from checkfu.contract.errors import SandboxOperationUnsupported, SandboxProviderFailed
+from checkfu.contract.errors import SandboxCapabilityUnavailable, SandboxProviderFailed
 from checkfu.runner.job import PHASES, QuietObserver, run_job
 from checkfu.runner.journal import leases
 from checkfu.runner.mounts import parse_mount
@@ -105,13 +105,14 @@ async def test_the_day_one_tier_runs_one_shot_through_exec(make_rig: Any, worksp
     assert result.exit_code == 0 and bytes(observer.out) == (workspace / "README").read_bytes()
     assert "exec" in rig.memory.calls and "openProcess" not in rig.memory.calls
     assert "capture" not in result.phases
-    # No readFiles: asking for a capture is refused, and nothing is left behind.
-    with pytest.raises(SandboxOperationUnsupported):
+    # No readFiles: asking for a capture is refused at selection, before any provider work.
+    before = list(rig.memory.calls)
+    with pytest.raises(SandboxCapabilityUnavailable) as caught:
         await run_job(rig.runner, rig.memory.target, memory_profile(), ["true"], captures=["/workspace/README"])
-    assert "readFiles" not in rig.memory.calls
+    assert caught.value.field == "capture" and "readFiles" in caught.value.message
+    assert rig.memory.calls == before
     assert rig.memory.live_objects() == ()
-    failed = [r for r in rig.journal.list_runs() if r.status != "succeeded"]
-    assert [r.status for r in failed] == ["refused:SandboxOperationUnsupported"]
+    assert [r.status for r in rig.journal.list_runs()] == ["succeeded"]
 
 
 async def test_a_cancelled_job_leaves_nothing_behind(rig: Any, workspace: Path) -> None:

@@ -5,6 +5,7 @@ Every test runs against an SQLite file and a PostgreSQL database.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import subprocess
@@ -12,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from checkfu.contract.errors import SandboxLeaseFenced, SandboxNotFound, SandboxProtocolViolation
+from checkfu.contract.errors import SandboxLeaseFenced, SandboxNotFound
 from checkfu.contract.target import Lease
 from checkfu.contract.vocabulary import Platform
 from checkfu.runner.clock import ManualClock
@@ -182,9 +183,7 @@ async def test_a_runner_whose_lease_was_taken_over_stops_before_the_provider(mak
     assert inst.allocation_key in rig.held_keys()
 
 
-async def test_a_result_echoing_an_older_epoch_is_a_protocol_violation_and_compensated(
-    make_rig: Any, journal_url: str
-) -> None:
+async def test_a_result_echoing_an_older_epoch_is_fenced_and_compensated(make_rig: Any, journal_url: str) -> None:
     rig = make_rig(url=journal_url, wrap=Misbehaving)
     session = rig.start()
     profile = memory_profile()
@@ -195,11 +194,54 @@ async def test_a_result_echoing_an_older_epoch_is_a_protocol_violation_and_compe
     inst = await session.provision(profile, AMD64, image)
     await session.activate(inst)
     rig.provider.set("exec", stale_epoch)
-    with pytest.raises(SandboxProtocolViolation) as caught:  # a wrong echo, not a takeover
+    with pytest.raises(SandboxLeaseFenced) as caught:  # a wrong echo: fenced, as the contract says
         await session.exec(inst, ["true"], timeout=5)
     assert caught.value.field == "lease.lease_epoch"
+    assert LeaseStore(rig.journal, rig.clock).record(session.lease.lease_id).epoch == 2  # no takeover happened
     assert rig.memory.calls[-1] == "compensate"
     row = rig.journal.allocation(inst.allocation_key)
     assert row is not None and row.state == "compensated"
     assert rig.memory.live_objects() == ()
     assert inst.state == "released"
+
+
+async def test_a_fleet_run_whose_provider_echoes_another_lease_is_settled_not_left_claimed(journal: Journal) -> None:
+    """A wrong lease echo is SandboxLeaseFenced, as a takeover is; but the runner still holds its lease, so the
+    Run is settled (refused, naming the code) rather than abandoned as if another runner had taken it."""
+    from checkfu.fleet import submit_request  # noqa: PLC0415
+    from checkfu.runner.fleet import FleetConfig, FleetRunner  # noqa: PLC0415
+    from checkfu.runner.queue import RunQueue, RunRequest, is_terminal  # noqa: PLC0415
+    from checkfu.runner.registry import Adapter, Registry  # noqa: PLC0415
+    from checkfu.testing import MemoryProvider, wrong_lease_id  # noqa: PLC0415
+
+    memory = MemoryProvider()
+    double = Misbehaving(memory, {"activate": wrong_lease_id})
+    registry = Registry()
+    registry.add(Adapter(envelope=memory.envelope, provider=double, source="misbehaving memory"))
+
+    async def load(spec: str) -> Registry:
+        return registry
+
+    profile = memory_profile()
+    request = RunRequest(provider="memory", command=("true",), profile=profile.model_dump(mode="json"))
+    run_id = submit_request(journal, request, runner_tag="fleet-echo")
+    events: list[dict[str, Any]] = []
+    config = FleetConfig(concurrency=1, lease_ttl=30.0, poll=0.02, reconcile_every=3600.0)
+    fleet = FleetRunner(journal, load, runner_tag="fleet-echo", config=config, emit=events.append)
+
+    async def stop_when_settled() -> None:
+        for _ in range(1000):
+            if any(e.get("event") in ("settled", "fenced") for e in events):
+                break
+            await asyncio.sleep(0.01)
+        fleet.stop()
+
+    await asyncio.gather(fleet.serve(), stop_when_settled())
+    assert not [e for e in events if e.get("event") == "fenced"], events
+    run = journal.run(run_id)
+    assert run is not None and is_terminal(run.status), run
+    assert run.status == "refused:SandboxLeaseFenced"
+    assert run.summary is not None and run.summary["error"]["field"] == "lease.lease_id"
+    assert memory.live_objects() == ()
+    assert journal.open_allocations(run_id=run_id) == []
+    assert RunQueue(journal, ManualClock()).counts().get("running", 0) == 0

@@ -21,6 +21,7 @@ from checkfu.contract.errors import (
     SandboxBoundExceeded,
     SandboxError,
     SandboxIdentityMismatch,
+    SandboxLeaseFenced,
     SandboxPathRejected,
     SandboxProtocolViolation,
     SandboxProviderFailed,
@@ -43,8 +44,8 @@ DEADLINE = 0.2
 EXPECTED: dict[str, type[SandboxError]] = {
     "forge_instance_id": SandboxIdentityMismatch,
     "foreign_instance_id": SandboxIdentityMismatch,
-    "wrong_lease_id": SandboxProtocolViolation,  # a wrong echo, distinct from a real takeover
-    "stale_epoch": SandboxProtocolViolation,
+    "wrong_lease_id": SandboxLeaseFenced,  # a result carrying another lease is fenced (contract section 6)
+    "stale_epoch": SandboxLeaseFenced,
     "wrong_target": SandboxIdentityMismatch,
     "snapshot_echoes_other_instance": SandboxIdentityMismatch,
     "clone_returns_source": SandboxIdentityMismatch,
@@ -305,7 +306,7 @@ async def test_a_misbehaving_compensate_leaves_the_row_for_reconciliation(make_r
     inst = await session.provision(PROFILE, AMD64, image)
     await session.activate(inst)
     rig.provider.set("compensate", PRESETS["wrong_lease_id"])
-    with pytest.raises(SandboxProtocolViolation):
+    with pytest.raises(SandboxLeaseFenced):
         await session.compensate(inst.allocation_key)
     # The provider did reclaim; the runner cannot take its word for it: the row stays open.
     assert rig.memory.live_objects() == ()

@@ -26,7 +26,7 @@ from checkfu.runner.journal import Journal, leases, sqlite_url
 from checkfu.runner.leases import LeaseStore, _proc_start, current_owner
 from checkfu.runner.reconcile import reconcile
 from checkfu.runner.registry import Registry
-from checkfu.testing import Misbehaving, Requests, crash, memory_envelope, memory_profile
+from checkfu.testing import Misbehaving, Requests, crash, memory_envelope, memory_profile, stale_epoch, wrong_lease_id
 
 pytestmark = pytest.mark.anyio
 
@@ -188,6 +188,28 @@ async def test_a_failing_compensation_is_reported_and_left_open(make_rig: Any) -
     report = await reconcile(rig.journal, rig.registry, rig.clock, runner_tag=rig.runner.runner_tag)
     assert report.compensated == [inst.allocation_key]
     assert rig.memory.live_objects() == ()
+
+
+@pytest.mark.parametrize("fault", [wrong_lease_id, stale_epoch], ids=lambda f: f.name)
+async def test_a_compensation_echoing_another_lease_is_reported_not_taken_for_a_live_owner(
+    make_rig: Any, fault: Any
+) -> None:
+    """A compensation answering for another lease is SandboxLeaseFenced, as any wrong lease echo is; it is the
+    provider's fault, not the owner renewing, so it is reported as failed (and the Run left unsettled), never
+    skipped as if a live Run held it."""
+    rig = make_rig(wrap=Misbehaving)
+    session, (inst,) = await crashed_run(rig)
+    rig.clock.advance(100_000)
+    rig.provider.set("compensate", fault)
+    report = await reconcile(rig.journal, rig.registry, rig.clock, runner_tag=rig.runner.runner_tag)
+    assert list(report.failed) == [inst.allocation_key]
+    assert report.failed[inst.allocation_key].startswith("SandboxLeaseFenced:")
+    assert report.unsettled_runs == [session.run_id]
+    row = rig.journal.allocation(inst.allocation_key)
+    assert row is not None and row.state == "live"
+    rig.provider.set("compensate", None)
+    report = await reconcile(rig.journal, rig.registry, rig.clock, runner_tag=rig.runner.runner_tag)
+    assert report.compensated == [inst.allocation_key] and report.settled_runs == [session.run_id]
 
 
 async def test_another_runner_tag_is_left_alone(make_rig: Any) -> None:

@@ -22,9 +22,9 @@ from checkfu.contract.envelope import SandboxProviderCapabilities
 from checkfu.contract.errors import (
     SandboxBoundExceeded,
     SandboxIdentityMismatch,
+    SandboxLeaseFenced,
     SandboxOperationUnsupported,
     SandboxPathRejected,
-    SandboxProtocolViolation,
     SandboxResultInvalid,
     SandboxStateConflict,
 )
@@ -156,8 +156,8 @@ def test_provision_journals_before_the_call_and_settles_after_the_checks(core: S
     [
         ({"allocation_key": "ak-other"}, SandboxIdentityMismatch, "allocation_key"),
         ({"state": "active"}, SandboxStateConflict, "state"),
-        ({"lease": Lease(lease_id="lease-core", lease_epoch=1)}, SandboxProtocolViolation, "lease.lease_epoch"),
-        ({"lease": Lease(lease_id="lease-else", lease_epoch=2)}, SandboxProtocolViolation, "lease.lease_id"),
+        ({"lease": Lease(lease_id="lease-core", lease_epoch=1)}, SandboxLeaseFenced, "lease.lease_epoch"),
+        ({"lease": Lease(lease_id="lease-else", lease_epoch=2)}, SandboxLeaseFenced, "lease.lease_id"),
     ],
 )
 def test_a_provision_answer_out_of_contract_is_refused_and_reclaimed(

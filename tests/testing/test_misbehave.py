@@ -50,9 +50,9 @@ from checkfu.contract.checks import (
 from checkfu.contract.errors import (
     SandboxBoundExceeded,
     SandboxIdentityMismatch,
+    SandboxLeaseFenced,
     SandboxNotFound,
     SandboxPathRejected,
-    SandboxProtocolViolation,
     SandboxResultInvalid,
     SandboxStateConflict,
 )
@@ -216,9 +216,8 @@ async def test_echo_faults(preset: Misbehaviour, member: Member) -> None:
     w = await world()
     w.m.set(member, preset)
     result, key, instance_id = await invoke(w, member)
-    # A wrong lease echo is the provider breaking the protocol; a real takeover (SandboxLeaseFenced) is
-    # found in the runner's own lease store, before any call.
-    expected = SandboxIdentityMismatch if preset is wrong_target else SandboxProtocolViolation
+    # A result carrying another lease or epoch is fenced (contract section 6), as the author kit says.
+    expected = SandboxIdentityMismatch if preset is wrong_target else SandboxLeaseFenced
     with pytest.raises(expected):
         check_echo(statement(result), target=w.r.target, lease=w.r.lease, allocation_key=key, instance_id=instance_id)
     if preset is stale_epoch:

@@ -459,6 +459,12 @@ async def test_each_vocabulary_error_travels_under_its_status(
         await remote.describe()
     await remote.aclose()
     assert type(caught.value) is ERROR_CLASSES[code]
+    if code == "SandboxUnauthenticated":
+        # A 401 refuses the caller's credential: the client says so itself, naming which credential to give,
+        # so the runner reports it as it is rather than as the provider failing.
+        assert caught.value.observed and caught.value.field == "credential" and not caught.value.retryable
+        assert "--credential-file" in caught.value.message
+        return
     assert (caught.value.field, caught.value.retryable) == (error.field, error.retryable)
     assert not caught.value.observed  # the provider reported it; the client found nothing itself
 

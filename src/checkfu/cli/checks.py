@@ -95,7 +95,7 @@ def envelope_check(file: FileArg, as_json: JsonOpt = False) -> None:
     if card.over_ceiling:
         out.print(
             "          only this package's own providers may claim runner_enforced, and security_boundary "
-            "egress comes only from the operator's own matrix"
+            "egress is not admissible for a provider that is not in-tree"
         )
 
 

@@ -37,8 +37,10 @@ from checkfu.runner.queue import RunQueue, RunRequest
 from checkfu.runner.registry import (
     Registry,
     adapter_from_factory,
+    adapters_file,
     installed_entry_points,
     load_registry,
+    read_adapters_file,
 )
 from checkfu.wire.client import RemoteProvider
 
@@ -68,9 +70,11 @@ SUBMITTED = frozenset(
         "timeout",
         "credential_file",
         "allow",
+        "adapters",
     }
 )
-"""The options of ``checkfu run`` a submitted Run carries; any other one given is refused by name."""
+"""The options of ``checkfu run`` a submitted Run carries (``--adapters`` is checked here, not carried: the runner
+that serves the Run loads its own, ``runner serve --adapters``); any other one given is refused by name."""
 
 NOT_QUEUED = {
     "env": ("-e/--env", "a queued Run waits in the database, and an environment value never reaches the journal"),
@@ -127,6 +131,7 @@ def submit_command(**options: Any) -> None:
         timeout=options["timeout"],
         allow=allow,
         warnings=warnings,
+        adapters=adapters_file(options["adapters"]),
     )
     # a provider service's profile must name its image pinned: only the Docker tier here pins a tag
     profile = run_cli._allowing(run_cli._pin_image(checked.read, name, quiet=True), allow)
@@ -156,7 +161,9 @@ def submit_command(**options: Any) -> None:
 
 SUBMIT_HELP = (
     "Queue a Run for the fleet and print its id: any `checkfu runner serve` on the same --db runs it as "
-    "`checkfu run` would. Takes the options of `checkfu run`; follow it with `checkfu runs wait RUN`."
+    "`checkfu run` would. Takes the options of `checkfu run`; follow it with `checkfu runs wait RUN`.\n\nWith "
+    "--adapters FILE (or CHECKFU_ADAPTERS) a provider of that adapters file is taken by name; the runners that "
+    "serve the Run load it themselves (`checkfu runner serve --adapters FILE`)."
 )
 
 # checkfu runs wait ----------------------------------------------------------------------------
@@ -247,7 +254,12 @@ def _exit_code(status: str, exit_code: int | None) -> int:
 # checkfu runner serve -------------------------------------------------------------------------
 
 
-def _loader(journal: Journal, credential_file: Path | None, sites: dict[str, list[dict[str, Any]]] | None) -> Any:
+def _loader(
+    journal: Journal,
+    credential_file: Path | None,
+    sites: dict[str, list[dict[str, Any]]] | None,
+    adapters: Path | None = None,
+) -> Any:
     credential = client_credential(credential_file)
 
     async def load(spec: str) -> Registry:
@@ -260,11 +272,11 @@ def _loader(journal: Journal, credential_file: Path | None, sites: dict[str, lis
                 registry.mark_unavailable(spec, f"{exc.code}: {exc.message}")
             return registry
         installed = {ep.name for ep in installed_entry_points()}
-        if spec not in installed:
+        if spec not in installed and adapters is None:
             registry = Registry()
             registry.mark_unavailable(spec, f"no provider named {spec!r} is installed on this runner")
             return registry
-        return await load_registry(entry_point_names=[spec], recorder=journal, sites=sites)
+        return await load_registry(entry_point_names=[spec], recorder=journal, sites=sites, config=adapters)
 
     return load
 
@@ -302,10 +314,18 @@ def runner_serve(
     engine_certs: EngineCertsOpt = None,
     credential_file: run_cli.CredentialOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="one JSON object per event on stdout")] = False,
+    adapters: run_cli.AdaptersOpt = None,
 ) -> None:
-    """Serve queued Runs from the database until SIGTERM: claim, heartbeat, take over, reconcile."""
+    """Serve queued Runs from the database until SIGTERM: claim, heartbeat, take over, reconcile.
+
+    The adapters file (--adapters FILE, else $CHECKFU_ADAPTERS) is read when a Run's provider is first needed: a
+    Run whose provider it leaves ambiguous or unavailable is settled as refused, naming the adapters at fault.
+    """
     if heartbeat is not None and heartbeat >= lease_ttl:
         raise typer.BadParameter(f"must be shorter than --lease-ttl ({lease_ttl:g} s)", param_hint="--heartbeat")
+    config_file = adapters_file(adapters)
+    if config_file is not None:
+        read_adapters_file(config_file)  # a file that cannot be read is refused now, not at the first Run
     sites = engine_sites(engine, engine_certs)
     journal = open_journal(db)
     config = FleetConfig(
@@ -317,7 +337,7 @@ def runner_serve(
     )
     fleet = FleetRunner(
         journal,
-        _loader(journal, credential_file, sites),
+        _loader(journal, credential_file, sites, config_file),
         runner_tag=runner_tag(db),
         config=config,
         emit=_render(as_json),

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
@@ -21,9 +22,9 @@ from checkfu.conformance.suite import Report, resolve_target, run_suite
 from checkfu.contract.ceiling import RunnerProviderCapability
 from checkfu.contract.codec import decode
 from checkfu.contract.envelope import SandboxProviderCapabilities
-from checkfu.contract.errors import SandboxAdapterUnavailable
+from checkfu.contract.errors import SandboxAdapterUnavailable, SandboxEnrollmentRefused, SandboxError
 from checkfu.contract.profile import SandboxProfile
-from checkfu.control.enrollment import enroll
+from checkfu.control.enrollment import enroll, refuse_matrix_evidence
 from checkfu.control.grading import GradeCard, grade, grade_envelope, render_html, render_text
 from checkfu.runner.documents import DocumentError, read_bounded
 from checkfu.runner.registry import Adapter, Registry, enrollment_endpoint, load_registry
@@ -34,6 +35,10 @@ from checkfu.wire.serving import serve
 from checkfu.wire.tls import ServerTls, TlsError
 
 err = console(stderr=True, highlight=False, soft_wrap=True)
+
+T = TypeVar("T")
+EXIT_REFUSED = 1
+"""A refusal of this group's commands (``checkfu.cli.main`` exits so for any ``SandboxError``)."""
 
 provider_app = typer.Typer(
     help="Provider services: serve one over the wire; test one (in-tree or by URL) and sign the evidence.",
@@ -264,45 +269,62 @@ def provider_enroll(
     ] = None,
     matrix_evidence: Annotated[
         Path | None,
-        typer.Option("--matrix-evidence", help="evidence from the operator's own matrix, for security_boundary"),
+        typer.Option(
+            "--matrix-evidence",
+            hidden=True,
+            help="refused: security_boundary egress is not admissible for a provider that is not in-tree",
+        ),
     ] = None,
     matrix_pub: Annotated[
         Path | None,
-        typer.Option("--matrix-pub", help="the operator's matrix key (default: the state directory's keys/matrix.pub)"),
+        typer.Option(
+            "--matrix-pub",
+            hidden=True,
+            help="refused: security_boundary egress is not admissible for a provider that is not in-tree",
+        ),
     ] = None,
     credential: SecretOpt = None,
     credential_file: CredentialOpt = None,
     db: DbOpt = None,
-    as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="print one JSON object, a refusal included ({ok: false, error})")
+    ] = False,
 ) -> None:
-    """Admit a provider for selection: verify its evidence, hold its envelope to the ceiling, issue a credential."""
-    keys = state_dir() / "keys"
-    conformance_pub = pub or keys / "conformance.pub"
-    if pub is None and not conformance_pub.exists():
-        raise typer.BadParameter(
-            f"give the key that signed the evidence with --pub (or keep it at {conformance_pub})", param_hint="--pub"
-        )
-    key = _public_key(conformance_pub, "--pub")
-    matrix_doc = _read_file(matrix_evidence, "--matrix-evidence") if matrix_evidence is not None else None
-    matrix_path = matrix_pub or keys / "matrix.pub"
-    matrix_key = _public_key(matrix_path, "--matrix-pub") if matrix_doc is not None and matrix_path.exists() else None
-    document = _read_file(evidence, "--evidence")
-    journal = open_journal(db)
-    try:
-        enrolled = asyncio.run(
-            enroll(
-                journal,
-                target,
-                document,
-                key,
-                credential=_credential(credential, credential_file),
-                credentials_dir=state_dir() / "credentials",
-                matrix_evidence=matrix_doc,
-                matrix_key=matrix_key,
+    """Admit a provider for selection: verify its evidence, hold its envelope to the ceiling, issue a credential.
+
+    A provider that is not in-tree is held to advisory_filter egress at most: security_boundary is not
+    admissible, and no evidence (--matrix-evidence included, which is refused by name) stands in for it.
+    """
+
+    def body() -> Any:
+        if matrix_evidence is not None or matrix_pub is not None:
+            raise refuse_matrix_evidence("--matrix-evidence" if matrix_evidence is not None else "--matrix-pub")
+        keys = state_dir() / "keys"
+        conformance_pub = pub or keys / "conformance.pub"
+        if pub is None and not conformance_pub.exists():
+            raise typer.BadParameter(
+                f"give the key that signed the evidence with --pub (or keep it at {conformance_pub})",
+                param_hint="--pub",
             )
-        )
-    finally:
-        journal.close()
+        key = _public_key(conformance_pub, "--pub")
+        document = _read_file(evidence, "--evidence")
+        given = _credential(credential, credential_file)
+        journal = open_journal(db)
+        try:
+            return asyncio.run(
+                enroll(
+                    journal,
+                    target,
+                    document,
+                    key,
+                    credential=given,
+                    credentials_dir=state_dir() / "credentials",
+                )
+            )
+        finally:
+            journal.close()
+
+    enrolled = _refusing(as_json, body, usage_code=SandboxEnrollmentRefused.code)
     t = enrolled.evidence.tally
     if as_json:
         print(
@@ -403,7 +425,7 @@ def provider_grade(
     try:
         if cred is None and is_url(target):  # the credential issued at enrollment, as `checkfu run` uses it
             cred = enrolled_credential(journal, target)
-        adapter = asyncio.run(resolve_target(target, cred))
+        adapter = _refusing(as_json, lambda: asyncio.run(resolve_target(target, cred)))
         Runner(_registry_of(adapter), journal, runner_tag=runner_tag(db))
         report = _run_cases(target, cred, None, None, quiet=as_json) if test else None
         card = grade(
@@ -425,6 +447,27 @@ def provider_grade(
         out.print(f"[{style}]{escape(line)}[/]" if style else escape(line))
     if html_out is not None:
         err.print(f"page written to {escape(str(html_out))}")
+
+
+def _refusing(as_json: bool, body: Callable[[], T], *, usage_code: str | None = None) -> T:
+    """``body()``; with ``as_json``, a refusal is also printed as ``{"ok": false, "error": {code, message, field}}``
+    on stdout (the shape ``checkfu run --json`` writes), and either way the command exits as it would without it:
+    1 for a refusal (its code first on stderr), 2 for a usage error (its field the option at fault; click says the
+    rest on stderr; printed as JSON only with ``usage_code``, the vocabulary code such a refusal amounts to)."""
+    try:
+        return body()
+    except SandboxError as exc:
+        if not as_json:
+            raise
+        err.print(f"[bold red]{escape(exc.code)}[/]: {escape(exc.message)}")
+        print(json.dumps({"ok": False, "error": {"code": exc.code, "message": exc.message, "field": exc.field}}))
+        raise typer.Exit(EXIT_REFUSED) from None
+    except typer.BadParameter as exc:
+        if as_json and usage_code is not None:
+            hint = exc.param_hint if isinstance(exc.param_hint, str) else None
+            error = {"code": usage_code, "message": exc.format_message(), "field": hint}
+            print(json.dumps({"ok": False, "error": error}))
+        raise
 
 
 def _registry_of(adapter: Adapter) -> Registry:

@@ -65,8 +65,10 @@ from checkfu.runner.reconcile import describe_owner, reconcile, run_status
 from checkfu.runner.registry import (
     Registry,
     adapter_from_factory,
+    adapters_file,
     installed_entry_points,
     load_registry,
+    read_adapters_file,
 )
 from checkfu.runner.runner import Attempt, Runner
 
@@ -101,6 +103,16 @@ DbOpt = Annotated[
     ),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="print JSON")]
+AdaptersOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--adapters",
+        help="an adapters file (TOML: [[adapters]] tables of factory = ENTRY-POINT or MODULE:CALLABLE, and options) "
+        "loaded besides the installed providers (default: $CHECKFU_ADAPTERS); docs/adapters.md",
+        show_default=False,
+        metavar="FILE",
+    ),
+]
 
 
 def human_bytes(n: int) -> str:
@@ -250,6 +262,9 @@ def _terminal() -> Any:
 
 def _choose(registry: Registry, provider: str, explicit: bool) -> Any:
     found = registry.by_provider(provider)
+    ambiguous = registry.ambiguity(provider)
+    if ambiguous is not None:
+        raise ambiguous
     if len(found) == 1:
         return found[0].target
     if not found:
@@ -391,14 +406,24 @@ def check_run_inputs(
     timeout: float,
     allow: list[str],
     warnings: list[str],
+    adapters: Path | None = None,
 ) -> CheckedRun:
     """Every check of ``checkfu run``'s inputs that asks no provider anything, every problem listed.
+
+    ``adapters``: an adapters file (already defaulted from ``CHECKFU_ADAPTERS``); it is read and its tables checked
+    here, and a provider name it may serve is not refused for not being installed (its factories are called only
+    when the Run loads its registry).
 
     Raises:
         SandboxError: the problems found (nothing was run, nothing allocated).
     """
     problems: list[Problem] = []
-    if not remote:
+    if adapters is not None and not remote:
+        try:
+            read_adapters_file(adapters)
+        except SandboxError as exc:
+            problems.append(Problem(exc))
+    if not remote and adapters is None:
         installed = sorted(ep.name for ep in installed_entry_points())
         if name not in installed:
             problems.append(
@@ -537,7 +562,8 @@ def run_command(
         list[str] | None,
         typer.Option(
             "--capture",
-            help="an absolute sandbox path (a file or a directory) to read back",
+            help="an absolute sandbox path to read back: a file, or a directory (end it with / to say so; a "
+            "directory needs a provider that serves listDir)",
             show_default=False,
             metavar="PATH",
         ),
@@ -565,6 +591,7 @@ def run_command(
             metavar="HOST:PORT",
         ),
     ] = None,
+    adapters: AdaptersOpt = None,
     pool: Annotated[
         bool,
         typer.Option(
@@ -612,6 +639,7 @@ def run_command(
             warnings=warnings,
             summary=summary,
             pool=pool,
+            adapters=adapters_file(adapters),
         )
     except SandboxError as exc:
         _refused(exc, json_file, summary)
@@ -677,6 +705,7 @@ def _admit_and_run(
     warnings: list[str],
     summary: dict[str, Any],
     pool: bool = False,
+    adapters: Path | None = None,
 ) -> int:
     """Every input checked (every problem listed), then the Run. Returns the exit status.
 
@@ -701,6 +730,7 @@ def _admit_and_run(
         timeout=timeout,
         allow=allow,
         warnings=warnings,
+        adapters=adapters,
     )
     read, specs, env = checked.read, checked.specs, checked.env
     for line in warnings:
@@ -743,6 +773,7 @@ def _admit_and_run(
                 db=db,
                 profile_name=read.name,
                 pool=pool,
+                adapters=adapters,
             )
         )
     finally:
@@ -750,10 +781,17 @@ def _admit_and_run(
 
 
 async def _registry(
-    name: str, credential: Credential | None, observer: ConsoleObserver, journal: Any, *, hold: bool = False
+    name: str,
+    credential: Credential | None,
+    observer: ConsoleObserver,
+    journal: Any,
+    *,
+    hold: bool = False,
+    adapters: Path | None = None,
 ) -> Registry:
-    """The adapters to choose from: the named installed provider, or the provider service at a URL. With ``hold``
-    (a warm pool's filler), the Docker tier provisions held sandboxes: started and paused, thawed at activation."""
+    """The adapters to choose from: the named installed provider and those of the adapters file (``adapters``, else
+    ``CHECKFU_ADAPTERS``), or the provider service at a URL. With ``hold`` (a warm pool's filler), the Docker tier
+    provisions held sandboxes: started and paused, thawed at activation."""
     if is_url(name):
         from checkfu.wire.client import RemoteProvider  # noqa: PLC0415
 
@@ -764,7 +802,8 @@ async def _registry(
     if hold:
         docker["hold"] = "yes"
     options = {"docker": docker}
-    return await load_registry(entry_point_names=[name], options=options, recorder=journal)
+    config = adapters_file(adapters)
+    return await load_registry(entry_point_names=[name], options=options, recorder=journal, config=config)
 
 
 async def _run(
@@ -789,6 +828,7 @@ async def _run(
     db: str | None = None,
     profile_name: str = "",
     pool: bool = False,
+    adapters: Path | None = None,
 ) -> int:
     observer = ConsoleObserver(quiet=quiet)
     # Mounts are read, bounded and hashed before any provider is asked anything (describe included).
@@ -796,7 +836,7 @@ async def _run(
     resolved = await resolve_mounts(specs, observer)
     resolve_seconds = time.perf_counter() - t0
     observer.phase("resolve", resolve_seconds)
-    registry = await _registry(name, credential, observer, journal)
+    registry = await _registry(name, credential, observer, journal, adapters=adapters)
     if isinstance(prof, ReadProfile):  # a provider service: the provider it serves decides who pins a tag
         (adapter,) = registry.adapters
         target = adapter.target
@@ -857,9 +897,11 @@ async def _run(
         if not _report_left(observer.attempt, db, said):
             err.print(f"{said}: released and compensated; nothing is left behind")
         summary.update(ok=False, exit_code=128 + signum, interrupted=signal.Signals(signum).name)
+        summary.update(_left_of(observer.attempt))
         return 128 + signum
     except (SandboxError, JournalError):
         _report_left(observer.attempt, db, "[bold red]failed[/]")
+        summary.update(_left_of(observer.attempt))
         raise
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -896,7 +938,7 @@ async def _run(
     if not quiet:
         _summary(result, label, allowed, profile_name, env, workdir)
     if _report_left(observer.attempt, db, f"[bold red]the command exited {result.exit_code:d}, but[/]"):
-        summary.update(exit_code=LEFT_BEHIND_EXIT, left=dict(result.left))
+        summary.update(ok=False, exit_code=LEFT_BEHIND_EXIT, **_left_of(observer.attempt))
         return LEFT_BEHIND_EXIT
     if result.unjournaled:
         summary["unjournaled"] = dict(result.unjournaled)
@@ -942,13 +984,36 @@ LEFT_BEHIND_EXIT = EXIT_REFUSED
 sandbox failure around the command, so checkfu's own 125, never a status the command could have had."""
 
 
+def _left_of(attempt: Attempt | None) -> dict[str, Any]:
+    """For the ``--json`` summary: ``left``, what of the Run is still held or, by the provider's own word, survived
+    its release (by allocation key, with why); nothing when there is none."""
+    if attempt is None:
+        return {}
+    left = {**attempt.session.left, **attempt.session.undestroyed}
+    return {"left": left} if left else {}
+
+
 def _report_left(attempt: Attempt | None, db: str | None, said: str) -> bool:
-    """Say what of the Run is still held (never claim it was released) and how to finish; returns whether
-    anything is. Also say what the journal could not record (that needs no action: reconciliation settles it)."""
+    """Say what of the Run is still held (never claim it was released) and how to finish, and what a release said
+    it kept against the envelope's promise; returns whether there is either. Also say what the journal could not
+    record (that needs no action: reconciliation settles it)."""
     if attempt is None:
         return False
     session = attempt.session
     finish = "checkfu runner reconcile" + (f" --db {shlex.quote(db)}" if db else "")
+    if session.undestroyed:
+        err.print(
+            f"{said}: the release of {len(session.undestroyed):d} sandbox(es) of {escape(session.run_id)} answered "
+            "destroyed: false, against the envelope's promise; by the provider's own word something of each "
+            "survived its release:"
+        )
+        for key, why in session.undestroyed.items():
+            err.print(f"  {escape(key)}: {escape(why[:300])}")
+        err.print(
+            "[bold yellow]warning[/]: each was compensated by its key since, but only the provider says what that "
+            f"reclaimed; report it to the provider's author (`checkfu runs show {escape(session.run_id)}` lists "
+            "every call)"
+        )
     if session.unjournaled:
         err.print(
             "[bold yellow]warning[/]: the journal could not record everything (it was locked or unreachable); "
@@ -957,7 +1022,7 @@ def _report_left(attempt: Attempt | None, db: str | None, said: str) -> bool:
         for what, why in session.unjournaled.items():
             err.print(f"  {escape(what)}: {escape(why[:300])}")
     if not session.left:
-        return False
+        return bool(session.undestroyed)
     err.print(
         f"{said}: {len(session.left):d} allocation(s) of {escape(session.run_id)} could not be released "
         "and are left behind:"
@@ -1153,13 +1218,17 @@ def runner_reconcile(
     as_json: JsonOpt = False,
     engine: EngineOpt = None,
     engine_certs: EngineCertsOpt = None,
+    adapters: AdaptersOpt = None,
 ) -> None:
     """Compensate every unsettled allocation whose lease expired or whose owner is gone, and settle its Run.
 
     Exits 1 when anything is left (a compensation failed, a provider could not be reached, or the journal
     holds a gone runner's allocations under another runner tag): what is left and how to finish are listed.
+    An adapters file that makes two adapters advertise one target is refused (SandboxAdapterAmbiguous)
+    before anything is compensated: which one reclaims an allocation would be a guess.
     """
     sites = engine_sites(engine, engine_certs)
+    config = adapters_file(adapters)
     journal = open_journal(db, reap=False)  # this pass reaps orphans itself, and counts them in its report
     try:
         tag = runner_tag(db)
@@ -1167,10 +1236,13 @@ def runner_reconcile(
         async def reach_all() -> Registry:
             from checkfu.control.endpoints import add_endpoints, open_endpoints  # noqa: PLC0415
 
-            loaded = await load_registry(entry_point_names=provider, recorder=journal, sites=sites)
+            loaded = await load_registry(entry_point_names=provider, recorder=journal, sites=sites, config=config)
             return await add_endpoints(loaded, journal, open_endpoints(journal, runner_tag=tag), recorder=journal)
 
         registry = asyncio.run(reach_all())
+        ambiguous = registry.ambiguity()
+        if ambiguous is not None:
+            raise ambiguous
         report = asyncio.run(reconcile(journal, registry, SystemClock(), runner_tag=tag))
     finally:
         journal.close()

@@ -163,6 +163,15 @@ def sandbox_create(
     provider: Annotated[str, typer.Option("--provider", help="provider name (or service URL)")] = "docker",
     db: DbOpt = None,
     as_json: JsonOpt = False,
+    adapters: Annotated[
+        Path | None,
+        typer.Option(
+            "--adapters",
+            help="an adapters file loaded besides the installed providers (default: $CHECKFU_ADAPTERS, which the "
+            "later commands on the sandbox read too); docs/adapters.md",
+            metavar="FILE",
+        ),
+    ] = None,
 ) -> None:
     """Make a sandbox that outlives this command; prints its id. Its time-to-live ends it (extend it with
     `checkfu sandbox extend`), or `checkfu sandbox rm`."""
@@ -174,7 +183,7 @@ def sandbox_create(
         seconds = parse_duration(ttl, "--ttl")
         specs = [parse_mount(m, stage_all=no_ignore) for m in mount or []]
         return await sdk.AsyncSandbox.create(
-            profile=profile, mounts=specs, provider=provider, ttl=seconds, detach=True, db=db
+            profile=profile, mounts=specs, provider=provider, ttl=seconds, detach=True, db=db, adapters=adapters
         )
 
     sb = _run(body, as_json)

@@ -314,7 +314,7 @@ def _stdin_credential() -> Credential:
     text = text.strip()
     if not text:
         raise CredentialError("standard input (--credential-file -) holds no credential on its first line")
-    return Credential(text)
+    return Credential(text, source="--credential-file - (standard input)")
 
 
 def enrolled_credential(journal: Journal, url: str) -> Credential | None:

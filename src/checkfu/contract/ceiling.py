@@ -8,8 +8,9 @@ that close the seed's blocking gaps:
   every third party it is ``provider_attested``: ``runner_enforced`` means this
   runner's own code set the control, which no third party can say.
 - ``egress_certification``: the strongest egress grade. A third party is pinned to
-  ``advisory_filter``; ``security_boundary`` is reached only through the matrix a
-  runner operator runs itself (``matrix_egress``), never by a provider's word.
+  ``advisory_filter``: ``security_boundary`` is reachable only through an egress matrix
+  the control plane runs itself (contract section 8), which this runner does not have,
+  so no provider that is not in-tree is admitted with it, whatever evidence it brings.
 
 ``overreach(envelope, ceiling)`` names every field and axis where an envelope
 claims more than a ceiling allows. Nothing is silently downgraded: a claim above
@@ -66,7 +67,7 @@ IN_TREE: RunnerProviderCapability = RunnerProviderCapability(
     enforcement=EnforcementStatement.uniform("runner_enforced")
 )
 """This package's own providers: ``runner_enforced`` is theirs to claim, because this runner's code set it.
-Egress stays at ``advisory_filter``: ``security_boundary`` comes only from the operator's matrix."""
+Egress stays at ``advisory_filter``: ``security_boundary`` comes only from a matrix the control plane runs."""
 
 
 @dataclass(frozen=True)
@@ -86,17 +87,8 @@ def grade_rank(grade: EgressGrade) -> int:
     return EGRESS_GRADES.index(grade)
 
 
-def overreach(
-    envelope: SandboxProviderCapabilities,
-    ceiling: RunnerProviderCapability,
-    *,
-    matrix_egress: EgressGrade | None = None,
-) -> list[Overreach]:
-    """Every claim of ``envelope`` above ``ceiling``, each naming its field or axis.
-
-    ``matrix_egress`` is the grade the operator's own matrix measured, when there is
-    one: only it can lift an egress claim above the ceiling, and never above itself.
-    """
+def overreach(envelope: SandboxProviderCapabilities, ceiling: RunnerProviderCapability) -> list[Overreach]:
+    """Every claim of ``envelope`` above ``ceiling``, each naming its field or axis."""
     out: list[Overreach] = []
     for axis in AXES:
         claimed: Authority = envelope.enforcement.authority(axis)
@@ -105,11 +97,10 @@ def overreach(
             out.append(Overreach(f"enforcement.{axis}", claimed, f"at most {allowed}"))
     grade = envelope.egress_certification
     allowed_grade = ceiling.egress_certification
-    if matrix_egress is not None and grade_rank(matrix_egress) > grade_rank(allowed_grade):
-        allowed_grade = matrix_egress
     if grade_rank(grade) > grade_rank(allowed_grade):
         why = (
-            f"at most {allowed_grade} ('security_boundary' only with evidence from the operator's own matrix)"
+            f"at most {allowed_grade} (security_boundary is reachable only through an egress matrix the control "
+            "plane runs itself, which this runner does not have; no evidence stands in for it)"
             if grade == "security_boundary"
             else f"at most {allowed_grade}"
         )

@@ -13,8 +13,8 @@ from checkfu.contract.errors import (
     SandboxBoundExceeded,
     SandboxDigestMismatch,
     SandboxIdentityMismatch,
+    SandboxLeaseFenced,
     SandboxPathRejected,
-    SandboxProtocolViolation,
     SandboxResultInvalid,
     SandboxStateConflict,
 )
@@ -27,20 +27,25 @@ from checkfu.contract.target import ExecutionTarget, Lease
 def check_lease(returned: Lease, held: Lease) -> None:
     """A result must echo the caller's own lease at its own epoch.
 
-    A wrong echo is the provider breaking the protocol, not a takeover: a real takeover
-    is found in the runner's own lease store (``SandboxLeaseFenced``) before any call.
+    A result carrying another lease, or another epoch of it, is fenced (contract section 6, and the
+    author kit): the provider answered for a lease this call does not hold, so the answer is not this
+    runner's to act on. The runner's own lease store fences a real takeover before any call; this is
+    the same refusal found in an answer, so the caller compensates what the call may have allocated
+    and cannot tell it from a takeover by its code alone (the lease store can).
 
     Raises:
-        SandboxProtocolViolation: another lease id, or another (older or newer) epoch.
+        SandboxLeaseFenced: another lease id, or another (older or newer) epoch, naming the field.
     """
     if returned.lease_id != held.lease_id:
-        raise SandboxProtocolViolation(
-            f"lease: result echoes lease {returned.lease_id!r}, the request carried {held.lease_id!r}",
+        raise SandboxLeaseFenced(
+            f"lease.lease_id: result echoes lease {returned.lease_id!r}, the request carried {held.lease_id!r}: "
+            "the provider answered for a lease this call does not hold",
             field="lease.lease_id",
         )
     if returned.lease_epoch != held.lease_epoch:
-        raise SandboxProtocolViolation(
-            f"lease: result echoes epoch {returned.lease_epoch}, the request carried {held.lease_epoch}",
+        raise SandboxLeaseFenced(
+            f"lease.lease_epoch: result echoes epoch {returned.lease_epoch}, the request carried {held.lease_epoch}: "
+            "the provider answered for an epoch this call does not hold",
             field="lease.lease_epoch",
         )
 
@@ -57,7 +62,7 @@ def check_echo(
 
     Raises:
         SandboxIdentityMismatch: the target tuple, allocation key or instance id differs.
-        SandboxProtocolViolation: the lease differs.
+        SandboxLeaseFenced: the lease differs.
     """
     if result.target != target:
         raise SandboxIdentityMismatch(

@@ -4,6 +4,8 @@ before any provider work. Pure; every unmet requirement is listed, not just the 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from checkfu.contract.envelope import SandboxProviderCapabilities
 from checkfu.contract.errors import SandboxCapabilityUnavailable, Unmet
 from checkfu.contract.profile import SandboxProfile
@@ -20,11 +22,14 @@ def unmet_requirements(
     writable_mounts: bool = False,
     mount_symlinks: bool = False,
     interactive: bool = False,
+    capture: bool = False,
+    capture_dirs: Sequence[str] = (),
 ) -> list[Unmet]:
     """Every way ``envelope`` falls short of ``profile`` and the attempt, each naming its field.
 
     ``terminal``: the attempt gives its process a pseudo-terminal; ``writable_mounts``: a mount is
-    writable; ``mount_symlinks``: a mount holds a symlink.
+    writable; ``mount_symlinks``: a mount holds a symlink; ``capture``: files are read back after the
+    command (``readFiles``); ``capture_dirs``: directories whose every file is read back (``listDir`` too).
     """
     unmet: list[Unmet] = []
     if profile.tier not in envelope.tiers:
@@ -67,6 +72,19 @@ def unmet_requirements(
         unmet.append(
             Unmet("mounts", "a mount holding a symlink is not served (the envelope's mount_symlinks is false)")
         )
+    if (capture or capture_dirs) and not envelope.declares("readFiles"):
+        unmet.append(
+            Unmet("capture", "capturing files (--capture) needs readFiles, which the envelope's operations do not list")
+        )
+    if capture_dirs and not envelope.declares("listDir"):
+        shown = ", ".join(d if d == "/" else d + "/" for d in capture_dirs)
+        unmet.append(
+            Unmet(
+                "capture",
+                f"capturing a directory ({shown}) needs listDir, which is not served (the envelope's list_dir is "
+                "false); capture its files by name",
+            )
+        )
     return unmet
 
 
@@ -80,6 +98,8 @@ def require_capabilities(
     writable_mounts: bool = False,
     mount_symlinks: bool = False,
     interactive: bool = False,
+    capture: bool = False,
+    capture_dirs: Sequence[str] = (),
 ) -> None:
     """Raises SandboxCapabilityUnavailable listing every unmet requirement, if any."""
     unmet = unmet_requirements(
@@ -91,6 +111,8 @@ def require_capabilities(
         writable_mounts=writable_mounts,
         mount_symlinks=mount_symlinks,
         interactive=interactive,
+        capture=capture,
+        capture_dirs=capture_dirs,
     )
     if unmet:
         raise SandboxCapabilityUnavailable(unmet, provider=envelope.provider)

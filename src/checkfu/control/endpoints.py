@@ -19,7 +19,7 @@ from checkfu.contract.errors import SandboxError
 from checkfu.runner.door import Recorder
 from checkfu.runner.journal import Journal
 from checkfu.runner.registry import Adapter, Registry, adapter_from_factory, endpoint, is_endpoint, load_registry
-from checkfu.wire.credentials import Credential, CredentialError, read_credential
+from checkfu.wire.credentials import ENROLLED, Credential, CredentialError, read_credential
 
 Wanted = tuple[str, str | None]
 """A provider's name and the site a row names (``None`` or ``''``: the one without a site)."""
@@ -35,9 +35,10 @@ def enrolled_credential(journal: Journal, url: str) -> Credential | None:
     if row is None or not row.credential_path:
         return None
     try:
-        return read_credential(Path(row.credential_path))
+        read = read_credential(Path(row.credential_path))
     except CredentialError:
         return None
+    return None if read is None else Credential(read.secret, source=f"{ENROLLED} ({row.credential_path})")
 
 
 async def remote_adapter(url: str, credential: Credential | None, *, recorder: Recorder | None = None) -> Adapter:
@@ -60,11 +61,12 @@ async def reach(
     recorder: Recorder | None = None,
     options: Mapping[str, Mapping[str, Any]] | None = None,
     credentials: Mapping[str, Credential | None] | None = None,
+    config: Path | None = None,
 ) -> Registry:
     """A registry holding an adapter for each wanted (provider, site): the installed providers by name (loaded as
     ``load_registry`` loads them), and each service endpoint with its enrolled credential (or the one given in
     ``credentials`` for that endpoint). One that cannot be reached is recorded as unavailable at its site, never
-    taken for empty."""
+    taken for empty. ``config``: an adapters file loaded with the installed providers."""
     wanted = list(wanted)
     names = sorted({name for name, site in wanted if not is_endpoint(site)})
     registry = await load_registry(entry_point_names=names, options=options, recorder=recorder) if names else Registry()

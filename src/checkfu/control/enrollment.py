@@ -7,10 +7,12 @@ order, refuses with ``SandboxEnrollmentRefused`` naming what does not hold:
    trusts, and it is for exactly this execution target and this envelope's digest;
 2. no case of it failed, and it was made by this runner's suite (``SUITE_VERSION``):
    an older suite did not exercise what the envelope declares, so its passes say less;
-3. ``security_boundary`` egress: only with evidence from the operator's own matrix,
-   signed by the matrix key (never the provider's key), for this same envelope;
-4. the ceiling: every axis and field the envelope claims above the server-owned
+3. the ceiling: every axis and field the envelope claims above the server-owned
    ``RunnerProviderCapability`` (``checkfu.contract.ceiling``), all of them at once.
+   Among them ``security_boundary`` egress, which no provider that is not in-tree may
+   claim: that grade belongs to an egress matrix the control plane runs itself, which
+   this runner does not have, and no signed evidence stands in for it (evidence signed
+   by another key under the name of a matrix proves conformance, nothing more).
 
 Then it records the enrollment in the runner's database and issues the credential
 the wire will use: a fresh secret written to a file of mode 0600; the database
@@ -33,7 +35,6 @@ from checkfu.conformance.suite import SUITE_VERSION, resolve_target
 from checkfu.contract.ceiling import RunnerProviderCapability, overreach
 from checkfu.contract.codec import digest
 from checkfu.contract.errors import SandboxEnrollmentRefused
-from checkfu.contract.vocabulary import EgressGrade
 from checkfu.runner import owner_only
 from checkfu.runner.journal import Journal
 from checkfu.runner.registry import Adapter, enrollment_endpoint
@@ -64,24 +65,19 @@ def check_evidence(adapter: Adapter, document: bytes, key: Ed25519PublicKey, *, 
         raise _refuse(f"{what}: {exc}", "evidence") from None
 
 
-def matrix_grade(adapter: Adapter, document: bytes | None, matrix_key: Ed25519PublicKey | None) -> EgressGrade | None:
-    """The egress grade the operator's own matrix vouches for, if its evidence is given and holds.
+MATRIX_REFUSED = (
+    "security_boundary egress is not admissible for a provider that is not in-tree: the server-owned ceiling holds "
+    "every such provider at advisory_filter, and this runner runs no egress matrix of its own, so evidence given as "
+    "'matrix evidence' is ordinary conformance evidence under another key and proves nothing more. Declare "
+    "egress_certification advisory_filter (or lower) in the provider's envelope and enroll with --evidence alone"
+)
+"""Why ``--matrix-evidence``/``--matrix-pub`` are refused, and what to do instead."""
 
-    Raises:
-        SandboxEnrollmentRefused: matrix evidence given without the matrix key, or evidence that does not
-            verify with it (a provider's own key never does), or evidence with a failed case.
-    """
-    if document is None:
-        return None
-    if matrix_key is None:
-        raise _refuse(
-            "matrix evidence needs the operator's matrix public key (--matrix-pub); a provider's key never counts",
-            "egress_certification",
-        )
-    verified = check_evidence(adapter, document, matrix_key, what="matrix evidence")
-    if verified.failed:
-        raise _refuse("matrix evidence records failed cases", "egress_certification")
-    return adapter.envelope.egress_certification
+
+def refuse_matrix_evidence(given: str) -> SandboxEnrollmentRefused:
+    """The refusal of an enrollment that offers "matrix evidence" (``given`` names the option), by name: field
+    ``egress_certification``, saying why and what the operator can do instead."""
+    return _refuse(f"{given}: {MATRIX_REFUSED}", "egress_certification")
 
 
 def issue_credential(directory: Path, adapter: Adapter) -> tuple[Path, str]:
@@ -102,8 +98,6 @@ async def enroll(
     *,
     credential: Credential | None = None,
     credentials_dir: Path,
-    matrix_evidence: bytes | None = None,
-    matrix_key: Ed25519PublicKey | None = None,
 ) -> Enrolled:
     """Enroll the provider at ``target`` (a service URL, or an installed provider's name).
 
@@ -123,7 +117,7 @@ async def enroll(
             "evidence",
         )
     ceiling = adapter.ceiling
-    over = overreach(adapter.envelope, ceiling, matrix_egress=matrix_grade(adapter, matrix_evidence, matrix_key))
+    over = overreach(adapter.envelope, ceiling)
     if over:
         raise _refuse(
             f"{adapter.target} claims more than its ceiling allows: {'; '.join(map(str, over))}", over[0].field

@@ -163,9 +163,21 @@ def target_problems(targets: Sequence[str]) -> list[Problem]:
     return out
 
 
+def capture_spec(text: str) -> tuple[str, bool]:
+    """A ``--capture`` value as ``(path, is_directory)``: a trailing ``/`` says the path is a directory (every file
+    below it is captured, which needs ``listDir``), and is not part of the path; ``/`` itself is a directory. A path
+    without one is captured as a file, or as a directory where the provider can list it."""
+    if text == "/":
+        return text, True
+    if text.endswith("/") and len(text) > 1:
+        return text[:-1], True
+    return text, False
+
+
 def capture_problems(paths: Iterable[str]) -> list[Problem]:
     out: list[Problem] = []
-    for i, path in enumerate(paths):
+    for i, text in enumerate(paths):
+        path, _ = capture_spec(text)
         out.extend(sandbox_path_problems(path, f"capture.{i}", what="the capture path"))
     return out
 

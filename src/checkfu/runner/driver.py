@@ -95,6 +95,10 @@ class RunSession:
         self.clock = clock
         self.left: dict[str, str] = {}
         """After ``release_all``: what is still held in the provider, by allocation key, with why."""
+        self.undestroyed: dict[str, str] = {}
+        """After ``release_all``: instances whose release answered ``destroyed: false`` against the envelope's
+        promise, compensated by key since, by allocation key, with why. Nothing proves what the provider kept is
+        gone: a Run with any is a failure around its command, as one that left something is."""
         self.unjournaled: dict[str, str] = {}
         """What the journal could not record while winding up (its row stays open for reconciliation), by key."""
         self.adopted: str | None = None
@@ -453,6 +457,11 @@ class RunSession:
             if failed is not None:
                 left[key] = f"{failed.code}: {failed.message}"
         self.left = left
+        self.undestroyed = {
+            key: f"{why}; compensated by its key since, on the provider's word alone"
+            for key, why in self.core.undestroyed.items()
+            if key not in left
+        }
         return left
 
 

@@ -565,9 +565,9 @@ class FleetRunner:
                 cwd=request.workdir,
                 timeout=request.timeout,
             )
-        except SandboxLeaseFenced:
-            raise
         except SandboxError as exc:
+            # A SandboxLeaseFenced here may be a provider's answer echoing another lease, not a takeover: the
+            # Run is settled with it, and settling is itself fenced, so a real takeover is still told apart there.
             return runner.outcome, exc
         return runner.outcome, None
 
@@ -615,12 +615,9 @@ class FleetRunner:
             raise SandboxAdapterUnavailable(
                 f"no adapter for provider {provider!r} on this runner ({why})", field="provider"
             )
-        targets = {a.target.model_dump_json() for a in found}
-        if len(targets) > 1:
-            raise SandboxAdapterUnavailable(
-                f"{len(targets)} different targets of provider {provider!r} on this runner; the fleet needs one",
-                field="provider",
-            )
+        ambiguous = registry.ambiguity(found[0].envelope.provider)
+        if ambiguous is not None:  # several targets under the name, or one target twice at one site
+            raise ambiguous
         sites = registry.sites(found[0].target)
         if len(sites) == 1:
             self._placed[sites[0].site] += 1

@@ -26,6 +26,7 @@ from checkfu.runner import owner_only
 from checkfu.runner.admission import (
     argv_problems,
     capture_problems,
+    capture_spec,
     env_problems,
     raise_problems,
     target_problems,
@@ -168,6 +169,8 @@ class JobResult:
     """Targets of the mounts that are writable (``:rw``), hence not sealed."""
     left: dict[str, str] = field(default_factory=dict)
     """What is still held in the provider after release, by allocation key, with why (empty: nothing)."""
+    undestroyed: dict[str, str] = field(default_factory=dict)
+    """What ``release`` said it kept against the envelope's promise to destroy it (compensated since), by key."""
     unjournaled: dict[str, str] = field(default_factory=dict)
     """What the journal could not record (it was locked or unreachable): reconciliation settles it later."""
     adopted: str | None = None
@@ -260,6 +263,8 @@ async def run_job(
         writable_mounts=any(r.plan.writable for r in resolved),
         mount_symlinks=any(r.plan.has_symlinks for r in resolved),
         interactive=interact is not None,
+        capture=bool(captures),
+        capture_dirs=tuple(path for path, is_dir in map(capture_spec, captures) if is_dir),
     )
     async with phases.run("select"):
         attempt = runner.start(
@@ -330,6 +335,7 @@ async def run_job(
         obs.phase("release", phases.seconds["release"])
         result.phases = phases.seconds
         result.left = dict(session.left)
+        result.undestroyed = dict(session.undestroyed)
         summary: dict[str, object] = {
             "phases": phases.seconds,
             "captured": result.captured,
@@ -344,6 +350,8 @@ async def run_job(
             summary["adopted"] = result.adopted
         if session.left:
             summary["left"] = session.left
+        if session.undestroyed:
+            summary["undestroyed"] = session.undestroyed
         if keeper is not None:
             summary.update(keeper.summary())
             short = sorted(name for name, value in env.items() if 0 < len(value.encode()) < MASK_MIN)
@@ -517,8 +525,10 @@ async def _capture(session: RunSession, inst: Instance, paths: Sequence[str], in
     files: dict[str, int] = {}
     missing: list[str] = []
     skipped: list[str] = []
-    for path in paths:
-        if not session.envelope.declares("listDir"):
+    listing_dirs = session.envelope.declares("listDir")
+    for text in paths:
+        path, _ = capture_spec(text)  # a directory spec without listDir was refused at selection
+        if not listing_dirs:
             files.setdefault(path, 0)  # a file, or nothing: readFiles returns it or reports it missing
             continue
         listing = await session.list_dir(inst, path, recursive=True)
@@ -567,7 +577,12 @@ async def _capture(session: RunSession, inst: Instance, paths: Sequence[str], in
                     f"capture {f.path}: cannot write {local}: {exc.strerror or exc}", field="capture-dir"
                 ) from None
             saved.append(str(local))
-    if missing:
+    if missing and not listing_dirs:
+        obs.warning(
+            f"not captured, no such file in the sandbox: {', '.join(missing)} (a directory is not captured either: "
+            "this provider does not serve listDir, so only files named one by one can be read back)"
+        )
+    elif missing:
         obs.warning(f"not captured, no such file in the sandbox: {', '.join(missing)}")
     if skipped:
         shown = ", ".join(skipped[:20]) + (f" and {len(skipped) - 20} more" if len(skipped) > 20 else "")

@@ -133,11 +133,12 @@ async def reconcile(journal: Journal, registry: Registry, clock: Clock, *, runne
             continue
         try:
             lease = taken.get(row.lease_id) or leases.takeover(row.lease_id, only_if_reclaimable=True)
-            taken[row.lease_id] = lease
-            await _compensate(adapter, journal, lease, row.allocation_key, runner_tag, row.run_id)
         except SandboxLeaseFenced:
             live_keys.add(row.allocation_key)  # its owner renewed meanwhile: a live Run's, not ours to take
             continue
+        taken[row.lease_id] = lease
+        try:  # a fence here is the provider's answer (another lease echoed), not the owner: a failure
+            await _compensate(adapter, journal, lease, row.allocation_key, runner_tag, row.run_id)
         except SandboxError as exc:
             report.failed[row.allocation_key] = f"{exc.code}: {exc.message}"
             continue
@@ -329,11 +330,12 @@ async def reap_orphans(
                 continue
             try:
                 lease = taken.get(row.lease_id) or leases.takeover(row.lease_id, only_if_reclaimable=True)
-                taken[row.lease_id] = lease
-                await _compensate(adapter, journal, lease, row.allocation_key, row.runner_tag, run.run_id)
             except SandboxLeaseFenced:
                 held = True  # another reaper took it first: it settles the Run
                 continue
+            taken[row.lease_id] = lease
+            try:  # a fence here is the provider's answer (another lease echoed): a failure, reported
+                await _compensate(adapter, journal, lease, row.allocation_key, row.runner_tag, run.run_id)
             except SandboxError as exc:
                 report.left[row.allocation_key] = f"{exc.code}: {exc.message}"
                 held = True

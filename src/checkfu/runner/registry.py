@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import os
 import urllib.parse
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -53,6 +54,8 @@ from checkfu.runner.session import describe_plan
 
 ENTRY_POINT_GROUP = "checkfu.providers"
 DISTRIBUTION = "checkfu"
+ADAPTERS_ENV = "CHECKFU_ADAPTERS"
+"""Names an adapters file the commands that build a registry load when given no ``--adapters FILE``."""
 
 
 @dataclass(frozen=True)
@@ -274,6 +277,31 @@ class Registry:
     def by_provider(self, provider: str) -> list[Adapter]:
         return [a for a in self._adapters if a.envelope.provider == provider]
 
+    def ambiguity(self, provider: str | None = None) -> SandboxAdapterAmbiguous | None:
+        """Why the adapters (of ``provider``, or all) cannot be told apart, or ``None`` when they can: two adapters
+        advertising one target at one site (an adapters file loading an installed provider again, say), or, for
+        ``provider``, several targets under that one name (selection by name would have to guess)."""
+        found = self._adapters if provider is None else self.by_provider(provider)
+        if provider is not None and len({target_key(a.target) for a in found}) > 1:
+            listing = "; ".join(f"{a.target} from {a.source}" for a in found)
+            return SandboxAdapterAmbiguous(
+                f"{len({target_key(a.target) for a in found})} different targets of provider {provider!r}: "
+                f"{listing}; keep one (remove the others from the adapters file)",
+                field="provider",
+            )
+        placed: dict[tuple[TargetKey, str], list[Adapter]] = {}
+        for a in found:
+            placed.setdefault((target_key(a.target), a.site), []).append(a)
+        for same in placed.values():
+            if len(same) > 1:
+                sources = ", ".join(a.source for a in same)
+                return SandboxAdapterAmbiguous(
+                    f"{len(same)} adapters advertise {same[0].target}: {sources}; remove the duplicate from the "
+                    "adapters file (it may load an installed provider again)",
+                    field="target",
+                )
+        return None
+
 
 Factory = Callable[..., Provider]
 
@@ -366,6 +394,15 @@ def _resolve_factory(spec: str) -> Factory:
     if spec not in found:
         raise SandboxAdapterUnavailable(f"no provider entry point named {spec!r}", field="factory")
     return found[spec][0]
+
+
+def adapters_file(given: Path | None, environ: Mapping[str, str] | None = None) -> Path | None:
+    """The adapters file a command loads: ``given`` (``--adapters FILE``), else the one ``CHECKFU_ADAPTERS`` names,
+    else none."""
+    if given is not None:
+        return given
+    value = (os.environ if environ is None else environ).get(ADAPTERS_ENV, "").strip()
+    return Path(value) if value else None
 
 
 def read_adapters_file(config: Path) -> list[tuple[str, dict[str, Any]]]:
@@ -470,5 +507,6 @@ async def load_registry(
         except SandboxError as exc:
             registry.mark_unavailable(source, f"{exc.code}: {exc.message}", site=site)
         except (ImportError, AttributeError) as exc:
-            registry.mark_unavailable(source, f"cannot import: {exc}", site=site)
+            named = f" {spec}" if isinstance(spec, str) else ""
+            registry.mark_unavailable(source, f"cannot import{named}: {exc}", site=site)
     return registry

@@ -37,6 +37,10 @@ class Needs:
     writable_mounts: bool = False
     mount_symlinks: bool = False
     interactive: bool = False
+    capture: bool = False
+    """Files are read back after the command (``--capture``): ``readFiles``."""
+    capture_dirs: tuple[str, ...] = ()
+    """Directories read back whole (a ``--capture`` ending in ``/``): ``listDir`` too."""
 
 
 def new_run_id() -> str:
@@ -149,6 +153,8 @@ class Runner:
             writable_mounts=n.writable_mounts,
             mount_symlinks=n.mount_symlinks,
             interactive=n.interactive,
+            capture=n.capture,
+            capture_dirs=n.capture_dirs,
         )
         return adapter
 

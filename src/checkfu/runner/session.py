@@ -342,6 +342,9 @@ class SessionCore:
         self.snapshots: dict[str, Snapshot] = {}
         self.rows: dict[str, RowState] = {}
         """The state of every journal row this attempt wrote, by allocation key."""
+        self.undestroyed: dict[str, str] = {}
+        """Instances whose ``release`` answered ``destroyed: false`` where the envelope promises destruction, by
+        allocation key, with the refusal: by the provider's own word something of them survived release."""
 
     # refusals ---------------------------------------------------------------------------------
 
@@ -796,10 +799,12 @@ class SessionCore:
         def check(res: ReleaseResult) -> None:
             if promised and not res.destroyed:
                 why = "release_destroys" if self.envelope.lifecycle_assurances.release_destroys else "ephemeral_zdr"
-                raise SandboxResultInvalid(
+                refused = SandboxResultInvalid(
                     f"destroyed: release answered false, but the envelope promises {why}: nothing may survive",
                     field="destroyed",
                 )
+                self.undestroyed[inst.allocation_key] = f"{refused.code}: {refused.message}"
+                raise refused
 
         return self._instance_plan(inst, "release", req, ReleaseResult, check, move=True, row="release")
 

@@ -50,6 +50,7 @@ from checkfu.contract.errors import (
     SandboxProviderFailed,
     SandboxProviderTimeout,
     SandboxStateConflict,
+    SandboxUnauthenticated,
     observed_by_runner,
 )
 from checkfu.contract.frames import (
@@ -105,8 +106,8 @@ from checkfu.contract.members import (
 )
 from checkfu.contract.model import Model
 from checkfu.contract.process import ProcessEvent, ProcessExit, ProcessOutput, ProcessStreamEnd
-from checkfu.wire.credentials import OPERATION_SECRET, REDACTED, Credential
-from checkfu.wire.errors import WireError
+from checkfu.wire.credentials import ENROLLED, ENV, OPERATION_SECRET, REDACTED, Credential
+from checkfu.wire.errors import STATUS, WireError
 from checkfu.wire.files import FILES_MEDIA_TYPE, REQUEST_HEADER, read_files_body
 from checkfu.wire.http import HttpError, HttpPool
 from checkfu.wire.tls import TRUST_HINT, TlsError, client_context
@@ -121,6 +122,9 @@ REPEATABLE: frozenset[Member] = frozenset((*_REPEATABLE, "listAllocations", "lis
 """Members a service may be asked twice without harm (the contract makes each idempotent). Only these are
 sent again when a reused connection ends after the request went out and before any answer: the service
 may have acted on it, and an allocation, an exec or an activation must not happen twice."""
+
+UNAUTHENTICATED = STATUS["SandboxUnauthenticated"]
+"""The status of a request the service refused for its credential (``401``)."""
 
 REATTACH_ATTEMPTS = 6
 NOTHING_CONSUMED = ResumePoint(out=0, err=0, ended=())
@@ -281,7 +285,29 @@ class RemoteProvider:
             ) from None
         except HttpError as exc:
             raise self._transport(member, exc) from None
+        if answer.status == UNAUTHENTICATED:
+            raise self._refused(member, _unexpected(member, answer.status, answer.body))
         return decode_answer(member, result, answer.status, answer.body)
+
+    def _refused(self, member: str, error: SandboxError) -> SandboxError:
+        """A ``401`` answer: when it is the wire's ``SandboxUnauthenticated``, that error as the runner's own
+        finding (the caller's credential was refused: no fault of the provider's, and retrying will not help),
+        saying which credential to give; anything else as it is."""
+        if not isinstance(error, SandboxUnauthenticated):
+            return error
+        where = f"the provider service at {self.url}"
+        give = "give the service's credential with --credential-file FILE (- for standard input) or " + ENV
+        cred = self._credential
+        if cred is None:
+            why = f"{where} refused the request: it carries no credential; {give}, or enroll the service "
+            why += "(checkfu provider enroll), which issues one"
+        elif cred.source.startswith(ENROLLED):
+            why = f"{where} refused the credential issued when it was enrolled{cred.source[len(ENROLLED) :]}: "
+            why += f"configure the service with that file (its --credential-file), or {give}"
+        else:
+            what = f"the credential from {cred.source}" if cred.source else "the credential this runner sent"
+            why = f"{where} refused {what}: it is not one the service accepts; {give}"
+        return observed_by_runner(SandboxUnauthenticated(f"{member}: {why}", field="credential", retryable=False))
 
     def _transport(self, member: str, exc: HttpError) -> SandboxError:
         if exc.tls is not None:
@@ -351,7 +377,8 @@ class RemoteProvider:
                             buf += part
                             if len(buf) > 1 << 20:
                                 break
-                        raise _unexpected("readFiles", status, bytes(buf))
+                        error = _unexpected("readFiles", status, bytes(buf))
+                        raise self._refused("readFiles", error) if status == UNAUTHENTICATED else error
                     kind = headers.get("content-type", "").split(";")[0].strip()
                     if kind != FILES_MEDIA_TYPE:
                         raise observed_by_runner(

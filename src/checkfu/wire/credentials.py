@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ENV = "CHECKFU_PROVIDER_CREDENTIAL"
+ENROLLED = "the credential issued when it was enrolled"
+"""How a credential read from the file ``checkfu provider enroll`` issued names its source (its path follows)."""
 MAX_BYTES = 4096
 OPERATION_SECRET = "Checkfu-Operation-Secret"
 """The header that carries an ``openProcess`` operation's secret on each of its connections."""
@@ -39,9 +41,14 @@ class CredentialError(ValueError):
 
 @dataclass(frozen=True)
 class Credential:
-    """A secret shared between a runner and a provider service."""
+    """A secret shared between a runner and a provider service.
+
+    ``source`` says where it was read (``--credential-file FILE``, ``CHECKFU_PROVIDER_CREDENTIAL``, the file issued
+    at enrollment), never what it is: a service that refuses it is answered with which credential to give.
+    """
 
     secret: str = field(repr=False)
+    source: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
         if not self.secret or len(self.secret) > MAX_BYTES or not self.secret.isprintable() or " " in self.secret:
@@ -71,9 +78,9 @@ def read_credential(path: Path | None = None, *, environ: Mapping[str, str] | No
         text = raw.decode("utf-8", "replace").splitlines()[0].strip() if raw.strip() else ""
         if not text:
             raise CredentialError(f"the credential file {path} is empty")
-        return Credential(text)
+        return Credential(text, source=f"--credential-file {path}")
     value = env.get(ENV, "").strip()
-    return Credential(value) if value else None
+    return Credential(value, source=ENV) if value else None
 
 
 def operation_owner(value: str | None) -> bytes | None:

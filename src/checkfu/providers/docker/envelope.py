@@ -22,7 +22,8 @@ name, address and port, and does not see inside the connections it allows, so a
 listed destination that relays (an open proxy, a tunnel, a shared CDN address)
 carries the sandbox further; names are trusted to the proxy's resolver (only
 public addresses, or addresses listed themselves); and ``security_boundary``
-comes only from the operator's own matrix (contract section 8).
+comes only from an egress matrix the control plane runs itself (contract section 8), which
+this runner does not have.
 """
 
 from __future__ import annotations
