@@ -29,6 +29,7 @@ from checkfu.contract.errors import (
     SandboxNotFound,
     SandboxPathRejected,
     SandboxProfileInvalid,
+    SandboxProviderFailed,
     SandboxStateConflict,
 )
 from checkfu.runner.journal import JournalError
@@ -713,10 +714,10 @@ def kill_command(
 
 
 async def _kill_run(run_id: str, db: str | None) -> str:
+    from checkfu.control.endpoints import reach  # noqa: PLC0415
     from checkfu.runner.clock import SystemClock  # noqa: PLC0415
     from checkfu.runner.leases import LeaseStore, owner_alive  # noqa: PLC0415
     from checkfu.runner.reconcile import reconcile  # noqa: PLC0415
-    from checkfu.runner.registry import load_registry  # noqa: PLC0415
     from checkfu.runner.sandboxes import SandboxBook  # noqa: PLC0415
 
     if not re.match(r"^run-[0-9a-f]{1,40}$", run_id):
@@ -774,8 +775,19 @@ async def _kill_run(run_id: str, db: str | None) -> str:
                 )
         after = journal.run(run_id)
         if after is not None and after.status == "running" and run.target is not None:
-            registry = await load_registry(entry_point_names=[run.target.provider], recorder=journal)
-            await reconcile(journal, registry, SystemClock(), runner_tag=runner_tag(db))
+            # each allocation where it was journaled: a provider service's at its endpoint, never a local namesake
+            wanted = {(r.target.provider, r.site) for r in journal.open_allocations(run_id=run_id)}
+            registry = await reach(journal, wanted or {(run.target.provider, None)}, recorder=journal)
+            report = await reconcile(journal, registry, SystemClock(), runner_tag=tag)
+            mine = {r.allocation_key for r in journal.allocations_for_run(run_id)}
+            left = {key: why for key, why in report.left.items() if key in mine}
+            if left:
+                raise SandboxProviderFailed(
+                    f"provider: {run_id}'s process is stopped, but what it holds could not be reclaimed: "
+                    + "; ".join(f"{key}: {why}" for key, why in sorted(left.items()))
+                    + " (run `checkfu runner reconcile` once its provider answers)",
+                    field="provider",
+                )
         return how
     finally:
         journal.close()
