@@ -36,6 +36,7 @@ from checkfu.testing import MemoryProvider, Requests, memory_profile
 from checkfu.wire import client as wire_client
 from checkfu.wire.client import RemoteProvider
 from checkfu.wire.files import FILES_MEDIA_TYPE
+from enrolled import enroll_adapter
 
 pytestmark = pytest.mark.anyio
 
@@ -225,8 +226,10 @@ async def test_the_runners_deadline_stops_a_silent_service(tmp_path: Path) -> No
     async with peer(silent) as p:
         remote = RemoteProvider(p.url, "a-credential")
         registry = Registry()
-        registry.add(Adapter(envelope=MEMORY.envelope, provider=remote, source="silent peer"))
+        adapter = Adapter(envelope=MEMORY.envelope, provider=remote, source="silent peer")
+        registry.add(adapter)
         journal = Journal(sqlite_url(tmp_path / "journal.sqlite"))
+        enroll_adapter(journal, adapter)  # a service is selected only once enrolled at its endpoint
         runner = Runner(registry, journal, runner_tag="silent", limits=Limits(deadlines={"materialize": 0.3}))
         session = runner.start(MEMORY.target, memory_profile(), platform=MEMORY.envelope.platforms[0]).session
         started = time.monotonic()

@@ -57,6 +57,7 @@ from checkfu.wire.client import RemoteProvider
 from checkfu.wire.credentials import OPERATION_SECRET
 from checkfu.wire.errors import STATUS, WireError, status_of
 from checkfu.wire.files import FILES_MEDIA_TYPE, REQUEST_HEADER
+from enrolled import enroll_adapter
 
 HTTP_MEMBERS = [m for m in MEMBERS if m != "openProcess"]
 
@@ -250,7 +251,9 @@ async def test_the_credential_is_never_logged_answered_or_journaled(
     remote = service.remote()
     journal = Journal(sqlite_url(tmp_path / "journal.sqlite"))
     registry = Registry()
-    registry.add(Adapter(envelope=memory.envelope, provider=remote, source=f"remote {service.url}"))
+    adapter = Adapter(envelope=memory.envelope, provider=remote, source=f"remote {service.url}")
+    registry.add(adapter)
+    enroll_adapter(journal, adapter)  # a service is selected only once enrolled at its endpoint
     runner = Runner(registry, journal, runner_tag="wire-secret-test", limits=Limits())
     workspace = tmp_path / "ws"
     workspace.mkdir()

@@ -33,6 +33,7 @@ from checkfu.runner.registry import Adapter, Registry
 from checkfu.runner.runner import Runner
 from checkfu.testing import Invocation, MemoryProvider, Misbehaving, Misbehaviour, hang, memory_profile
 from checkfu.wire.client import RemoteProvider
+from enrolled import enroll_adapter
 
 pytestmark = pytest.mark.anyio
 
@@ -69,7 +70,9 @@ async def wire_run(serve: Callable[..., Service], tmp_path: Path) -> AsyncIterat
         remote = service.remote()
         journal = Journal(sqlite_url(tmp_path / f"journal-{len(made)}.sqlite"))
         registry = Registry()
-        registry.add(Adapter(envelope=memory.envelope, provider=remote, source=f"remote {service.url}"))
+        adapter = Adapter(envelope=memory.envelope, provider=remote, source=f"remote {service.url}")
+        registry.add(adapter)
+        enroll_adapter(journal, adapter)  # a service is selected only once enrolled at its endpoint
         runner = Runner(registry, journal, runner_tag="wire-faults", limits=limits or Limits())
         session = runner.start(memory.target, PROFILE, platform=memory.envelope.platforms[0]).session
         run = WireRun(memory, provider, service, remote, journal, session)
@@ -370,6 +373,8 @@ async def test_a_body_cut_in_the_middle_is_typed_and_the_instance_reclaimed(
 
 def _session_over(run: WireRun, remote: RemoteProvider) -> RunSession:
     registry = Registry()
-    registry.add(Adapter(envelope=run.memory.envelope, provider=remote, source="relay"))
+    adapter = Adapter(envelope=run.memory.envelope, provider=remote, source="relay")
+    registry.add(adapter)
+    enroll_adapter(run.journal, adapter)  # the relay is a service of its own: enrolled at its endpoint
     runner = Runner(registry, run.journal, runner_tag="wire-faults")
     return runner.start(run.memory.target, PROFILE, platform=run.platform).session
