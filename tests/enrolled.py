@@ -14,8 +14,22 @@ from checkfu.contract.codec import digest
 from checkfu.contract.target import ExecutionTarget
 from checkfu.control.endpoints import remote_adapter
 from checkfu.runner.journal import Journal
-from checkfu.runner.registry import Registry
+from checkfu.runner.registry import Adapter, Registry, enrollment_endpoint
 from checkfu.wire.credentials import Credential
+
+
+def enroll_adapter(journal: Journal, adapter: Adapter) -> None:
+    """Record ``adapter`` (a provider service's, already described) as enrolled at its endpoint in ``journal``."""
+    journal.record_enrollment(
+        adapter.target,
+        endpoint=enrollment_endpoint(adapter),
+        source=adapter.source,
+        kind="evidence",
+        envelope_digest=digest(adapter.envelope),
+        envelope=adapter.envelope.model_dump_json(),
+        ceiling=adapter.ceiling.model_dump_json(),
+        now=0.0,
+    )
 
 
 def enroll_service(db: str, url: str, credential_file: Path | None = None) -> ExecutionTarget:

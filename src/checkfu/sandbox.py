@@ -350,17 +350,21 @@ class AsyncSandbox:
 
     async def _make(self) -> None:
         from checkfu.runner.job import QuietObserver, host_platform_value, resolve_mounts  # noqa: PLC0415
+        from checkfu.runner.registry import is_endpoint  # noqa: PLC0415
 
         args, self._args = self._args, None
         if args is None:
             return
         ttl = _seconds(args["ttl"], "ttl", _default_ttl())
         specs = _mounts(args["mounts"])
-        prof = await asyncio.to_thread(_profile, args["profile"], args["provider"])
+        served = is_endpoint(args["provider"])
+        prof = None if served else await asyncio.to_thread(_profile, args["profile"], args["provider"])
         resolved = await resolve_mounts(specs, QuietObserver())
         ctx = await _open(args["provider"], args["db"], args["adapters"])
         try:
             target = _choose(ctx.registry, args["provider"])
+            if prof is None:  # a provider service: the provider it serves decides who pins a tag, as in `checkfu run`
+                prof = await asyncio.to_thread(_profile, args["profile"], target.provider)
             self._live_sb = await ctx.host.create(
                 target,
                 prof,

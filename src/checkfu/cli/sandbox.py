@@ -29,6 +29,7 @@ from checkfu.contract.errors import (
     SandboxNotFound,
     SandboxPathRejected,
     SandboxProfileInvalid,
+    SandboxProviderFailed,
     SandboxStateConflict,
 )
 from checkfu.runner.journal import JournalError
@@ -175,6 +176,8 @@ def sandbox_create(
 ) -> None:
     """Make a sandbox that outlives this command; prints its id. Its time-to-live ends it (extend it with
     `checkfu sandbox extend`), or `checkfu sandbox rm`."""
+    from checkfu.runner.registry import is_endpoint  # noqa: PLC0415
+
     sdk = _sdk()
 
     async def body() -> Any:
@@ -194,6 +197,7 @@ def sandbox_create(
             "sandbox_id": sb.sandbox_id,
             "run_id": sb.run_id,
             "provider": sb.provider,
+            "endpoint": live.record.site if is_endpoint(live.record.site) else None,
             "expires_at": _when(live.record.expires_at),
         },
         sb.sandbox_id,
@@ -554,10 +558,11 @@ def _owner_text(owner: str | None) -> str:
 def ps_command(db: DbOpt = None, as_json: JsonOpt = False) -> None:
     """Live sandboxes and Runs (owner, age, time left, provider) and the snapshots kept. Whatever is due is
     reclaimed first: a sandbox whose time-to-live passed, or whose owner process is gone, is shown as
-    expired or orphaned, and reclaimed."""
+    expired or orphaned, and reclaimed. What lives on a provider service names its URL (``endpoint``)."""
     from checkfu.cli import state  # noqa: PLC0415
     from checkfu.runner.clock import SystemClock  # noqa: PLC0415
     from checkfu.runner.leases import LeaseStore, owner_alive  # noqa: PLC0415
+    from checkfu.runner.registry import is_endpoint  # noqa: PLC0415
     from checkfu.runner.sandboxes import SandboxBook  # noqa: PLC0415
 
     try:
@@ -585,6 +590,7 @@ def ps_command(db: DbOpt = None, as_json: JsonOpt = False) -> None:
                     "time_left_seconds": round(max(0.0, rec.expires_at - now), 1),
                     "expires_at": _when(rec.expires_at),
                     "provider": rec.provider,
+                    "endpoint": rec.site if is_endpoint(rec.site) else None,
                     "run_id": rec.run_id,
                     "reclaimed": False,
                 }
@@ -610,6 +616,7 @@ def ps_command(db: DbOpt = None, as_json: JsonOpt = False) -> None:
                     "time_left_seconds": 0.0,
                     "expires_at": _when(rec.expires_at),
                     "provider": rec.provider,
+                    "endpoint": rec.site if is_endpoint(rec.site) else None,
                     "run_id": rec.run_id,
                     "reclaimed": r.error is None,
                     **({"error": r.error} if r.error else {}),
@@ -628,6 +635,7 @@ def ps_command(db: DbOpt = None, as_json: JsonOpt = False) -> None:
                 if not held.ended:
                     owner, left = held.owner, held.expires_at - now
             alive = owner_alive(owner) if owner else None
+            sites = [run.site] + [a.site for a in journal.allocations_for_run(run.run_id)]
             runs.append(
                 {
                     "id": run.run_id,
@@ -637,6 +645,7 @@ def ps_command(db: DbOpt = None, as_json: JsonOpt = False) -> None:
                     "age_seconds": round(now - run.created_at, 1),
                     "time_left_seconds": round(max(0.0, left), 1) if left is not None else None,
                     "provider": run.target.provider if run.target is not None else None,
+                    "endpoint": next((site for site in sites if is_endpoint(site)), None),
                     "command": run.command,
                 }
             )
@@ -649,6 +658,7 @@ def ps_command(db: DbOpt = None, as_json: JsonOpt = False) -> None:
                 "keep_seconds": s.keep_seconds,
                 "expires_at": _when(s.expires_at),
                 "provider": s.target.provider,
+                "endpoint": s.site if is_endpoint(s.site) else None,
             }
             for s in book.snapshots(tag)
         ]
@@ -668,7 +678,7 @@ def ps_command(db: DbOpt = None, as_json: JsonOpt = False) -> None:
                 row["owner"],
                 _span(row["age_seconds"]),
                 "-" if left is None else _span(left),
-                str(row["provider"]),
+                _where(row),
             )
         )
     for snap in snaps:
@@ -680,12 +690,17 @@ def ps_command(db: DbOpt = None, as_json: JsonOpt = False) -> None:
                 f"of {snap['sandbox_id']}",
                 _span(snap["age_seconds"]),
                 f"expires {snap['expires_at']}" if snap["expires_at"] else "until deleted",
-                snap["provider"],
+                _where(snap),
             )
         )
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
         print("  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip())
+
+
+def _where(row: dict[str, Any]) -> str:
+    """A row's provider as the table shows it: its name, and the service's URL when it lives on one."""
+    return f"{row['provider']} at {row['endpoint']}" if row.get("endpoint") else str(row["provider"])
 
 
 KILL_WAIT = 15.0
@@ -708,10 +723,10 @@ def kill_command(
 
 
 async def _kill_run(run_id: str, db: str | None) -> str:
+    from checkfu.control.endpoints import reach  # noqa: PLC0415
     from checkfu.runner.clock import SystemClock  # noqa: PLC0415
     from checkfu.runner.leases import LeaseStore, owner_alive  # noqa: PLC0415
     from checkfu.runner.reconcile import reconcile  # noqa: PLC0415
-    from checkfu.runner.registry import load_registry  # noqa: PLC0415
     from checkfu.runner.sandboxes import SandboxBook  # noqa: PLC0415
 
     if not re.match(r"^run-[0-9a-f]{1,40}$", run_id):
@@ -769,8 +784,19 @@ async def _kill_run(run_id: str, db: str | None) -> str:
                 )
         after = journal.run(run_id)
         if after is not None and after.status == "running" and run.target is not None:
-            registry = await load_registry(entry_point_names=[run.target.provider], recorder=journal)
-            await reconcile(journal, registry, SystemClock(), runner_tag=runner_tag(db))
+            # each allocation where it was journaled: a provider service's at its endpoint, never a local namesake
+            wanted = {(r.target.provider, r.site) for r in journal.open_allocations(run_id=run_id)}
+            registry = await reach(journal, wanted or {(run.target.provider, None)}, recorder=journal)
+            report = await reconcile(journal, registry, SystemClock(), runner_tag=tag)
+            mine = {r.allocation_key for r in journal.allocations_for_run(run_id)}
+            left = {key: why for key, why in report.left.items() if key in mine}
+            if left:
+                raise SandboxProviderFailed(
+                    f"provider: {run_id}'s process is stopped, but what it holds could not be reclaimed: "
+                    + "; ".join(f"{key}: {why}" for key, why in sorted(left.items()))
+                    + " (run `checkfu runner reconcile` once its provider answers)",
+                    field="provider",
+                )
         return how
     finally:
         journal.close()

@@ -35,6 +35,7 @@ import sqlalchemy as sa
 
 from checkfu.contract.codec import decode_value
 from checkfu.contract.errors import (
+    SandboxAdapterUnavailable,
     SandboxError,
     SandboxLeaseFenced,
     SandboxNotFound,
@@ -575,11 +576,10 @@ class SandboxHost:
         for a in self.registry.adapters:
             if target_key(a.target) == target_key(target) and a.site == (site or ""):
                 return a
-        from checkfu.contract.errors import SandboxAdapterUnavailable  # noqa: PLC0415
-
         why = "; ".join(f"{k}: {v}" for k, v in self.registry.unavailable.items())
+        where = f" at {site}" if site else ""
         raise SandboxAdapterUnavailable(
-            f"the sandbox lives on {target}, which is not available here" + (f" ({why})" if why else ""),
+            f"the sandbox lives on {target}{where}, which is not available here" + (f" ({why})" if why else ""),
             field="provider",
         )
 
@@ -983,10 +983,10 @@ async def sweep(
                 if row.kind == "snapshot" and row.state == "live":
                     continue  # a snapshot outlives its sandbox
                 adapter = _find(registry, row.target, row.site)
-                if adapter is None:
+                if adapter is None:  # it cannot be asked (never taken for gone): the next pass tries again
                     where = f" at {row.site}" if row.site else ""
                     why = registry.unavailable.get(row.site or "") or "not available here"
-                    raise SandboxNotFound(f"provider {row.target.provider}{where}: {why}", field="provider")
+                    raise SandboxAdapterUnavailable(f"provider {row.target.provider}{where}: {why}", field="provider")
                 try:
                     await adapter.door.call(
                         compensate_plan(adapter.target, lease, row.allocation_key, runner_tag),
