@@ -34,7 +34,7 @@ def _free_port() -> int:
 
 def _env(tmp: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "CHECKFU_PROVIDER_CREDENTIAL"}
-    return {**env, "CHECKFU_STATE": str(tmp / "state"), "CHECKFU_SERVER": "off", "COLUMNS": "400"}
+    return {**env, "XDG_STATE_HOME": str(tmp / "state"), "CHECKFU_SERVER": "off", "COLUMNS": "400"}
 
 
 @pytest.fixture(scope="module")

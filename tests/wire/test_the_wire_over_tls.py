@@ -233,7 +233,7 @@ def _free_port() -> int:
 
 def _env(tmp: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in (CA_ENV, "SSL_CERT_FILE", "SSL_CERT_DIR")}
-    return {**env, "CHECKFU_STATE": str(tmp / "state"), "CHECKFU_SERVER": "off", "COLUMNS": "400", **extra}
+    return {**env, "XDG_STATE_HOME": str(tmp / "state"), "CHECKFU_SERVER": "off", "COLUMNS": "400", **extra}
 
 
 @contextlib.contextmanager
