@@ -32,10 +32,11 @@ from checkfu.contract.envelope import SandboxProviderCapabilities
 from checkfu.contract.errors import SandboxLeaseFenced
 from checkfu.runner.driver import Limits
 from checkfu.runner.journal import Journal, sqlite_url
-from checkfu.runner.registry import Adapter, Registry
+from checkfu.runner.registry import Adapter, Registry, endpoint
 from checkfu.runner.runner import Runner
 from checkfu.testing import MemoryProvider, Misbehaving, memory_profile, release_keeps, stale_epoch, wrong_lease_id
 from checkfu.testing.memory import BASE_IMAGE, memory_envelope
+from enrolled import enroll_adapters, enroll_service
 
 CHECKFU = str(Path(sys.executable).with_name("checkfu"))
 SCRUBBED = ("CHECKFU_DEBUG", "CHECKFU_RUNNER_TAG", "XDG_STATE_HOME", "COLUMNS", "CHECKFU_PROVIDER_CREDENTIAL")
@@ -146,6 +147,7 @@ async def test_a_service_echoing_another_lease_is_lease_fenced_and_reclaimed(
     try:
         registry = Registry()
         registry.add(Adapter(envelope=memory.envelope, provider=remote, source=f"remote {service.url}"))
+        enroll_adapters(journal, registry)  # a service is selected only once enrolled at its endpoint
         runner = Runner(registry, journal, runner_tag="lease-echo", limits=Limits())
         profile = memory_profile()
         platform = memory.envelope.platforms[0]
@@ -175,6 +177,7 @@ def test_checkfu_run_says_lease_fenced_for_a_wrong_echo(
     served: Callable[..., tuple[MemoryProvider, Misbehaving, Service]], cli: Cli, profile: Path, tmp_path: Path
 ) -> None:
     memory, double, service = served()
+    enroll_served(cli, service)
     double.set("activate", wrong_lease_id)
     summary = tmp_path / "summary.json"
     done = cli(
@@ -198,6 +201,16 @@ def guarded(served: Callable[..., tuple[MemoryProvider, Misbehaving, Service]]) 
     return served()[2]
 
 
+def enroll_served(cli: Cli, service: Service) -> None:
+    """Enroll ``service`` in the CLI's journal at its endpoint, as ``checkfu provider enroll`` leaves it: a service is
+    selected only once enrolled."""
+    made = cli("runs", "list")  # makes the journal, as the CLI makes it
+    assert made.code == 0, str(made)
+    secret = cli.home / f"enrolled-{uuid.uuid4().hex[:6]}.credential"
+    secret.write_text(f"{service.secret}\n", encoding="utf-8")
+    enroll_service(sqlite_url(cli.journal_path), service.url, secret)
+
+
 def enroll_with(cli: Cli, url: str, credential: Path) -> None:
     """Record ``url`` as enrolled with ``credential`` in the CLI's journal (as ``checkfu provider enroll`` would)."""
     from checkfu.contract.ceiling import THIRD_PARTY  # noqa: PLC0415
@@ -210,6 +223,7 @@ def enroll_with(cli: Cli, url: str, credential: Path) -> None:
     try:
         journal.record_enrollment(
             envelope.target,
+            endpoint=endpoint(url),
             source=url,
             kind="evidence",
             envelope_digest=digest(envelope),
@@ -275,6 +289,7 @@ def test_a_release_that_keeps_what_the_envelope_promised_to_destroy_is_loud(
     served: Callable[..., tuple[MemoryProvider, Misbehaving, Service]], cli: Cli, profile: Path, tmp_path: Path
 ) -> None:
     memory, double, service = served()
+    enroll_served(cli, service)
     assert memory.envelope.lifecycle_assurances.release_destroys
     double.set("release", release_keeps)
     summary = tmp_path / "summary.json"
@@ -310,6 +325,8 @@ def test_a_capture_on_a_provider_without_read_files_is_refused_before_any_provid
     served: Callable[..., tuple[MemoryProvider, Misbehaving, Service]], cli: Cli, profile: Path, tmp_path: Path
 ) -> None:
     memory, _, service = served(envelope_without(operation="readFiles"))
+    enroll_served(cli, service)
+    memory.calls.clear()  # enrolling it asked for its envelope
     assert not memory.envelope.declares("readFiles")
     summary = tmp_path / "summary.json"
     done = cli(
@@ -331,7 +348,9 @@ def test_a_directory_capture_on_a_provider_without_list_dir_is_refused_before_an
     served: Callable[..., tuple[MemoryProvider, Misbehaving, Service]], cli: Cli, profile: Path, tmp_path: Path
 ) -> None:
     memory, _, service = served(envelope_without(list_dir=False))
+    enroll_served(cli, service)
     assert memory.envelope.declares("readFiles") and not memory.envelope.declares("listDir")
+    memory.calls.clear()  # enrolling it asked for its envelope
     summary = tmp_path / "summary.json"
     done = cli(
         "run", "--provider", service.url, "--profile", str(profile), "--json", str(summary),
@@ -350,6 +369,7 @@ def test_a_directory_found_only_after_the_run_names_list_dir(
 ) -> None:
     """Without a trailing /, a path may be a file: the Run goes ahead, and a directory found there is named."""
     memory, _, service = served(envelope_without(list_dir=False))
+    enroll_served(cli, service)
     into = tmp_path / "captured"
     done = cli(
         "run", "--provider", service.url, "--profile", str(profile), "--capture", "/out", "--capture-dir", str(into),
@@ -365,6 +385,7 @@ def test_a_directory_capture_with_list_dir_reads_the_files_back(
     served: Callable[..., tuple[MemoryProvider, Misbehaving, Service]], cli: Cli, profile: Path, tmp_path: Path
 ) -> None:
     _, _, service = served()
+    enroll_served(cli, service)
     into = tmp_path / "captured"
     done = cli(
         "run", "--provider", service.url, "--profile", str(profile), "--capture", "/out/", "--capture-dir", str(into),

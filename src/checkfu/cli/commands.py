@@ -73,7 +73,7 @@ COMMANDS: dict[str, Lazy] = {
         "checkfu.cli.sandbox",
         "Live sandboxes and Runs (owner, age, time left, provider) and the snapshots kept. Whatever is due is\n"
         "reclaimed first: a sandbox whose time-to-live passed, or whose owner process is gone, is shown as\n"
-        "expired or orphaned, and reclaimed.",
+        "expired or orphaned, and reclaimed. What lives on a provider service names its URL (``endpoint``).",
     ),
     "kill": Lazy(
         "checkfu.cli.sandbox",

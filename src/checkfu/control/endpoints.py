@@ -69,7 +69,11 @@ async def reach(
     taken for empty. ``config``: an adapters file loaded with the installed providers."""
     wanted = list(wanted)
     names = sorted({name for name, site in wanted if not is_endpoint(site)})
-    registry = await load_registry(entry_point_names=names, options=options, recorder=recorder) if names else Registry()
+    registry = (
+        await load_registry(entry_point_names=names, options=options, recorder=recorder, config=config)
+        if names or config is not None
+        else Registry()
+    )
     given = {endpoint(k): v for k, v in (credentials or {}).items()}
     for site in sorted({endpoint(str(site)) for _, site in wanted if is_endpoint(site)}):
         credential = given[site] if site in given else enrolled_credential(journal, site)
