@@ -27,7 +27,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Literal, get_args
 
 from checkfu.conformance.destinations import DestinationUnavailable, beside, destination, loopback, name_server
 from checkfu.conformance.probes import (
@@ -109,21 +109,7 @@ Item = Literal[
 ]
 """What an envelope may declare beyond the required members: the eight optional members and the five lifecycle
 assurances. A case records each it exercised and saw hold, and each it saw fail."""
-ITEMS: tuple[Item, ...] = (
-    "openProcess",
-    "readFiles",
-    "listDir",
-    "listAllocations",
-    "snapshot",
-    "deleteSnapshot",
-    "clone",
-    "resume",
-    "release_destroys",
-    "release_idempotent",
-    "reaps_process_tree",
-    "cold_compensation",
-    "enumerates_allocations",
-)
+ITEMS: tuple[Item, ...] = get_args(Item)
 ASSURANCES: tuple[Item, ...] = tuple(i for i in ITEMS if i in LifecycleAssurances.model_fields)
 
 
