@@ -27,9 +27,9 @@ from harness import Figure, interleave, summarize
 
 from checkfu.contract.members import ActivateRequest, InspectRequest, ReleaseRequest
 from checkfu.contract.vocabulary import Platform
-from checkfu.runner.journal import Journal, sqlite_url
-from checkfu.runner.registry import Adapter, Registry
-from checkfu.runner.runner import Runner
+from checkfu.core.journal import Journal, sqlite_url
+from checkfu.core.registry import Adapter, Registry
+from checkfu.core.runner import Runner
 from checkfu.testing import MemoryProvider, Requests, memory_profile
 
 NAMES = ["B10"]

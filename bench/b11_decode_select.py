@@ -26,9 +26,9 @@ from harness import Figure, interleave, summarize
 from checkfu.contract import SandboxProviderCapabilities, decode, encode
 from checkfu.contract import examples as ex
 from checkfu.contract.vocabulary import Platform
-from checkfu.runner.journal import Journal
-from checkfu.runner.registry import Adapter, Registry, target_key
-from checkfu.runner.runner import Runner
+from checkfu.core.journal import Journal
+from checkfu.core.registry import Adapter, Registry, target_key
+from checkfu.core.runner import Runner
 from checkfu.testing import MemoryProvider, memory_envelope, memory_profile
 
 NAMES = ["B11"]

@@ -23,11 +23,11 @@ from pathlib import Path
 from harness import Figure
 
 from checkfu.contract.members import CompensateRequest
-from checkfu.runner.clock import ManualClock, SystemClock
-from checkfu.runner.journal import Journal, allocations, sqlite_url
-from checkfu.runner.leases import LeaseStore
-from checkfu.runner.reconcile import reconcile
-from checkfu.runner.registry import Adapter, Registry
+from checkfu.core.clock import ManualClock, SystemClock
+from checkfu.core.journal import Journal, allocations, sqlite_url
+from checkfu.core.leases import LeaseStore
+from checkfu.core.reconcile import reconcile
+from checkfu.core.registry import Adapter, Registry
 from checkfu.testing import MemoryProvider, Requests
 
 NAMES = ["B12"]

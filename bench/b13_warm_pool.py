@@ -1,7 +1,7 @@
 """B13: time to first command with a warm pool, beside B1's raw figure in the same run.
 
 Ours, through the runner (SQLite journal, the Docker tier's adapter): the Run is started (selection,
-journal row, lease), adopts a ready pooled sandbox (``checkfu.runner.pool.adopt``: one compare-and-set),
+journal row, lease), adopts a ready pooled sandbox (``checkfu.core.pool.adopt``: one compare-and-set),
 stages its mounts, activates, runs its first ``exec true``, releases, and is finished in the journal.
 Before each round the pool is topped up again (not timed) by a filler whose Docker tier holds what it
 provisions (``hold``: started and at once paused, as ``checkfu pool fill`` does): the pool is warm, and
@@ -36,14 +36,14 @@ from b1_docker_first_command import Rig, rounds
 from harness import Figure, summarize, timed
 
 from checkfu.contract.errors import SandboxError
+from checkfu.core.clock import SystemClock
+from checkfu.core.journal import Journal, sqlite_url
+from checkfu.core.mounts import ResolvedMount, parse_mount, resolve_mount
+from checkfu.core.pool import adopt, drain, fill_one, ready
+from checkfu.core.reconcile import reconcile
+from checkfu.core.registry import Registry, adapter_from_factory
+from checkfu.core.runner import Needs, Runner
 from checkfu.providers.docker import DockerProvider
-from checkfu.runner.clock import SystemClock
-from checkfu.runner.journal import Journal, sqlite_url
-from checkfu.runner.mounts import ResolvedMount, parse_mount, resolve_mount
-from checkfu.runner.pool import adopt, drain, fill_one, ready
-from checkfu.runner.reconcile import reconcile
-from checkfu.runner.registry import Registry, adapter_from_factory
-from checkfu.runner.runner import Needs, Runner
 
 NAMES = ["B13"]
 TARGET_S = 0.110

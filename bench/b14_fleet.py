@@ -43,10 +43,10 @@ from typing import Any
 import psycopg
 from harness import Figure, percentile
 
+from checkfu.core.clock import SystemClock
+from checkfu.core.journal import Journal
+from checkfu.core.queue import RunQueue, RunRequest
 from checkfu.fleet import submit_request
-from checkfu.runner.clock import SystemClock
-from checkfu.runner.journal import Journal
-from checkfu.runner.queue import RunQueue, RunRequest
 from checkfu.testing import memory_profile
 
 CHECKFU = Path(sys.executable).with_name("checkfu")

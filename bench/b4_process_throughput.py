@@ -29,11 +29,11 @@ from harness import Figure, interleave, summarize
 from checkfu.contract.codec import decode_value
 from checkfu.contract.process import ProcessOutput
 from checkfu.contract.profile import SandboxProfile
-from checkfu.runner.clock import SystemClock
-from checkfu.runner.journal import Journal, sqlite_url
-from checkfu.runner.registry import Adapter, Registry, adapter_from_factory
-from checkfu.runner.runner import Runner
-from checkfu.runner.session import Limits
+from checkfu.core.clock import SystemClock
+from checkfu.core.journal import Journal, sqlite_url
+from checkfu.core.registry import Adapter, Registry, adapter_from_factory
+from checkfu.core.runner import Runner
+from checkfu.core.session import Limits
 
 NAMES = ["B4"]
 MIB = 1 << 20
@@ -95,7 +95,7 @@ def host_profile() -> SandboxProfile:
 
 async def _streamer(adapter: Adapter, journal: Journal, nbytes: int, profile: SandboxProfile) -> tuple[Any, Any]:
     """A live instance on ``adapter`` and a step that streams ``nbytes`` out of it."""
-    from checkfu.runner.job import host_platform_value  # noqa: PLC0415
+    from checkfu.core.job import host_platform_value  # noqa: PLC0415
 
     registry = Registry()
     registry.add(adapter)

@@ -13,8 +13,8 @@ from pathlib import Path
 from checkfu.contract.codec import digest
 from checkfu.contract.target import ExecutionTarget
 from checkfu.control.endpoints import remote_adapter
-from checkfu.runner.journal import Journal
-from checkfu.runner.registry import Adapter, Registry, enrollment_endpoint
+from checkfu.core.journal import Journal
+from checkfu.core.registry import Adapter, Registry, enrollment_endpoint
 from checkfu.wire.credentials import Credential
 
 

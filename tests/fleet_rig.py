@@ -24,8 +24,8 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from checkfu.runner.journal import Journal, allocations, events, leases, run_output, runs
-from checkfu.runner.queue import is_terminal
+from checkfu.core.journal import Journal, allocations, events, leases, run_output, runs
+from checkfu.core.queue import is_terminal
 from enrolled import enroll_service
 
 CHECKFU = Path(sys.executable).with_name("checkfu")

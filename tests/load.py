@@ -25,7 +25,7 @@ from checkfu.contract.errors import SandboxError
 from checkfu.contract.profile import SandboxProfile
 from checkfu.contract.target import ExecutionTarget
 from checkfu.contract.vocabulary import Platform
-from checkfu.runner.runner import Runner
+from checkfu.core.runner import Runner
 
 MIB = 1 << 20
 

@@ -30,13 +30,13 @@ from typing import Any
 from checkfu.contract.codec import decode_value, strict_json
 from checkfu.contract.errors import SandboxError, SandboxNotFound, SandboxProfileInvalid, error_for_code
 from checkfu.contract.profile import SandboxProfile
-from checkfu.runner.clock import SystemClock
-from checkfu.runner.documents import DocumentError, check_nesting, parse_toml, read_bounded
-from checkfu.runner.journal import Journal, RunRow, sqlite_url
-from checkfu.runner.mounts import DirectorySource, GitSource, MountSpec, parse_mount, resolve_mount
-from checkfu.runner.owner_only import state_dir
-from checkfu.runner.queue import RunQueue, RunRequest, is_terminal
-from checkfu.runner.runner import new_run_id
+from checkfu.core.clock import SystemClock
+from checkfu.core.documents import DocumentError, check_nesting, parse_toml, read_bounded
+from checkfu.core.journal import Journal, RunRow, sqlite_url
+from checkfu.core.mounts import DirectorySource, GitSource, MountSpec, parse_mount, resolve_mount
+from checkfu.core.owner_only import state_dir
+from checkfu.core.queue import RunQueue, RunRequest, is_terminal
+from checkfu.core.runner import new_run_id
 
 __all__ = ["RunResult", "default_journal_url", "submit", "submit_request", "wait"]
 
@@ -59,7 +59,7 @@ class RunResult:
 
 def default_journal_url() -> str:
     """The embedded journal every ``checkfu`` command uses when no ``--db`` is given, in the state directory (the
-    user's alone: ``checkfu.runner.owner_only.state_dir``)."""
+    user's alone: ``checkfu.core.owner_only.state_dir``)."""
     return sqlite_url(state_dir() / "journal.sqlite")
 
 

@@ -9,7 +9,7 @@
         result = sb.exec(["cat", "/tmp/hello.txt"])
         assert result.exit_code == 0 and result.stdout == b"hello\\n"
 
-Every call goes through the runner (``checkfu.runner.sandboxes``): selection and the capability
+Every call goes through the runner (``checkfu.core.sandboxes``): selection and the capability
 check before any provider work, every allocation journaled before it is asked for, every call
 fenced by the sandbox's lease and recorded as an event of its Run. Nothing here knows one provider
 from another: ``provider`` is a name from the registry (or a provider service's URL), and errors are
@@ -37,11 +37,11 @@ from checkfu.contract.process import ProcessExit, ProcessOutput
 from checkfu.contract.profile import SandboxProfile
 
 if TYPE_CHECKING:
-    from checkfu.runner.driver import CheckedProcess
-    from checkfu.runner.journal import Journal
-    from checkfu.runner.mounts import MountSpec
-    from checkfu.runner.registry import Registry
-    from checkfu.runner.sandboxes import LiveSandbox, SandboxHost, SnapshotRecord
+    from checkfu.core.driver import CheckedProcess
+    from checkfu.core.journal import Journal
+    from checkfu.core.mounts import MountSpec
+    from checkfu.core.registry import Registry
+    from checkfu.core.sandboxes import LiveSandbox, SandboxHost, SnapshotRecord
 
 __all__ = [
     "AsyncProcess",
@@ -118,7 +118,7 @@ class _Context:
 
 
 def _seconds(value: float | None, name: str, default: float) -> float:
-    from checkfu.runner.sandboxes import check_ttl  # noqa: PLC0415
+    from checkfu.core.sandboxes import check_ttl  # noqa: PLC0415
 
     return check_ttl(default if value is None else value, field=name)
 
@@ -132,9 +132,9 @@ async def _open(
     service's endpoint), with ``CHECKFU_PROVIDER_CREDENTIAL`` or else the credential issued when it was enrolled."""
     from checkfu.cli.state import client_credential, default_journal_url, runner_tag  # noqa: PLC0415
     from checkfu.control.endpoints import reach  # noqa: PLC0415
-    from checkfu.runner.journal import Journal  # noqa: PLC0415
-    from checkfu.runner.registry import adapters_file, is_endpoint  # noqa: PLC0415
-    from checkfu.runner.sandboxes import SandboxHost, Wanted, sweep  # noqa: PLC0415
+    from checkfu.core.journal import Journal  # noqa: PLC0415
+    from checkfu.core.registry import adapters_file, is_endpoint  # noqa: PLC0415
+    from checkfu.core.sandboxes import SandboxHost, Wanted, sweep  # noqa: PLC0415
 
     config = adapters_file(None if adapters is None else Path(adapters))
 
@@ -166,7 +166,7 @@ def _profile(profile: ProfileArg, provider: str) -> SandboxProfile:
     if isinstance(profile, SandboxProfile):
         return profile
     from checkfu.cli.profiles import check_document, pinned, read_profile  # noqa: PLC0415
-    from checkfu.runner.admission import raise_problems  # noqa: PLC0415
+    from checkfu.core.admission import raise_problems  # noqa: PLC0415
 
     if isinstance(profile, Mapping):
         read = check_document(dict(profile), "profile")
@@ -187,7 +187,7 @@ def _profile(profile: ProfileArg, provider: str) -> SandboxProfile:
 
 
 def _mounts(mounts: Sequence[str | MountSpec] | None) -> list[MountSpec]:
-    from checkfu.runner.mounts import parse_mount  # noqa: PLC0415
+    from checkfu.core.mounts import parse_mount  # noqa: PLC0415
 
     return [parse_mount(m) if isinstance(m, str) else m for m in mounts or ()]
 
@@ -338,7 +338,7 @@ class AsyncSandbox:
         adapters: str | Path | None = None,
     ) -> AsyncSandbox:
         """Make a sandbox and return it, active, its mounts staged. ``adapters``: an adapters file loaded besides
-        the installed providers (default: ``CHECKFU_ADAPTERS``; ``checkfu.runner.registry.read_adapters_file``).
+        the installed providers (default: ``CHECKFU_ADAPTERS``; ``checkfu.core.registry.read_adapters_file``).
 
         Raises:
             SandboxError: refused (a profile, mount or ttl named with its field), or a provider fault;
@@ -349,8 +349,8 @@ class AsyncSandbox:
         return sb
 
     async def _make(self) -> None:
-        from checkfu.runner.job import QuietObserver, host_platform_value, resolve_mounts  # noqa: PLC0415
-        from checkfu.runner.registry import is_endpoint  # noqa: PLC0415
+        from checkfu.core.job import QuietObserver, host_platform_value, resolve_mounts  # noqa: PLC0415
+        from checkfu.core.registry import is_endpoint  # noqa: PLC0415
 
         args, self._args = self._args, None
         if args is None:
@@ -387,8 +387,8 @@ class AsyncSandbox:
             SandboxNotFound: no live sandbox of that id in the journal.
         """
         from checkfu.cli.state import default_journal_url  # noqa: PLC0415
-        from checkfu.runner.journal import Journal  # noqa: PLC0415
-        from checkfu.runner.sandboxes import SandboxBook  # noqa: PLC0415
+        from checkfu.core.journal import Journal  # noqa: PLC0415
+        from checkfu.core.sandboxes import SandboxBook  # noqa: PLC0415
 
         if provider is None:
             journal = await asyncio.to_thread(Journal, db or default_journal_url())
@@ -601,8 +601,8 @@ def _info(rec: SnapshotRecord) -> SnapshotInfo:
 async def _provider_of_snapshot(ref: str, db: str | None) -> tuple[str, str | None]:
     """The provider a snapshot was taken on, and its site (a service's endpoint, if it is one)."""
     from checkfu.cli.state import default_journal_url  # noqa: PLC0415
-    from checkfu.runner.journal import Journal  # noqa: PLC0415
-    from checkfu.runner.sandboxes import SandboxBook  # noqa: PLC0415
+    from checkfu.core.journal import Journal  # noqa: PLC0415
+    from checkfu.core.sandboxes import SandboxBook  # noqa: PLC0415
 
     journal = await asyncio.to_thread(Journal, db or default_journal_url())
     try:
@@ -613,14 +613,14 @@ async def _provider_of_snapshot(ref: str, db: str | None) -> tuple[str, str | No
 
 
 def _default_ttl() -> float:
-    from checkfu.runner.sandboxes import DEFAULT_TTL  # noqa: PLC0415
+    from checkfu.core.sandboxes import DEFAULT_TTL  # noqa: PLC0415
 
     return DEFAULT_TTL
 
 
 def _choose(registry: Registry, provider: str) -> Any:
     from checkfu.contract.errors import SandboxAdapterUnavailable  # noqa: PLC0415
-    from checkfu.runner.registry import is_endpoint  # noqa: PLC0415
+    from checkfu.core.registry import is_endpoint  # noqa: PLC0415
 
     found = (
         [a for a in registry.adapters if a.served]

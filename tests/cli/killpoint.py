@@ -29,7 +29,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from checkfu.runner.door import ProviderDoor
+from checkfu.core.door import ProviderDoor
 
 REPO = Path(__file__).resolve().parents[2]
 PROFILES = {
@@ -69,9 +69,9 @@ async def session(provider: str) -> None:
     from checkfu.cli.profiles import read_profile  # noqa: PLC0415
     from checkfu.cli.run import _pin_image  # noqa: PLC0415
     from checkfu.cli.state import open_journal, runner_tag  # noqa: PLC0415
-    from checkfu.runner.job import host_platform_value  # noqa: PLC0415
-    from checkfu.runner.registry import load_registry  # noqa: PLC0415
-    from checkfu.runner.runner import Runner  # noqa: PLC0415
+    from checkfu.core.job import host_platform_value  # noqa: PLC0415
+    from checkfu.core.registry import load_registry  # noqa: PLC0415
+    from checkfu.core.runner import Runner  # noqa: PLC0415
 
     read = read_profile(PROFILES[provider], provider)
     assert not read.problems, read.problems

@@ -38,7 +38,7 @@ import pytest
 from checkfu.contract.errors import SandboxError
 from checkfu.contract.members import ListAllocationsRequest
 from checkfu.contract.target import Lease
-from checkfu.runner.journal import sqlite_url
+from checkfu.core.journal import sqlite_url
 from checkfu.testing.memory import BASE_IMAGE as MEMORY_IMAGE
 from checkfu.wire.client import RemoteProvider
 from checkfu.wire.credentials import Credential, read_credential

@@ -1,7 +1,7 @@
 """``--adapters FILE`` and ``CHECKFU_ADAPTERS``: an operator's adapters file, on every command that builds a registry.
 
 The file is TOML, ``[[adapters]]`` tables of ``factory`` (an entry point name or ``module:callable``) and
-``options`` (``checkfu.runner.registry.read_adapters_file``). Through it ``SandboxAdapterAmbiguous`` (two adapters
+``options`` (``checkfu.core.registry.read_adapters_file``). Through it ``SandboxAdapterAmbiguous`` (two adapters
 advertising one target) and ``SandboxAdapterUnavailable`` (an adapter that cannot load, named with its reason) reach
 the person at ``checkfu``, on ``run``, ``submit``, ``sandbox create``, ``runner serve`` and ``runner reconcile``.
 """

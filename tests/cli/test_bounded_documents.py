@@ -19,8 +19,8 @@ from typer.testing import CliRunner
 from checkfu.cli import app
 from checkfu.contract import examples as ex
 from checkfu.contract.errors import SandboxAdapterUnavailable
-from checkfu.runner.documents import MAX_NESTING, DocumentError, parse_toml, read_bounded
-from checkfu.runner.registry import read_adapters_file
+from checkfu.core.documents import MAX_NESTING, DocumentError, parse_toml, read_bounded
+from checkfu.core.registry import read_adapters_file
 
 CHECKFU = Path(sys.executable).with_name("checkfu")
 PROFILE_TOML = 'tier = "container"\nbase_image = "host"\n'

@@ -32,7 +32,7 @@ import pytest
 from typer.testing import CliRunner
 
 from checkfu.cli import app
-from checkfu.runner.journal import Journal, sqlite_url
+from checkfu.core.journal import Journal, sqlite_url
 
 from .test_run_cli import PROFILES, Cli, Running, isolated_cli
 from .test_run_docker import connect, leftovers, reclaim

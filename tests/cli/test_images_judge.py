@@ -11,8 +11,8 @@ import pytest
 
 from checkfu.cli.images import judge
 from checkfu.contract.model import format_timestamp
+from checkfu.core.journal import Journal, sqlite_url
 from checkfu.providers.docker.images import BuiltImage
-from checkfu.runner.journal import Journal, sqlite_url
 from checkfu.testing import memory_envelope
 
 TAG = "runner-judge"

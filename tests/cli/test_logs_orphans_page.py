@@ -25,7 +25,7 @@ from typer.testing import CliRunner
 
 from checkfu.cli import app
 from checkfu.cli.page import render
-from checkfu.runner.journal import EventRow, Journal, OutputRow, RunRow, sqlite_url
+from checkfu.core.journal import EventRow, Journal, OutputRow, RunRow, sqlite_url
 
 from .test_run_cli import Cli, isolated_cli, run_id_of
 from .test_run_docker import BUSYBOX, connect, containers, docker_cli

@@ -19,9 +19,9 @@ from typer.testing import CliRunner
 from checkfu.cli import app
 from checkfu.contract.codec import decode_value
 from checkfu.contract.target import ExecutionTarget
-from checkfu.runner.clock import ManualClock
-from checkfu.runner.journal import Journal, sqlite_url
-from checkfu.runner.leases import LeaseStore
+from checkfu.core.clock import ManualClock
+from checkfu.core.journal import Journal, sqlite_url
+from checkfu.core.leases import LeaseStore
 from checkfu.testing import memory_envelope
 
 CLI = Path(__file__).resolve().parents[2] / "src" / "checkfu" / "cli"

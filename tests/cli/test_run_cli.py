@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from checkfu.runner.journal import AllocationRow, Journal, sqlite_url
+from checkfu.core.journal import AllocationRow, Journal, sqlite_url
 from checkfu.testing.memory import BASE_IMAGE as MEMORY_IMAGE
 
 CHECKFU = Path(sys.executable).with_name("checkfu")

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from checkfu.runner.journal import Journal
+from checkfu.core.journal import Journal
 from checkfu.testing.memory import BASE_IMAGE as MEMORY_IMAGE
 
 from .test_run_cli import Cli, isolated_cli, profile_file, run_id_of

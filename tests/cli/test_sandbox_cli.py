@@ -18,7 +18,7 @@ from .test_run_cli import Cli, cli  # noqa: F401 - fixture
 def test_public_names_are_pinned_and_loaded_lazily() -> None:
     code = (
         "import sys, checkfu\n"
-        "assert 'checkfu.sandbox' not in sys.modules and 'checkfu.runner' not in sys.modules\n"
+        "assert 'checkfu.sandbox' not in sys.modules and 'checkfu.core' not in sys.modules\n"
         "assert {'Sandbox', 'AsyncSandbox'} <= set(checkfu.__all__)\n"
         "from checkfu import Sandbox, AsyncSandbox\n"
         "import checkfu.sandbox as s\n"

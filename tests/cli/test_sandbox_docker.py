@@ -25,7 +25,7 @@ import pytest
 import checkfu
 from checkfu import AsyncSandbox
 from checkfu.contract.errors import SandboxLeaseFenced, SandboxNotFound, SandboxProfileInvalid, SandboxStateConflict
-from checkfu.runner.journal import Journal, sqlite_url
+from checkfu.core.journal import Journal, sqlite_url
 
 from .test_run_cli import Cli
 from .test_run_docker import dcli, engine, leftovers  # noqa: F401 - fixtures

@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 
 from checkfu.cli import consoles, startup, state
-from checkfu.runner.journal import Journal, sqlite_url
+from checkfu.core.journal import Journal, sqlite_url
 
 from .test_run_docker import BUSYBOX, connect, leftovers
 
@@ -631,11 +631,11 @@ def test_the_servers_rehearsal_leaves_a_runs_statements_compiled(tmp_path: Path)
         "from sqlalchemy.sql import compiler\n"
         "from checkfu.cli.startup_server import rehearse\n"
         "from checkfu.cli.state import open_journal\n"
-        "from checkfu.runner.job import run_job\n"
-        "from checkfu.runner.journal import sqlite_url\n"
-        "from checkfu.runner.leases import current_owner\n"
-        "from checkfu.runner.registry import Adapter, Registry\n"
-        "from checkfu.runner.runner import Runner\n"
+        "from checkfu.core.job import run_job\n"
+        "from checkfu.core.journal import sqlite_url\n"
+        "from checkfu.core.leases import current_owner\n"
+        "from checkfu.core.registry import Adapter, Registry\n"
+        "from checkfu.core.runner import Runner\n"
         "from checkfu.testing import MemoryProvider, memory_profile\n"
         "if sys.argv[1] == 'rehearsed':\n"
         "    rehearse()\n"

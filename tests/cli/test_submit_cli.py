@@ -100,9 +100,9 @@ def test_submit_refuses_what_a_queued_run_cannot_carry_by_name(
 
 
 def test_submit_carries_the_workdir_a_writable_mount_and_no_ignore(tmp_path: Path) -> None:
-    from checkfu.runner.clock import SystemClock  # noqa: PLC0415
-    from checkfu.runner.journal import Journal  # noqa: PLC0415
-    from checkfu.runner.queue import RunQueue  # noqa: PLC0415
+    from checkfu.core.clock import SystemClock  # noqa: PLC0415
+    from checkfu.core.journal import Journal  # noqa: PLC0415
+    from checkfu.core.queue import RunQueue  # noqa: PLC0415
 
     db = f"sqlite:///{tmp_path / 'journal.sqlite'}"
     (tmp_path / "src").mkdir()

@@ -15,8 +15,8 @@ from checkfu.conformance.cases import CASES, Context, run_case
 from checkfu.conformance.suite import Report, Suite, default_profile, host_platform_value, resolve_target, run_suite
 from checkfu.contract.enforcement import EnforcementStatement
 from checkfu.contract.members import ReleaseRequest, ReleaseResult
-from checkfu.runner.door import ProviderDoor
-from checkfu.runner.registry import Adapter, describe
+from checkfu.core.door import ProviderDoor
+from checkfu.core.registry import Adapter, describe
 from checkfu.testing import MemoryProvider, day_one_envelope, memory_envelope
 from checkfu.testing.served import serve_in_thread
 

@@ -21,8 +21,8 @@ from checkfu.conformance.evidence import statement
 from checkfu.conformance.suite import SUITE_VERSION, Report, Suite, default_profile, resolve_target
 from checkfu.contract.envelope import LifecycleAssurances, SandboxProviderCapabilities
 from checkfu.contract.errors import SandboxOperationUnsupported
-from checkfu.runner.door import ProviderDoor
-from checkfu.runner.registry import Adapter, describe
+from checkfu.core.door import ProviderDoor
+from checkfu.core.registry import Adapter, describe
 from checkfu.testing import MemoryProvider, day_one_envelope, memory_envelope
 from checkfu.testing.misbehave import (
     Misbehaving,

@@ -172,6 +172,7 @@ FORBIDDEN_AT_IMPORT = (
     "typer",
     "rich",
     "checkfu.providers",
+    "checkfu.core",
     "checkfu.runner",
     "checkfu.wire",
     "checkfu.cli",

@@ -17,9 +17,9 @@ from checkfu.conformance.evidence import generate_keys, load_private_key, load_p
 from checkfu.conformance.suite import Suite, default_profile, run_suite
 from checkfu.control.enrollment import enroll
 from checkfu.control.grading import grade, grade_envelope, render_html, render_text
-from checkfu.runner.door import ProviderDoor
-from checkfu.runner.journal import Journal, sqlite_url
-from checkfu.runner.registry import Adapter, describe
+from checkfu.core.door import ProviderDoor
+from checkfu.core.journal import Journal, sqlite_url
+from checkfu.core.registry import Adapter, describe
 from checkfu.testing import MemoryProvider, day_one_envelope, memory_envelope
 from checkfu.testing.misbehave import Misbehaving, unsupported
 from checkfu.testing.served import serve_in_thread

@@ -19,10 +19,10 @@ from checkfu.contract.envelope import SandboxProviderCapabilities
 from checkfu.contract.errors import SandboxAdapterUnavailable, SandboxEnrollmentRefused
 from checkfu.contract.vocabulary import Platform
 from checkfu.control.enrollment import enroll
-from checkfu.runner.clock import ManualClock
-from checkfu.runner.journal import Journal, sqlite_url
-from checkfu.runner.registry import Adapter, Registry, adapter_from_factory
-from checkfu.runner.runner import Runner
+from checkfu.core.clock import ManualClock
+from checkfu.core.journal import Journal, sqlite_url
+from checkfu.core.registry import Adapter, Registry, adapter_from_factory
+from checkfu.core.runner import Runner
 from checkfu.testing import MemoryProvider, day_one_envelope, memory_profile
 from checkfu.testing.memory import BASE_IMAGE
 from checkfu.testing.served import serve_in_thread

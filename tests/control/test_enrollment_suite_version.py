@@ -12,7 +12,7 @@ from checkfu.conformance.evidence import generate_keys, load_private_key, load_p
 from checkfu.conformance.suite import SUITE_VERSION, Report, run_suite
 from checkfu.contract.errors import SandboxEnrollmentRefused
 from checkfu.control.enrollment import enroll
-from checkfu.runner.journal import Journal, sqlite_url
+from checkfu.core.journal import Journal, sqlite_url
 
 pytestmark = pytest.mark.anyio
 

@@ -16,10 +16,10 @@ from checkfu.contract.enforcement import AXES
 from checkfu.contract.errors import SandboxResultInvalid
 from checkfu.contract.vocabulary import Platform
 from checkfu.control.grading import grade, grade_envelope
-from checkfu.runner.clock import ManualClock
-from checkfu.runner.journal import Journal, sqlite_url
-from checkfu.runner.registry import Adapter, Registry
-from checkfu.runner.runner import Runner
+from checkfu.core.clock import ManualClock
+from checkfu.core.journal import Journal, sqlite_url
+from checkfu.core.registry import Adapter, Registry
+from checkfu.core.runner import Runner
 from checkfu.testing import MemoryProvider, day_one_envelope, memory_profile
 from checkfu.testing.misbehave import Misbehaving, release_keeps
 

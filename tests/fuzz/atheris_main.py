@@ -22,8 +22,8 @@ DECODERS = [
     "checkfu.wire.files",
     "checkfu.wire.http",
     "checkfu.cli.files",
-    "checkfu.runner.documents",
-    "checkfu.runner.registry",
+    "checkfu.core.documents",
+    "checkfu.core.registry",
     "checkfu.conformance.evidence",
     "checkfu.control.enrollment",
 ]

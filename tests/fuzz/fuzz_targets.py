@@ -48,7 +48,7 @@ from checkfu.contract.frames import ProcessChannel, StartFrame
 from checkfu.contract.members import MESSAGES, OpenProcessRequest
 from checkfu.contract.profile import SandboxProfile
 from checkfu.control.enrollment import check_evidence
-from checkfu.runner.registry import Adapter, decode_adapters
+from checkfu.core.registry import Adapter, decode_adapters
 from checkfu.testing import MemoryProvider
 from checkfu.wire.client import RemoteProvider, decode_answer
 from checkfu.wire.files import FILES_MEDIA_TYPE, read_files_body

@@ -12,12 +12,12 @@ import pytest
 from checkfu.contract import METHOD_NAMES, SandboxCapabilityUnavailable, SandboxProfile
 from checkfu.contract.codec import decode_value
 from checkfu.contract.tiers import assess
+from checkfu.core.clock import ManualClock
+from checkfu.core.job import host_platform_value
+from checkfu.core.journal import Journal, sqlite_url
+from checkfu.core.registry import Registry, adapter_from_factory
+from checkfu.core.runner import Runner
 from checkfu.providers.host_process import WHY_NOT_ENFORCED, HostProcessProvider
-from checkfu.runner.clock import ManualClock
-from checkfu.runner.job import host_platform_value
-from checkfu.runner.journal import Journal, sqlite_url
-from checkfu.runner.registry import Registry, adapter_from_factory
-from checkfu.runner.runner import Runner
 
 
 class Counting:

@@ -22,11 +22,11 @@ from checkfu.contract.envelope import SandboxProviderCapabilities
 from checkfu.contract.profile import SandboxProfile
 from checkfu.contract.provider import Provider
 from checkfu.contract.vocabulary import Platform
-from checkfu.runner.clock import ManualClock
-from checkfu.runner.driver import Limits, RunSession
-from checkfu.runner.journal import Journal, sqlite_url
-from checkfu.runner.registry import Adapter, Registry, enrollment_endpoint
-from checkfu.runner.runner import Attempt, Runner
+from checkfu.core.clock import ManualClock
+from checkfu.core.driver import Limits, RunSession
+from checkfu.core.journal import Journal, sqlite_url
+from checkfu.core.registry import Adapter, Registry, enrollment_endpoint
+from checkfu.core.runner import Attempt, Runner
 from checkfu.testing import MemoryProvider, memory_profile
 from checkfu.testing.served import serve_in_thread
 

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from checkfu.runner.journal import Journal, sqlite_url
+from checkfu.core.journal import Journal, sqlite_url
 from checkfu.testing import memory_envelope
 
 TARGET = memory_envelope().target
@@ -64,7 +64,7 @@ def test_a_failed_allocation_record_leaves_the_connection_as_it_was(journal: Jou
 
 SCRIPT = """
 import os, sys
-from checkfu.runner.journal import Journal, sqlite_url
+from checkfu.core.journal import Journal, sqlite_url
 from checkfu.testing import memory_envelope
 journal = Journal(sqlite_url(sys.argv[1]))
 common = dict(run_id="run-1", target=memory_envelope().target, runner_tag="tag", lease_id="lease-1")

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from checkfu.contract.vocabulary import Platform
-from checkfu.runner.reconcile import reconcile
+from checkfu.core.reconcile import reconcile
 from load import MIB, hold_load
 
 pytestmark = pytest.mark.anyio

@@ -28,9 +28,9 @@ from checkfu.contract.errors import (
 )
 from checkfu.contract.process import ProcessExit, ProcessOutput
 from checkfu.contract.vocabulary import Platform
-from checkfu.runner import session as session_module
-from checkfu.runner.driver import Instance, Limits, RunSession, Snapshot
-from checkfu.runner.mounts import DirectorySource, GitSource, MountSpec, ResolvedMount, resolve_mount
+from checkfu.core import session as session_module
+from checkfu.core.driver import Instance, Limits, RunSession, Snapshot
+from checkfu.core.mounts import DirectorySource, GitSource, MountSpec, ResolvedMount, resolve_mount
 from checkfu.testing import Misbehaving, crash, hang, memory_profile, unknown_field
 
 pytestmark = pytest.mark.anyio

@@ -10,10 +10,10 @@ import pytest
 from checkfu.contract.errors import SandboxNotFound, SandboxResultInvalid
 from checkfu.contract.model import format_timestamp, parse_timestamp
 from checkfu.contract.vocabulary import Platform
-from checkfu.runner.expiry import sweep_expired_snapshots
-from checkfu.runner.journal import AllocationRow
-from checkfu.runner.reconcile import reconcile
-from checkfu.runner.registry import Registry
+from checkfu.core.expiry import sweep_expired_snapshots
+from checkfu.core.journal import AllocationRow
+from checkfu.core.reconcile import reconcile
+from checkfu.core.registry import Registry
 from checkfu.testing import Misbehaving, expiry_past_the_asked, memory_envelope, memory_profile
 
 AMD64 = Platform(os="linux", architecture="amd64")

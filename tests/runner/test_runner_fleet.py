@@ -26,7 +26,7 @@ import sqlalchemy as sa
 import checkfu
 from checkfu.contract.members import ListAllocationsRequest
 from checkfu.contract.target import Lease
-from checkfu.runner.journal import events, runs
+from checkfu.core.journal import events, runs
 from checkfu.testing import memory_profile
 from checkfu.wire.client import RemoteProvider
 from fleet_rig import (

@@ -13,9 +13,9 @@ from checkfu.contract import examples as ex
 from checkfu.contract.codec import decode_value
 from checkfu.contract.envelope import SandboxProviderCapabilities
 from checkfu.contract.errors import SandboxCapabilityUnavailable, SandboxProviderFailed
-from checkfu.runner.job import PHASES, QuietObserver, run_job
-from checkfu.runner.journal import leases
-from checkfu.runner.mounts import parse_mount
+from checkfu.core.job import PHASES, QuietObserver, run_job
+from checkfu.core.journal import leases
+from checkfu.core.mounts import parse_mount
 from checkfu.testing import Misbehaving, crash, memory_profile
 
 pytestmark = pytest.mark.anyio

@@ -18,9 +18,9 @@ from checkfu.contract.errors import SandboxIdentityMismatch
 from checkfu.contract.members import CloneRequest, ProvisionRequest, ResumeRequest, SnapshotRequest
 from checkfu.contract.target import ExecutionTarget
 from checkfu.contract.vocabulary import Platform
-from checkfu.runner.driver import RunSession
-from checkfu.runner.journal import Journal, JournalError, metadata, sqlite_url
-from checkfu.runner.mounts import DirectorySource, MountSpec, resolve_mount
+from checkfu.core.driver import RunSession
+from checkfu.core.journal import Journal, JournalError, metadata, sqlite_url
+from checkfu.core.mounts import DirectorySource, MountSpec, resolve_mount
 from checkfu.testing import MemoryProvider, Misbehaving, clone_returns_source, memory_envelope, memory_profile
 
 pytestmark = pytest.mark.anyio
@@ -270,8 +270,8 @@ async def test_a_misbehaving_result_is_never_settled_live(make_rig: Any, journal
 def test_housekeeping_says_what_each_opening_pass_would_find(tmp_path: Path) -> None:
     """``Journal.housekeeping``'s one read agrees with each pass's own query (``SandboxBook.due``,
     ``expired_snapshots``, ``owned_running_runs``), for this runner's tag only, as rows come and go."""
-    from checkfu.runner.journal import allocations, leases, runs, sandboxes  # noqa: PLC0415
-    from checkfu.runner.sandboxes import SandboxBook  # noqa: PLC0415
+    from checkfu.core.journal import allocations, leases, runs, sandboxes  # noqa: PLC0415
+    from checkfu.core.sandboxes import SandboxBook  # noqa: PLC0415
 
     journal = Journal(sqlite_url(tmp_path / "j.sqlite"))
     now, tag = 1000.0, "mine"
@@ -346,7 +346,7 @@ def test_sqlite_journals_of_a_process_share_what_they_compiled(tmp_path: Path) -
     """Every SQLite file's journal in a process uses one dialect and one compiled-statement cache, so a statement
     one journal compiled is found compiled by the next (SQLAlchemy keys its cache by the dialect object); an
     in-memory journal keeps its own."""
-    from checkfu.runner import journal as J  # noqa: PLC0415
+    from checkfu.core import journal as J  # noqa: PLC0415
 
     first, second, memory = (Journal(sqlite_url(tmp_path / f"{n}.sqlite")) for n in ("a", "b", "c"))
     in_memory = Journal("sqlite://")

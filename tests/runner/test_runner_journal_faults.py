@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 
 from checkfu.contract.vocabulary import Platform
-from checkfu.runner.clock import ManualClock
-from checkfu.runner.job import QuietObserver, run_job
-from checkfu.runner.journal import ABANDONED, Journal, JournalError, JournalUnavailable, sqlite_url
-from checkfu.runner.reconcile import reconcile
-from checkfu.runner.registry import Adapter, Registry
-from checkfu.runner.runner import Runner
+from checkfu.core.clock import ManualClock
+from checkfu.core.job import QuietObserver, run_job
+from checkfu.core.journal import ABANDONED, Journal, JournalError, JournalUnavailable, sqlite_url
+from checkfu.core.reconcile import reconcile
+from checkfu.core.registry import Adapter, Registry
+from checkfu.core.runner import Runner
 from checkfu.testing import MemoryProvider, memory_profile
 
 pytestmark = pytest.mark.anyio
@@ -182,7 +182,7 @@ def test_a_failed_operation_makes_the_next_ones_quick_until_one_succeeds(tmp_pat
 
 def test_every_journal_operation_is_retried_and_typed() -> None:
     """Each method that opens a transaction goes through ``journaled``: none can leak a raw database error."""
-    from checkfu.runner.leases import LeaseStore  # noqa: PLC0415
+    from checkfu.core.leases import LeaseStore  # noqa: PLC0415
 
     exempt = {"tx", "close", "record_call"}  # record_call never raises; tx is the transaction itself
     for cls in (Journal, LeaseStore):

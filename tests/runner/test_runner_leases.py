@@ -16,9 +16,9 @@ import pytest
 from checkfu.contract.errors import SandboxLeaseFenced, SandboxNotFound
 from checkfu.contract.target import Lease
 from checkfu.contract.vocabulary import Platform
-from checkfu.runner.clock import ManualClock
-from checkfu.runner.journal import Journal
-from checkfu.runner.leases import LeaseStore, _proc_start, current_owner, owner_alive
+from checkfu.core.clock import ManualClock
+from checkfu.core.journal import Journal
+from checkfu.core.leases import LeaseStore, _proc_start, current_owner, owner_alive
 from checkfu.testing import Misbehaving, memory_profile, stale_epoch
 
 pytestmark = pytest.mark.anyio
@@ -208,10 +208,10 @@ async def test_a_result_echoing_an_older_epoch_is_fenced_and_compensated(make_ri
 async def test_a_fleet_run_whose_provider_echoes_another_lease_is_settled_not_left_claimed(journal: Journal) -> None:
     """A wrong lease echo is SandboxLeaseFenced, as a takeover is; but the runner still holds its lease, so the
     Run is settled (refused, naming the code) rather than abandoned as if another runner had taken it."""
+    from checkfu.core.fleet import FleetConfig, FleetRunner  # noqa: PLC0415
+    from checkfu.core.queue import RunQueue, RunRequest, is_terminal  # noqa: PLC0415
+    from checkfu.core.registry import Adapter, Registry  # noqa: PLC0415
     from checkfu.fleet import submit_request  # noqa: PLC0415
-    from checkfu.runner.fleet import FleetConfig, FleetRunner  # noqa: PLC0415
-    from checkfu.runner.queue import RunQueue, RunRequest, is_terminal  # noqa: PLC0415
-    from checkfu.runner.registry import Adapter, Registry  # noqa: PLC0415
     from checkfu.testing import MemoryProvider, wrong_lease_id  # noqa: PLC0415
 
     memory = MemoryProvider()

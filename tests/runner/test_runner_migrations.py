@@ -21,9 +21,9 @@ from alembic.script import ScriptDirectory
 from typer.testing import CliRunner
 
 from checkfu.cli import app
-from checkfu.runner import migrate
-from checkfu.runner.journal import Journal, metadata
-from checkfu.runner.migrate import HEAD, JournalTooNew, current_revision
+from checkfu.core import migrate
+from checkfu.core.journal import Journal, metadata
+from checkfu.core.migrate import HEAD, JournalTooNew, current_revision
 
 DATA = Path(__file__).parent / "data"
 LEGACY = "1129d89"

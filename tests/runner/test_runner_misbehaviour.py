@@ -31,8 +31,8 @@ from checkfu.contract.errors import (
 )
 from checkfu.contract.process import ProcessExit
 from checkfu.contract.vocabulary import Platform
-from checkfu.runner.driver import Instance, Limits, RunSession, Snapshot
-from checkfu.runner.mounts import DirectorySource, MountSpec, ResolvedMount, resolve_mount
+from checkfu.core.driver import Instance, Limits, RunSession, Snapshot
+from checkfu.core.mounts import DirectorySource, MountSpec, ResolvedMount, resolve_mount
 from checkfu.testing import PRESETS, RAISING, Misbehaving, Misbehaviour, forge_instance_id, memory_profile
 
 pytestmark = pytest.mark.anyio

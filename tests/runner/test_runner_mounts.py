@@ -32,9 +32,9 @@ from checkfu.contract.members import ProvisionRequest
 from checkfu.contract.mounts import MountFile, MountPlan
 from checkfu.contract.profile import SandboxProfile
 from checkfu.contract.vocabulary import Platform
-from checkfu.runner import job
-from checkfu.runner.job import QuietObserver, run_job
-from checkfu.runner.mounts import (
+from checkfu.core import job
+from checkfu.core.job import QuietObserver, run_job
+from checkfu.core.mounts import (
     DirectorySource,
     GitSource,
     MountSpec,
@@ -175,7 +175,7 @@ def test_a_symlink_leading_outside_is_refused_by_name_never_followed(workspace: 
 
 
 def test_link_escape_resolves_through_the_mounts_own_links() -> None:
-    from checkfu.runner.mounts import link_escape  # noqa: PLC0415
+    from checkfu.core.mounts import link_escape  # noqa: PLC0415
 
     assert link_escape("a", {"a": "b/c"}) is None
     assert link_escape("d/a", {"d/a": "../b"}) is None
@@ -204,7 +204,7 @@ NOBODY = ("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups")
 RESOLVE_AND_SAY = """
 import json, sys
 from checkfu.contract.errors import SandboxError
-from checkfu.runner.mounts import parse_mount, resolve_mount
+from checkfu.core.mounts import parse_mount, resolve_mount
 try:
     plan = resolve_mount(parse_mount(sys.argv[1], stage_all=sys.argv[2] == "stage_all")).plan
 except SandboxError as exc:

@@ -17,12 +17,12 @@ import pytest
 import sqlalchemy as sa
 
 from checkfu.contract.vocabulary import Platform
-from checkfu.runner.clock import ManualClock
-from checkfu.runner.journal import ORPHANED, Journal, leases, runs
-from checkfu.runner.leases import _proc_start, boot_id, current_owner, owner_gone
-from checkfu.runner.output import MASK_MIN, Masker, OutputKeeper
-from checkfu.runner.reconcile import orphans, reap_orphans, reconcile, run_status
-from checkfu.runner.registry import Registry
+from checkfu.core.clock import ManualClock
+from checkfu.core.journal import ORPHANED, Journal, leases, runs
+from checkfu.core.leases import _proc_start, boot_id, current_owner, owner_gone
+from checkfu.core.output import MASK_MIN, Masker, OutputKeeper
+from checkfu.core.reconcile import orphans, reap_orphans, reconcile, run_status
+from checkfu.core.registry import Registry
 from checkfu.testing import memory_profile
 
 pytestmark = pytest.mark.anyio
@@ -177,7 +177,7 @@ async def test_kill_never_signals_a_process_that_did_not_start_the_run_in_place(
     from typer.testing import CliRunner  # noqa: PLC0415
 
     from checkfu.cli.commands import app  # noqa: PLC0415
-    from checkfu.runner.journal import sqlite_url  # noqa: PLC0415
+    from checkfu.core.journal import sqlite_url  # noqa: PLC0415
 
     url = sqlite_url(tmp_path / "kill.sqlite")
     rig = make_rig(url=url, runner_tag="tkill")

@@ -12,8 +12,8 @@ import threading
 from typing import Any
 
 from checkfu.contract.vocabulary import Platform
-from checkfu.runner.pool import adopt, drain, fill, ready
-from checkfu.runner.reconcile import reconcile
+from checkfu.core.pool import adopt, drain, fill, ready
+from checkfu.core.reconcile import reconcile
 
 AMD64 = Platform(os="linux", architecture="amd64")
 RigFactory = Any  # conftest's make_rig

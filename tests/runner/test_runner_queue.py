@@ -14,11 +14,11 @@ import pytest
 import sqlalchemy as sa
 
 from checkfu.contract.errors import SandboxLeaseFenced
-from checkfu.runner.clock import ManualClock
-from checkfu.runner.journal import Journal, events, leases, runs
-from checkfu.runner.queue import Claim, RunQueue, RunRequest
-from checkfu.runner.reconcile import reconcile
-from checkfu.runner.registry import Registry
+from checkfu.core.clock import ManualClock
+from checkfu.core.journal import Journal, events, leases, runs
+from checkfu.core.queue import Claim, RunQueue, RunRequest
+from checkfu.core.reconcile import reconcile
+from checkfu.core.registry import Registry
 from checkfu.testing import memory_envelope, memory_profile
 
 TTL = 30.0

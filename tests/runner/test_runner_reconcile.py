@@ -21,11 +21,11 @@ from checkfu.contract.codec import decode_value
 from checkfu.contract.envelope import SandboxProviderCapabilities
 from checkfu.contract.errors import SandboxLeaseFenced
 from checkfu.contract.vocabulary import Platform
-from checkfu.runner.clock import ManualClock
-from checkfu.runner.journal import Journal, leases, sqlite_url
-from checkfu.runner.leases import LeaseStore, _proc_start, current_owner
-from checkfu.runner.reconcile import reconcile
-from checkfu.runner.registry import Registry
+from checkfu.core.clock import ManualClock
+from checkfu.core.journal import Journal, leases, sqlite_url
+from checkfu.core.leases import LeaseStore, _proc_start, current_owner
+from checkfu.core.reconcile import reconcile
+from checkfu.core.registry import Registry
 from checkfu.testing import Misbehaving, Requests, crash, memory_envelope, memory_profile, stale_epoch, wrong_lease_id
 
 pytestmark = pytest.mark.anyio
@@ -331,7 +331,7 @@ async def test_a_failed_reconciliation_call_is_journaled_with_its_code(make_rig:
 
 
 async def test_describe_goes_through_the_door_and_is_journaled(tmp_path: Path) -> None:
-    from checkfu.runner.registry import load_registry  # noqa: PLC0415
+    from checkfu.core.registry import load_registry  # noqa: PLC0415
 
     journal = Journal(sqlite_url(tmp_path / "j.sqlite"))
     try:

@@ -12,14 +12,14 @@ import pytest
 
 from checkfu.contract.errors import SandboxLeaseFenced
 from checkfu.contract.vocabulary import Platform
-from checkfu.runner.clock import ManualClock
-from checkfu.runner.deadlines import DEFAULT_DEADLINES
-from checkfu.runner.job import run_job
-from checkfu.runner.journal import Journal, sqlite_url
-from checkfu.runner.leases import LeaseStore
-from checkfu.runner.reconcile import reconcile
-from checkfu.runner.registry import Adapter, Registry, load_registry
-from checkfu.runner.runner import Runner
+from checkfu.core.clock import ManualClock
+from checkfu.core.deadlines import DEFAULT_DEADLINES
+from checkfu.core.job import run_job
+from checkfu.core.journal import Journal, sqlite_url
+from checkfu.core.leases import LeaseStore
+from checkfu.core.reconcile import reconcile
+from checkfu.core.registry import Adapter, Registry, load_registry
+from checkfu.core.runner import Runner
 from checkfu.testing import MemoryProvider, Misbehaving, crash, hang, memory_profile
 
 pytestmark = pytest.mark.anyio

@@ -26,10 +26,10 @@ from checkfu.contract.errors import (
 from checkfu.contract.profile import NetworkPolicy, SandboxProfile
 from checkfu.contract.target import ExecutionTarget
 from checkfu.contract.vocabulary import Platform, Resources
-from checkfu.runner.clock import ManualClock
-from checkfu.runner.journal import Journal, sqlite_url
-from checkfu.runner.registry import Adapter, Registry, adapter_from_factory, enrollment_endpoint, load_registry
-from checkfu.runner.runner import Runner
+from checkfu.core.clock import ManualClock
+from checkfu.core.journal import Journal, sqlite_url
+from checkfu.core.registry import Adapter, Registry, adapter_from_factory, enrollment_endpoint, load_registry
+from checkfu.core.runner import Runner
 from checkfu.testing import MemoryProvider, memory_envelope, memory_profile
 
 pytestmark = pytest.mark.anyio
@@ -450,8 +450,8 @@ async def test_the_mount_ceiling_is_64_whatever_max_mounts_says(journal: Journal
 
 
 async def test_refusals_through_run_job_make_no_provider_call(rig: Any, workspace: Path) -> None:
-    from checkfu.runner.job import run_job  # noqa: PLC0415
-    from checkfu.runner.mounts import parse_mount  # noqa: PLC0415
+    from checkfu.core.job import run_job  # noqa: PLC0415
+    from checkfu.core.mounts import parse_mount  # noqa: PLC0415
 
     for target, prof, exc in (
         (rig.memory.target.model_copy(update={"placement": "hosted"}), memory_profile(), SandboxAdapterUnavailable),

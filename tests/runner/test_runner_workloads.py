@@ -20,10 +20,10 @@ import pytest
 
 from checkfu.contract.errors import SandboxBoundExceeded, SandboxPathRejected, SandboxProfileInvalid
 from checkfu.contract.members import ReadFilesRequest, ReadFilesResult
-from checkfu.runner import mounts as mounts_module
-from checkfu.runner.driver import Limits
-from checkfu.runner.job import READ_BATCH, QuietObserver, run_job
-from checkfu.runner.mounts import GitSource, MountSpec, parse_mount, resolve_mount
+from checkfu.core import mounts as mounts_module
+from checkfu.core.driver import Limits
+from checkfu.core.job import READ_BATCH, QuietObserver, run_job
+from checkfu.core.mounts import GitSource, MountSpec, parse_mount, resolve_mount
 from checkfu.testing import memory_profile
 
 # captures in batches -------------------------------------------------------------------------------

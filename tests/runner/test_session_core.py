@@ -42,8 +42,8 @@ from checkfu.contract.mounts import MountPlan
 from checkfu.contract.profile import SandboxProfile
 from checkfu.contract.target import Lease
 from checkfu.contract.vocabulary import Platform
-from checkfu.runner import session as core_module
-from checkfu.runner.session import (
+from checkfu.core import session as core_module
+from checkfu.core.session import (
     Compensate,
     Instance,
     JournalAllocation,
@@ -106,7 +106,7 @@ def active(core: SessionCore) -> Instance:
 
 
 def test_importing_the_core_loads_no_io_layer() -> None:
-    code = "import checkfu.runner.session, json, sys; print(json.dumps(sorted(sys.modules)))"
+    code = "import checkfu.core.session, json, sys; print(json.dumps(sorted(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     loaded = set(json.loads(out.stdout))
     forbidden = (
@@ -117,11 +117,11 @@ def test_importing_the_core_loads_no_io_layer() -> None:
         "httpx",
         "checkfu.providers",
         "checkfu.testing",
-        "checkfu.runner.journal",
-        "checkfu.runner.door",
-        "checkfu.runner.driver",
-        "checkfu.runner.leases",
-        "checkfu.runner.registry",
+        "checkfu.core.journal",
+        "checkfu.core.door",
+        "checkfu.core.driver",
+        "checkfu.core.leases",
+        "checkfu.core.registry",
     )
     offending = sorted(m for m in loaded for bad in forbidden if m == bad or m.startswith(bad + "."))
     assert offending == []
@@ -133,7 +133,7 @@ def test_the_core_module_imports_nothing_that_does_io() -> None:
     imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     io = {"asyncio", "os", "socket", "subprocess", "pathlib", "sqlalchemy", "threading", "time"}
     assert not {m.split(".")[0] for m in imported} & io
-    assert all(m.startswith(("checkfu.contract", "checkfu.runner.deadlines")) for m in imported if "checkfu" in m)
+    assert all(m.startswith(("checkfu.contract", "checkfu.core.deadlines")) for m in imported if "checkfu" in m)
 
 
 # Allocation: journal first, settle after the checks, compensate on any fault ----------------------

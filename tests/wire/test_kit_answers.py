@@ -42,9 +42,9 @@ from checkfu.contract.members import ActivateRequest, ExecRequest, OpenProcessRe
 from checkfu.contract.process import ProcessExit
 from checkfu.contract.requirements import require_capabilities
 from checkfu.contract.tiers import assess
+from checkfu.core.session import SessionCore
 from checkfu.providers.host_process import HostProcessProvider
 from checkfu.providers.host_process.spawning import BASE_PATH
-from checkfu.runner.session import SessionCore
 from checkfu.testing import MemoryProvider, Requests, day_one_envelope, memory_envelope, memory_profile
 from checkfu.testing.memory import AMD64, TEST_LEASE
 from checkfu.testing.served import serve_in_thread

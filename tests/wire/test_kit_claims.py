@@ -31,8 +31,8 @@ from checkfu.contract.members import ActivateRequest, WriteFileRequest
 from checkfu.contract.model import Model
 from checkfu.contract.mounts import PATH_RULE, MountFile, MountPlan
 from checkfu.contract.paths import MAX_PATH_BYTES
-from checkfu.runner.job import TIMEOUT_EXIT
-from checkfu.runner.session import Limits
+from checkfu.core.job import TIMEOUT_EXIT
+from checkfu.core.session import Limits
 from checkfu.testing import MemoryProvider, Requests
 from checkfu.wire.credentials import OPERATION_SECRET
 from checkfu.wire.files import REQUEST_HEADER

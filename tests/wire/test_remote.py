@@ -28,10 +28,10 @@ from checkfu.contract.errors import (
     SandboxResultInvalid,
 )
 from checkfu.contract.members import DescribeResult, InspectRequest, ReadFilesRequest
-from checkfu.runner.driver import Limits
-from checkfu.runner.journal import Journal, sqlite_url
-from checkfu.runner.registry import Adapter, Registry
-from checkfu.runner.runner import Runner
+from checkfu.core.driver import Limits
+from checkfu.core.journal import Journal, sqlite_url
+from checkfu.core.registry import Adapter, Registry
+from checkfu.core.runner import Runner
 from checkfu.testing import MemoryProvider, Requests, memory_profile
 from checkfu.wire import client as wire_client
 from checkfu.wire.client import RemoteProvider

@@ -30,10 +30,10 @@ from wire_rig import Service
 from checkfu.contract.codec import decode_value
 from checkfu.contract.envelope import SandboxProviderCapabilities
 from checkfu.contract.errors import SandboxLeaseFenced
-from checkfu.runner.driver import Limits
-from checkfu.runner.journal import Journal, sqlite_url
-from checkfu.runner.registry import Adapter, Registry, endpoint
-from checkfu.runner.runner import Runner
+from checkfu.core.driver import Limits
+from checkfu.core.journal import Journal, sqlite_url
+from checkfu.core.registry import Adapter, Registry, endpoint
+from checkfu.core.runner import Runner
 from checkfu.testing import MemoryProvider, Misbehaving, memory_profile, release_keeps, stale_epoch, wrong_lease_id
 from checkfu.testing.memory import BASE_IMAGE, memory_envelope
 from enrolled import enroll_adapters, enroll_service

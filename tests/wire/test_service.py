@@ -47,11 +47,11 @@ from checkfu.contract.members import (
 )
 from checkfu.contract.mounts import MountFile, MountPlan
 from checkfu.contract.process import ProcessExit, ProcessOutput
-from checkfu.runner.driver import Limits
-from checkfu.runner.journal import Journal, metadata, sqlite_url
-from checkfu.runner.mounts import DirectorySource, MountSpec, resolve_mount
-from checkfu.runner.registry import Adapter, Registry
-from checkfu.runner.runner import Runner
+from checkfu.core.driver import Limits
+from checkfu.core.journal import Journal, metadata, sqlite_url
+from checkfu.core.mounts import DirectorySource, MountSpec, resolve_mount
+from checkfu.core.registry import Adapter, Registry
+from checkfu.core.runner import Runner
 from checkfu.testing import RAISING, MemoryProvider, Misbehaving, Requests, crash, memory_profile
 from checkfu.wire.client import RemoteProvider
 from checkfu.wire.credentials import OPERATION_SECRET

@@ -27,10 +27,10 @@ from checkfu.contract.errors import (
     SandboxResultInvalid,
 )
 from checkfu.contract.process import ProcessExit, ProcessOutput
-from checkfu.runner.driver import Limits, RunSession
-from checkfu.runner.journal import Journal, sqlite_url
-from checkfu.runner.registry import Adapter, Registry
-from checkfu.runner.runner import Runner
+from checkfu.core.driver import Limits, RunSession
+from checkfu.core.journal import Journal, sqlite_url
+from checkfu.core.registry import Adapter, Registry
+from checkfu.core.runner import Runner
 from checkfu.testing import Invocation, MemoryProvider, Misbehaving, Misbehaviour, hang, memory_profile
 from checkfu.wire.client import RemoteProvider
 from enrolled import enroll_adapters

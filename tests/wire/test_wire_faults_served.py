@@ -36,10 +36,10 @@ from checkfu.contract.errors import (
     SandboxProviderTimeout,
 )
 from checkfu.contract.process import ProcessExit, ProcessOutput
-from checkfu.runner.driver import Limits, RunSession
-from checkfu.runner.journal import Journal, sqlite_url
-from checkfu.runner.registry import Registry, adapter_from_factory
-from checkfu.runner.runner import Runner
+from checkfu.core.driver import Limits, RunSession
+from checkfu.core.journal import Journal, sqlite_url
+from checkfu.core.registry import Registry, adapter_from_factory
+from checkfu.core.runner import Runner
 from checkfu.wire.client import RemoteProvider
 
 pytestmark = [pytest.mark.anyio, pytest.mark.skipif(sys.platform != "linux", reason="the host-process tier is Linux")]

@@ -128,7 +128,7 @@ def run_here(*, warm: bool = False) -> None:
         # were loaded (an exception of a module that was never imported cannot be one of its classes).
         from rich.markup import escape  # noqa: PLC0415
 
-        errors, journal = sys.modules.get("checkfu.contract.errors"), sys.modules.get("checkfu.runner.journal")
+        errors, journal = sys.modules.get("checkfu.contract.errors"), sys.modules.get("checkfu.core.journal")
         if errors is not None and isinstance(exc, errors.SandboxError):
             _err().print(f"[bold red]{escape(exc.code)}[/]: {escape(exc.message)}", highlight=False, markup=True)
             sys.exit(EXIT_RUN_REFUSED if running else EXIT_REFUSED)
@@ -139,7 +139,7 @@ def run_here(*, warm: bool = False) -> None:
                 highlight=False,
             )
             sys.exit(EXIT_RUN_REFUSED if running else EXIT_REFUSED)
-        owner_only = sys.modules.get("checkfu.runner.owner_only")
+        owner_only = sys.modules.get("checkfu.core.owner_only")
         if owner_only is not None and isinstance(exc, owner_only.StateDirRefused):
             _err().print(f"checkfu: {exc}", highlight=False, markup=False)
             sys.exit(EXIT_RUN_REFUSED if running else EXIT_REFUSED)

@@ -8,7 +8,7 @@ from typing import Any, TypeVar
 
 from checkfu.contract.codec import decode_value, strict_json
 from checkfu.contract.model import Model
-from checkfu.runner.documents import MAX_DOCUMENT_FILE_BYTES, DocumentError, check_nesting, parse_toml, read_bounded
+from checkfu.core.documents import MAX_DOCUMENT_FILE_BYTES, DocumentError, check_nesting, parse_toml, read_bounded
 
 M = TypeVar("M", bound=Model)
 

@@ -28,13 +28,12 @@ from checkfu.cli.consoles import console
 from checkfu.cli.engines import EngineCertsOpt, EngineOpt, engine_sites
 from checkfu.cli.state import client_credential, enrolled_credential, is_url, open_journal, runner_tag
 from checkfu.contract.errors import SandboxError, SandboxNotFound
-from checkfu.fleet import follow, pinned_mounts, submit_request
-from checkfu.runner.clock import SystemClock
-from checkfu.runner.fleet import FleetConfig, FleetRunner
-from checkfu.runner.job import TIMEOUT_EXIT
-from checkfu.runner.journal import Journal
-from checkfu.runner.queue import RunQueue, RunRequest
-from checkfu.runner.registry import (
+from checkfu.core.clock import SystemClock
+from checkfu.core.fleet import FleetConfig, FleetRunner
+from checkfu.core.job import TIMEOUT_EXIT
+from checkfu.core.journal import Journal
+from checkfu.core.queue import RunQueue, RunRequest
+from checkfu.core.registry import (
     Registry,
     adapter_from_factory,
     adapters_file,
@@ -42,6 +41,7 @@ from checkfu.runner.registry import (
     load_registry,
     read_adapters_file,
 )
+from checkfu.fleet import follow, pinned_mounts, submit_request
 from checkfu.wire.client import RemoteProvider
 
 err = console(stderr=True, highlight=False, soft_wrap=True)

@@ -29,9 +29,9 @@ from checkfu.cli.run import DbOpt, human_bytes
 from checkfu.cli.state import open_journal, runner_tag
 from checkfu.contract.lifecycle import OPEN_ROW_STATES
 from checkfu.contract.model import parse_timestamp
+from checkfu.core.journal import Journal
 from checkfu.providers.docker.engine import Engine, require_engine
 from checkfu.providers.docker.images import BuiltImage, container_references, list_built, remove
-from checkfu.runner.journal import Journal
 
 CACHE_TAG = "checkfu-cache"
 """The runner tag the Docker tier labels materialized images with unless told another (its ``cache_tag``)."""

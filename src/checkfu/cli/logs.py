@@ -14,11 +14,11 @@ from checkfu.cli.consoles import console
 from checkfu.cli.reaping import reap
 from checkfu.cli.run import DbOpt, JsonOpt, human_bytes
 from checkfu.cli.state import open_journal, runner_tag
-from checkfu.runner.journal import Journal, OutputRow, RunRow
-from checkfu.runner.leases import owner_gone
-from checkfu.runner.output import CAP_ENV, OUTPUT_CAP
-from checkfu.runner.queue import is_terminal
-from checkfu.runner.reconcile import run_status
+from checkfu.core.journal import Journal, OutputRow, RunRow
+from checkfu.core.leases import owner_gone
+from checkfu.core.output import CAP_ENV, OUTPUT_CAP
+from checkfu.core.queue import is_terminal
+from checkfu.core.reconcile import run_status
 
 err = console(stderr=True, highlight=False, soft_wrap=True)
 

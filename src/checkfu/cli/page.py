@@ -14,9 +14,9 @@ from html import escape
 from typing import Any
 
 from checkfu.cli.run import human_bytes
-from checkfu.runner.journal import AllocationRow, EventRow, OutputRow, RunRow
-from checkfu.runner.output import OUTPUT_CAP
-from checkfu.runner.reconcile import describe_owner, run_status
+from checkfu.core.journal import AllocationRow, EventRow, OutputRow, RunRow
+from checkfu.core.output import OUTPUT_CAP
+from checkfu.core.reconcile import describe_owner, run_status
 
 STYLE = """
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",sans-serif;margin:0;color:#1d232a;background:#f6f7f9}

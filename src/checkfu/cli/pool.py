@@ -35,12 +35,12 @@ from checkfu.cli.run import (
 from checkfu.cli.state import current_engine, open_journal, runner_tag, state_dir
 from checkfu.contract.errors import SandboxError
 from checkfu.contract.profile import SandboxProfile
-from checkfu.runner import owner_only
-from checkfu.runner.admission import raise_problems, target_problems
-from checkfu.runner.job import host_platform_value
-from checkfu.runner.journal import Journal
-from checkfu.runner.pool import DEFAULT_POOL_TTL, Pooled, drain, fill, ready
-from checkfu.runner.runner import Runner
+from checkfu.core import owner_only
+from checkfu.core.admission import raise_problems, target_problems
+from checkfu.core.job import host_platform_value
+from checkfu.core.journal import Journal
+from checkfu.core.pool import DEFAULT_POOL_TTL, Pooled, drain, fill, ready
+from checkfu.core.runner import Runner
 
 pool_app = typer.Typer(
     help="A warm pool: sandboxes provisioned ahead of demand, each adopted by one `checkfu run --pool`.",

@@ -20,8 +20,8 @@ from pydantic import ValidationError
 from checkfu.contract.codec import strict_json, translate_all
 from checkfu.contract.errors import SandboxError, SandboxProfileInvalid
 from checkfu.contract.profile import SandboxProfile
-from checkfu.runner.admission import Problem
-from checkfu.runner.documents import DocumentError, check_nesting, parse_toml, read_bounded
+from checkfu.core.admission import Problem
+from checkfu.core.documents import DocumentError, check_nesting, parse_toml, read_bounded
 
 MAX_FILE_BYTES = 1 << 20
 """A profile is a few hundred bytes; a megabyte is generous, and a reader of ``/dev/zero`` stops there."""

@@ -26,9 +26,9 @@ from checkfu.contract.errors import SandboxAdapterUnavailable, SandboxEnrollment
 from checkfu.contract.profile import SandboxProfile
 from checkfu.control.enrollment import enroll, refuse_matrix_evidence
 from checkfu.control.grading import GradeCard, grade, grade_envelope, render_html, render_text
-from checkfu.runner.documents import DocumentError, read_bounded
-from checkfu.runner.registry import Adapter, Registry, enrollment_endpoint, load_registry
-from checkfu.runner.runner import Runner
+from checkfu.core.documents import DocumentError, read_bounded
+from checkfu.core.registry import Adapter, Registry, enrollment_endpoint, load_registry
+from checkfu.core.runner import Runner
 from checkfu.wire.credentials import Credential, CredentialError
 from checkfu.wire.server import create_app
 from checkfu.wire.serving import serve

@@ -3,7 +3,7 @@
 A Run started in place (``checkfu run``) records its owner process. Once that process is gone
 (``kill -9``, a crash, a lost terminal), the Run is an orphan: the first ``checkfu`` command to
 open the journal afterwards reclaims what it holds through the runner's reconciliation
-(``checkfu.runner.reconcile.reap_orphans``) and settles it as ``orphaned``. With nothing to
+(``checkfu.core.reconcile.reap_orphans``) and settles it as ``orphaned``. With nothing to
 reap this costs one indexed query; the provider is loaded only when there is an orphan.
 """
 
@@ -18,9 +18,9 @@ from checkfu.cli.consoles import console
 from checkfu.contract.codec import decode
 from checkfu.contract.errors import SandboxError
 from checkfu.contract.target import ExecutionTarget
-from checkfu.runner.clock import SystemClock
-from checkfu.runner.journal import Journal, JournalError, OwnedRun
-from checkfu.runner.reconcile import ReapReport, describe_owner, orphans, reap_orphans
+from checkfu.core.clock import SystemClock
+from checkfu.core.journal import Journal, JournalError, OwnedRun
+from checkfu.core.reconcile import ReapReport, describe_owner, orphans, reap_orphans
 
 err = console(stderr=True, highlight=False, soft_wrap=True)
 

@@ -43,7 +43,7 @@ from checkfu.contract.errors import (
 )
 from checkfu.contract.profile import DESTINATION_PATTERN, NetworkPolicy, SandboxProfile
 from checkfu.contract.tiers import assess
-from checkfu.runner.admission import (
+from checkfu.core.admission import (
     ENV_NAME,
     Problem,
     argv_problems,
@@ -54,15 +54,15 @@ from checkfu.runner.admission import (
     target_problems,
     workdir_problems,
 )
-from checkfu.runner.clock import SystemClock
-from checkfu.runner.documents import DocumentError, read_bounded
-from checkfu.runner.job import JobResult, resolve_mounts, run_job
-from checkfu.runner.journal import ORPHANED, JournalError
-from checkfu.runner.leases import current_owner
-from checkfu.runner.mounts import DirectorySource, MountSpec, parse_mount
-from checkfu.runner.output import CAP_ENV, output_cap
-from checkfu.runner.reconcile import describe_owner, reconcile, run_status
-from checkfu.runner.registry import (
+from checkfu.core.clock import SystemClock
+from checkfu.core.documents import DocumentError, read_bounded
+from checkfu.core.job import JobResult, resolve_mounts, run_job
+from checkfu.core.journal import ORPHANED, JournalError
+from checkfu.core.leases import current_owner
+from checkfu.core.mounts import DirectorySource, MountSpec, parse_mount
+from checkfu.core.output import CAP_ENV, output_cap
+from checkfu.core.reconcile import describe_owner, reconcile, run_status
+from checkfu.core.registry import (
     Registry,
     adapter_from_factory,
     adapters_file,
@@ -70,7 +70,7 @@ from checkfu.runner.registry import (
     load_registry,
     read_adapters_file,
 )
-from checkfu.runner.runner import Attempt, Runner
+from checkfu.core.runner import Attempt, Runner
 
 if TYPE_CHECKING:
     from rich.progress import Progress, TaskID

@@ -32,7 +32,7 @@ from checkfu.contract.errors import (
     SandboxProviderFailed,
     SandboxStateConflict,
 )
-from checkfu.runner.journal import JournalError
+from checkfu.core.journal import JournalError
 
 err = console(stderr=True, highlight=False, soft_wrap=True)
 out = console(highlight=False, soft_wrap=True)
@@ -74,10 +74,10 @@ def parse_duration(text: str, name: str) -> float:
         )
     seconds = float(m.group(1)) * _UNITS[m.group(2)]
     if name == "--keep":  # a snapshot's lifetime: bounded by the contract, not by a sandbox's time-to-live
-        from checkfu.runner.sandboxes import check_keep  # noqa: PLC0415
+        from checkfu.core.sandboxes import check_keep  # noqa: PLC0415
 
         return float(check_keep(seconds, field="keep"))
-    from checkfu.runner.sandboxes import check_ttl  # noqa: PLC0415
+    from checkfu.core.sandboxes import check_ttl  # noqa: PLC0415
 
     return check_ttl(seconds, field=name.lstrip("-"))
 
@@ -176,12 +176,12 @@ def sandbox_create(
 ) -> None:
     """Make a sandbox that outlives this command; prints its id. Its time-to-live ends it (extend it with
     `checkfu sandbox extend`), or `checkfu sandbox rm`."""
-    from checkfu.runner.registry import is_endpoint  # noqa: PLC0415
+    from checkfu.core.registry import is_endpoint  # noqa: PLC0415
 
     sdk = _sdk()
 
     async def body() -> Any:
-        from checkfu.runner.mounts import parse_mount  # noqa: PLC0415
+        from checkfu.core.mounts import parse_mount  # noqa: PLC0415
 
         seconds = parse_duration(ttl, "--ttl")
         specs = [parse_mount(m, stage_all=no_ignore) for m in mount or []]
@@ -286,7 +286,7 @@ def exec_command(
     """Run a command in a live sandbox; its exit status is this command's (125: checkfu's own failure, as docker
     exec)."""
     from checkfu.cli.run import _env  # noqa: PLC0415
-    from checkfu.runner.admission import argv_problems, raise_problems, workdir_problems  # noqa: PLC0415
+    from checkfu.core.admission import argv_problems, raise_problems, workdir_problems  # noqa: PLC0415
 
     if command[:1] == ["--"]:
         command = command[1:]
@@ -560,10 +560,10 @@ def ps_command(db: DbOpt = None, as_json: JsonOpt = False) -> None:
     reclaimed first: a sandbox whose time-to-live passed, or whose owner process is gone, is shown as
     expired or orphaned, and reclaimed. What lives on a provider service names its URL (``endpoint``)."""
     from checkfu.cli import state  # noqa: PLC0415
-    from checkfu.runner.clock import SystemClock  # noqa: PLC0415
-    from checkfu.runner.leases import LeaseStore, owner_alive  # noqa: PLC0415
-    from checkfu.runner.registry import is_endpoint  # noqa: PLC0415
-    from checkfu.runner.sandboxes import SandboxBook  # noqa: PLC0415
+    from checkfu.core.clock import SystemClock  # noqa: PLC0415
+    from checkfu.core.leases import LeaseStore, owner_alive  # noqa: PLC0415
+    from checkfu.core.registry import is_endpoint  # noqa: PLC0415
+    from checkfu.core.sandboxes import SandboxBook  # noqa: PLC0415
 
     try:
         journal = open_journal(db)
@@ -724,10 +724,10 @@ def kill_command(
 
 async def _kill_run(run_id: str, db: str | None) -> str:
     from checkfu.control.endpoints import reach  # noqa: PLC0415
-    from checkfu.runner.clock import SystemClock  # noqa: PLC0415
-    from checkfu.runner.leases import LeaseStore, owner_alive  # noqa: PLC0415
-    from checkfu.runner.reconcile import reconcile  # noqa: PLC0415
-    from checkfu.runner.sandboxes import SandboxBook  # noqa: PLC0415
+    from checkfu.core.clock import SystemClock  # noqa: PLC0415
+    from checkfu.core.leases import LeaseStore, owner_alive  # noqa: PLC0415
+    from checkfu.core.reconcile import reconcile  # noqa: PLC0415
+    from checkfu.core.sandboxes import SandboxBook  # noqa: PLC0415
 
     if not re.match(r"^run-[0-9a-f]{1,40}$", run_id):
         raise SandboxNotFound(

@@ -140,7 +140,7 @@ def preload() -> list[str]:
         except Exception:
             skipped.append(name)
     from checkfu.cli import commands  # noqa: PLC0415
-    from checkfu.runner.registry import installed_entry_points  # noqa: PLC0415
+    from checkfu.core.registry import installed_entry_points  # noqa: PLC0415
 
     installed_entry_points()  # read once here, for every child
     for name in commands.REGISTER:
@@ -158,18 +158,18 @@ def rehearse() -> None:
     """Open a journal in a scratch directory as a command does, and run one Run through it on the in-memory
     provider (``checkfu.testing.MemoryProvider``): every statement a Run writes to its journal is then compiled
     once, here, in the dialect and cache every SQLite journal of this process shares
-    (``checkfu.runner.journal._share_compiled``), and a child's journal finds them compiled. Nothing outside the
+    (``checkfu.core.journal._share_compiled``), and a child's journal finds them compiled. Nothing outside the
     scratch directory is touched, and it is gone afterwards. It also writes and reads an enrollment, as a Run of an
     in-tree provider does before it starts (the in-memory provider is not one)."""
     import asyncio  # noqa: PLC0415
     import tempfile  # noqa: PLC0415
 
     from checkfu.cli.state import open_journal  # noqa: PLC0415
-    from checkfu.runner.job import run_job  # noqa: PLC0415
-    from checkfu.runner.journal import sqlite_url  # noqa: PLC0415
-    from checkfu.runner.leases import current_owner  # noqa: PLC0415
-    from checkfu.runner.registry import Adapter, Registry  # noqa: PLC0415
-    from checkfu.runner.runner import Runner  # noqa: PLC0415
+    from checkfu.core.job import run_job  # noqa: PLC0415
+    from checkfu.core.journal import sqlite_url  # noqa: PLC0415
+    from checkfu.core.leases import current_owner  # noqa: PLC0415
+    from checkfu.core.registry import Adapter, Registry  # noqa: PLC0415
+    from checkfu.core.runner import Runner  # noqa: PLC0415
     from checkfu.testing import MemoryProvider, memory_profile  # noqa: PLC0415
 
     with tempfile.TemporaryDirectory(prefix="checkfu-rehearsal-") as scratch:
@@ -223,7 +223,7 @@ def _parse_once(command: _click.Command, name: str, parent: _click.Context | Non
 
 def _module_names(root: Path, package: str) -> list[str]:
     """Every module under ``root`` by its dotted name, namespace packages (a directory without ``__init__.py``,
-    such as ``checkfu.runner``) included, which ``pkgutil.walk_packages`` does not enter."""
+    such as ``checkfu.core``) included, which ``pkgutil.walk_packages`` does not enter."""
     names = []
     for path in sorted(root.rglob("*.py")):
         parts = path.relative_to(root).with_suffix("").parts

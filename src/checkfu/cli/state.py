@@ -1,5 +1,5 @@
 """Where the command line keeps its state: the journal and this runner's tag, in the state directory
-(``checkfu.runner.owner_only.state_dir``: the user's alone)."""
+(``checkfu.core.owner_only.state_dir``: the user's alone)."""
 
 from __future__ import annotations
 
@@ -19,10 +19,10 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
 from checkfu.contract.errors import SandboxError
-from checkfu.runner import owner_only
-from checkfu.runner.clock import SystemClock
-from checkfu.runner.expiry import ExpiryReport, sweep_expired_snapshots
-from checkfu.runner.journal import (
+from checkfu.core import owner_only
+from checkfu.core.clock import SystemClock
+from checkfu.core.expiry import ExpiryReport, sweep_expired_snapshots
+from checkfu.core.journal import (
     DEFAULT_JOURNAL_DEADLINE,
     AllocationRow,
     Housekeeping,
@@ -30,8 +30,8 @@ from checkfu.runner.journal import (
     JournalError,
     sqlite_url,
 )
-from checkfu.runner.migrate import JournalTooNew
-from checkfu.runner.registry import Registry
+from checkfu.core.migrate import JournalTooNew
+from checkfu.core.registry import Registry
 from checkfu.wire.credentials import MAX_BYTES, Credential, CredentialError, read_credential
 
 AFTER_REPLY: list[Callable[[], object]] | None = None
@@ -52,7 +52,7 @@ def close_journal(journal: Journal) -> None:
 
 def state_dir() -> Path:
     """The state directory: made ``0700``, and closed to other users if an older checkfu left it open
-    (``checkfu.runner.owner_only.state_dir``)."""
+    (``checkfu.core.owner_only.state_dir``)."""
     return owner_only.state_dir()
 
 
@@ -166,7 +166,7 @@ def reclaim_sandboxes(journal: Journal, url: str | None) -> None:
     """Reclaim this runner's sandboxes whose time-to-live passed or whose owner process is gone, as every
     command that opens the journal does (no daemon): one query when nothing is due; the providers of what is
     due are loaded only then. A failure is reported and left for the next command; it never stops this one."""
-    from checkfu.runner.sandboxes import due_for_sweep, sweep  # noqa: PLC0415
+    from checkfu.core.sandboxes import due_for_sweep, sweep  # noqa: PLC0415
 
     tag = runner_tag(url)
     try:
@@ -215,7 +215,7 @@ def sweep_expired(journal: Journal, db: str | None) -> ExpiryReport | None:
     """
     try:
         asyncio.get_running_loop()
-        return None  # called from async code: that code sweeps itself (checkfu.runner.expiry)
+        return None  # called from async code: that code sweeps itself (checkfu.core.expiry)
     except RuntimeError:
         pass
     tag = runner_tag(db)

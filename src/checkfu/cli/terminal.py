@@ -21,7 +21,7 @@ import tty
 from collections.abc import Iterator
 
 from checkfu.contract.errors import SandboxError
-from checkfu.runner.driver import CheckedProcess
+from checkfu.core.driver import CheckedProcess
 
 READ_BYTES = 1 << 16
 DEFAULT_SIZE = (24, 80)

@@ -52,13 +52,13 @@ from checkfu.contract.process import ProcessExit, ProcessOutput
 from checkfu.contract.profile import NetworkPolicy, SandboxProfile
 from checkfu.contract.requirements import require_capabilities
 from checkfu.contract.vocabulary import Platform
-from checkfu.runner.clock import SystemClock
-from checkfu.runner.driver import CheckedProcess, Instance, RunSession, Snapshot
-from checkfu.runner.journal import Journal
-from checkfu.runner.leases import LeaseStore
-from checkfu.runner.mounts import GitSource, MountSpec, ResolvedMount, resolve_mount
-from checkfu.runner.registry import Adapter, in_tree_refusal
-from checkfu.runner.runner import new_run_id
+from checkfu.core.clock import SystemClock
+from checkfu.core.driver import CheckedProcess, Instance, RunSession, Snapshot
+from checkfu.core.journal import Journal
+from checkfu.core.leases import LeaseStore
+from checkfu.core.mounts import GitSource, MountSpec, ResolvedMount, resolve_mount
+from checkfu.core.registry import Adapter, in_tree_refusal
+from checkfu.core.runner import new_run_id
 from checkfu.wire.client import RemoteProcess
 
 Verdict = Literal["pass", "fail", "skip"]

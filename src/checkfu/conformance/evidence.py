@@ -38,8 +38,8 @@ from checkfu.conformance.suite import SUITE_VERSION, Report
 from checkfu.contract.codec import canonical, decode_value, strict_json
 from checkfu.contract.envelope import SandboxProviderCapabilities
 from checkfu.contract.target import ExecutionTarget
-from checkfu.runner import owner_only
-from checkfu.runner.documents import DocumentError, read_bounded
+from checkfu.core import owner_only
+from checkfu.core.documents import DocumentError, read_bounded
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PAYLOAD_TYPE = "application/vnd.in-toto+json"

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from checkfu.contract.members import ExecResult
-from checkfu.runner.driver import Instance, RunSession
+from checkfu.core.driver import Instance, RunSession
 
 NOT_FOUND = (126, 127)
 PROBE_TIMEOUT = 30.0

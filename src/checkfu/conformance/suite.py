@@ -25,7 +25,7 @@ from checkfu.contract.envelope import SandboxProviderCapabilities
 from checkfu.contract.errors import SandboxAdapterUnavailable, SandboxProfileInvalid
 from checkfu.contract.profile import NetworkPolicy, SandboxProfile
 from checkfu.contract.vocabulary import Platform, Resources
-from checkfu.runner.registry import Adapter, Registry, adapter_from_factory, load_registry
+from checkfu.core.registry import Adapter, Registry, adapter_from_factory, load_registry
 from checkfu.wire.client import RemoteProvider
 from checkfu.wire.credentials import Credential
 

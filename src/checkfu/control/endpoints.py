@@ -1,7 +1,7 @@
 """Reaching again the providers that journal rows name: installed providers by name, services by endpoint.
 
 Every allocation, sandbox and snapshot is journaled with its target and its site. A provider
-service's site is its endpoint (``checkfu.runner.registry.endpoint``), so whoever must reach
+service's site is its endpoint (``checkfu.core.registry.endpoint``), so whoever must reach
 it later (reconciliation, orphan reaping, a sandbox's time-to-live, a snapshot's expiry, the
 next ``checkfu exec``) builds its adapter from the row, with the credential issued when that
 endpoint was enrolled. An installed provider's adapter is loaded by its name as before; a
@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from checkfu.contract.errors import SandboxError
-from checkfu.runner.door import Recorder
-from checkfu.runner.journal import Journal
-from checkfu.runner.registry import Adapter, Registry, adapter_from_factory, endpoint, is_endpoint, load_registry
+from checkfu.core.door import Recorder
+from checkfu.core.journal import Journal
+from checkfu.core.registry import Adapter, Registry, adapter_from_factory, endpoint, is_endpoint, load_registry
 from checkfu.wire.credentials import ENROLLED, Credential, CredentialError, read_credential
 
 Wanted = tuple[str, str | None]

@@ -35,9 +35,9 @@ from checkfu.conformance.suite import SUITE_VERSION, resolve_target
 from checkfu.contract.ceiling import RunnerProviderCapability, overreach
 from checkfu.contract.codec import digest
 from checkfu.contract.errors import SandboxEnrollmentRefused
-from checkfu.runner import owner_only
-from checkfu.runner.journal import Journal
-from checkfu.runner.registry import Adapter, enrollment_endpoint
+from checkfu.core import owner_only
+from checkfu.core.journal import Journal
+from checkfu.core.registry import Adapter, enrollment_endpoint
 from checkfu.wire.credentials import Credential
 
 

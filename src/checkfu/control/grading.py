@@ -24,8 +24,8 @@ from checkfu.contract.codec import digest
 from checkfu.contract.enforcement import AXES, counts_as_enforcement
 from checkfu.contract.envelope import SandboxProviderCapabilities
 from checkfu.contract.tiers import TIER_LABELS, TierName, assess
-from checkfu.runner.journal import EnrollmentRow, EventRow
-from checkfu.runner.registry import Adapter
+from checkfu.core.journal import EnrollmentRow, EventRow
+from checkfu.core.registry import Adapter
 
 AXIS_WORDS = {
     "sandbox_isolation": "the sandbox is a machine of its own (namespaces or a VM)",

@@ -21,8 +21,8 @@ from checkfu.contract.lifecycle import TRANSITIONS
 from checkfu.contract.model import MAX_SAFE_INT
 from checkfu.contract.mounts import MAX_FILE_BYTES, PATH_RULE
 from checkfu.contract.paths import MAX_PATH_BYTES
-from checkfu.runner.job import TIMEOUT_EXIT
-from checkfu.runner.session import Limits
+from checkfu.core.job import TIMEOUT_EXIT
+from checkfu.core.session import Limits
 from checkfu.wire.client import DEADLINES
 from checkfu.wire.credentials import OPERATION_SECRET
 from checkfu.wire.errors import STATUS

@@ -29,10 +29,10 @@ import sqlalchemy as sa
 from private_engines import PrivateEngine, _free_port, can_run_dockerd, new_engine
 
 import checkfu
-from checkfu.runner.fleet import FleetConfig, FleetRunner
-from checkfu.runner.journal import Journal, allocations, runs, sqlite_url
-from checkfu.runner.queue import is_terminal
-from checkfu.runner.registry import Registry, load_registry
+from checkfu.core.fleet import FleetConfig, FleetRunner
+from checkfu.core.journal import Journal, allocations, runs, sqlite_url
+from checkfu.core.queue import is_terminal
+from checkfu.core.registry import Registry, load_registry
 from fleet_rig import (
     FleetRig,
     check_every_run_settled_once,

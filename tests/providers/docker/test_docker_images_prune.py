@@ -24,13 +24,13 @@ from checkfu.cli import app
 from checkfu.contract.members import CompensateRequest
 from checkfu.contract.profile import SandboxProfile
 from checkfu.contract.vocabulary import Platform
+from checkfu.core.clock import SystemClock
+from checkfu.core.journal import Journal, sqlite_url
+from checkfu.core.registry import Adapter, Registry
+from checkfu.core.runner import Runner
 from checkfu.providers.docker import DockerProvider
 from checkfu.providers.docker import labels as L
 from checkfu.providers.docker.envelope import host_facts
-from checkfu.runner.clock import SystemClock
-from checkfu.runner.journal import Journal, sqlite_url
-from checkfu.runner.registry import Adapter, Registry
-from checkfu.runner.runner import Runner
 
 pytestmark = [pytest.mark.docker, pytest.mark.anyio]
 

@@ -21,13 +21,13 @@ from docker_kit import LEASE, leftovers, resources
 from checkfu.contract.members import CompensateRequest
 from checkfu.contract.profile import SandboxProfile
 from checkfu.contract.vocabulary import Platform
+from checkfu.core.clock import SystemClock
+from checkfu.core.journal import Journal, sqlite_url
+from checkfu.core.reconcile import reconcile
+from checkfu.core.registry import Adapter, Registry
+from checkfu.core.runner import Runner
 from checkfu.providers.docker import DockerProvider
 from checkfu.providers.docker.envelope import host_facts
-from checkfu.runner.clock import SystemClock
-from checkfu.runner.journal import Journal, sqlite_url
-from checkfu.runner.reconcile import reconcile
-from checkfu.runner.registry import Adapter, Registry
-from checkfu.runner.runner import Runner
 from load import MIB, hold_load
 
 pytestmark = [pytest.mark.docker, pytest.mark.anyio]

@@ -28,15 +28,15 @@ from checkfu.contract.members import (
 )
 from checkfu.contract.profile import SandboxProfile
 from checkfu.contract.vocabulary import Platform
+from checkfu.core.clock import ManualClock
+from checkfu.core.driver import RunSession
+from checkfu.core.expiry import sweep_expired_snapshots
+from checkfu.core.journal import Journal, sqlite_url
+from checkfu.core.registry import Adapter, Registry
+from checkfu.core.runner import Runner
 from checkfu.providers.docker import DockerProvider, snapshots
 from checkfu.providers.docker import labels as L
 from checkfu.providers.docker.envelope import host_facts
-from checkfu.runner.clock import ManualClock
-from checkfu.runner.driver import RunSession
-from checkfu.runner.expiry import sweep_expired_snapshots
-from checkfu.runner.journal import Journal, sqlite_url
-from checkfu.runner.registry import Adapter, Registry
-from checkfu.runner.runner import Runner
 from checkfu.testing import Misbehaving, expiry_in_the_past
 
 pytestmark = [pytest.mark.docker, pytest.mark.anyio]

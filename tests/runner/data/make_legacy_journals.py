@@ -1,7 +1,7 @@
 """Write the journals of ``journal-1129d89.*.sql``: as checkfu wrote them before versioned migrations.
 
 Run from the repository root: ``.venv/bin/python tests/runner/data/make_legacy_journals.py``. It loads
-``src/checkfu/runner/journal.py`` *as it was at commit 1129d89* (``git show``), writes one journal
+``src/checkfu/core/journal.py`` *as it was at commit 1129d89* (``git show``), writes one journal
 with that code on SQLite and one on a throwaway PostgreSQL 15 cluster, fills both through that
 code's own methods (a finished Run, a Run left running with an open allocation under a live lease,
 its events, an enrollment), and dumps them as SQL (``sqlite3`` ``iterdump``; ``pg_dump --inserts``).
@@ -29,7 +29,7 @@ PG_BIN = Path("/usr/lib/postgresql/15/bin")
 
 def legacy_journal_module() -> types.ModuleType:
     source = subprocess.run(
-        ["git", "show", f"{COMMIT}:src/checkfu/runner/journal.py"], check=True, capture_output=True, text=True
+        ["git", "show", f"{COMMIT}:src/checkfu/core/journal.py"], check=True, capture_output=True, text=True
     ).stdout
     module = types.ModuleType("legacy_journal")
     module.__dict__["__name__"] = "legacy_journal"

@@ -27,7 +27,7 @@ provider deletes it once that passes: at its next call that names the runner tag
 (``provision``, ``clone``, ``resume``, ``compensate``, ``listAllocations``; at most
 once a minute per tag), on ``sweep_expired`` and whenever it is asked to resume it.
 The envelope still says runner custody (the bytes die with the runner host's
-engine), so the runner deletes it too (``checkfu.runner.expiry``); whichever comes
+engine), so the runner deletes it too (``checkfu.core.expiry``); whichever comes
 first, the other finds nothing.
 State is the container's real state: ``created`` is ``provisioning``, started is
 ``active``, gone is ``released`` (when this object released it) or not found.

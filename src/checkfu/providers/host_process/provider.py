@@ -450,7 +450,7 @@ class HostProcessProvider:
         self._check_target(request.target)
         instance = self._instance(request)
         key = request.snapshot_allocation_key
-        # Runner custody: the runner deletes it once this passes (checkfu.runner.expiry); stated from before the
+        # Runner custody: the runner deletes it once this passes (checkfu.core.expiry); stated from before the
         # write, so never later than asked.
         expires_at = None if request.keep_seconds is None else format_timestamp(time.time() + request.keep_seconds)
         async with instance.lock:

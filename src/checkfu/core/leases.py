@@ -16,8 +16,8 @@ import sqlalchemy as sa
 
 from checkfu.contract.errors import SandboxLeaseFenced, SandboxNotFound
 from checkfu.contract.target import Lease
-from checkfu.runner.clock import Clock
-from checkfu.runner.journal import Journal, journaled, leases
+from checkfu.core.clock import Clock
+from checkfu.core.journal import Journal, journaled, leases
 
 DEFAULT_TTL = 600.0
 
@@ -100,7 +100,7 @@ class LeaseRecord:
 class LeaseStore:
     """Leases in the journal's database.
 
-    With ``heartbeat``, something else (a runner of the fleet, ``checkfu.runner.fleet``) renews every
+    With ``heartbeat``, something else (a runner of the fleet, ``checkfu.core.fleet``) renews every
     lease of this owner every fraction of ``ttl``, so a renewal asked for a longer time (a call's whole
     deadline, a command's timeout) is held to ``ttl``: a runner that dies in the middle of a long call is
     taken over one ``ttl`` later, not at the call's deadline.

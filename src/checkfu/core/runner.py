@@ -22,11 +22,11 @@ from checkfu.contract.requirements import require_capabilities
 from checkfu.contract.target import ExecutionTarget, Lease
 from checkfu.contract.tiers import assess
 from checkfu.contract.vocabulary import Platform
-from checkfu.runner.clock import Clock, SystemClock
-from checkfu.runner.driver import Limits, RunSession
-from checkfu.runner.journal import Journal
-from checkfu.runner.leases import DEFAULT_TTL, LeaseStore, boot_id
-from checkfu.runner.registry import Adapter, Registry, enrollment_endpoint
+from checkfu.core.clock import Clock, SystemClock
+from checkfu.core.driver import Limits, RunSession
+from checkfu.core.journal import Journal
+from checkfu.core.leases import DEFAULT_TTL, LeaseStore, boot_id
+from checkfu.core.registry import Adapter, Registry, enrollment_endpoint
 
 
 @dataclass(frozen=True)

@@ -30,12 +30,12 @@ from checkfu.contract.errors import SandboxError, SandboxNotFound
 from checkfu.contract.lifecycle import row_transition
 from checkfu.contract.members import DeleteSnapshotRequest, DeleteSnapshotResult
 from checkfu.contract.target import ExecutionTarget, Lease
-from checkfu.runner.clock import Clock
-from checkfu.runner.door import CallRecord, ProviderFault
-from checkfu.runner.journal import AllocationRow, Journal
-from checkfu.runner.leases import LeaseStore
-from checkfu.runner.registry import Registry, target_key
-from checkfu.runner.session import Accepted, Limits, Plan
+from checkfu.core.clock import Clock
+from checkfu.core.door import CallRecord, ProviderFault
+from checkfu.core.journal import AllocationRow, Journal
+from checkfu.core.leases import LeaseStore
+from checkfu.core.registry import Registry, target_key
+from checkfu.core.session import Accepted, Limits, Plan
 
 
 @dataclass

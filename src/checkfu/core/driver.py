@@ -1,6 +1,6 @@
 """The shell of a Run attempt: the session core's plans, carried out.
 
-``RunSession`` is thin. For every member it asks the core (``checkfu.runner.session``)
+``RunSession`` is thin. For every member it asks the core (``checkfu.core.session``)
 for a plan, which refuses an undeclared member or an illegal state before anything
 happens; then it
 
@@ -44,12 +44,12 @@ from checkfu.contract.profile import SandboxProfile
 from checkfu.contract.provider import ProcessStream, Provider
 from checkfu.contract.target import ExecutionTarget, Lease
 from checkfu.contract.vocabulary import Platform
-from checkfu.runner.clock import Clock
-from checkfu.runner.door import ProviderDoor, ProviderFault, kill_process, provider_fault
-from checkfu.runner.journal import Journal, JournalError
-from checkfu.runner.leases import LeaseStore
-from checkfu.runner.mounts import ResolvedMount
-from checkfu.runner.session import (
+from checkfu.core.clock import Clock
+from checkfu.core.door import ProviderDoor, ProviderFault, kill_process, provider_fault
+from checkfu.core.journal import Journal, JournalError
+from checkfu.core.leases import LeaseStore
+from checkfu.core.mounts import ResolvedMount
+from checkfu.core.session import (
     Compensate,
     Effect,
     Instance,
@@ -102,7 +102,7 @@ class RunSession:
         self.unjournaled: dict[str, str] = {}
         """What the journal could not record while winding up (its row stays open for reconciliation), by key."""
         self.adopted: str | None = None
-        """The allocation key of the pooled sandbox this attempt adopted (``checkfu.runner.pool.adopt``), if any."""
+        """The allocation key of the pooled sandbox this attempt adopted (``checkfu.core.pool.adopt``), if any."""
 
     @property
     def envelope(self) -> SandboxProviderCapabilities:
@@ -407,7 +407,7 @@ class RunSession:
 
     async def snapshot(self, inst: Instance, *, keep_seconds: int | None = None) -> Snapshot:
         """Snapshot ``inst``; with ``keep_seconds``, the provider deletes it once that passes (its
-        ``expires_at`` is journaled, and ``checkfu.runner.expiry`` deletes it for runner custody)."""
+        ``expires_at`` is journaled, and ``checkfu.core.expiry`` deletes it for runner custody)."""
         return await self._run(self._plan("snapshot", lambda: self.core.snapshot(inst, keep_seconds=keep_seconds)))
 
     async def delete_snapshot(self, snap: Snapshot) -> DeleteSnapshotResult:

@@ -4,7 +4,7 @@ Two providers may advertise the same target: ``checkfu provider serve docker`` a
 Docker tier it serves, say. Keyed by the target alone, enrolling one replaced the other. Now:
 
 - ``enrollments.endpoint``: the provider service's URL in its one spelling
-  (``checkfu.runner.registry.endpoint``), or ``''`` for a provider loaded in the runner's own
+  (``checkfu.core.registry.endpoint``), or ``''`` for a provider loaded in the runner's own
   process; the primary key is ``(target, endpoint)``.
 
 A row enrolled from a URL before this revision gets that URL's endpoint; every other row gets
@@ -62,7 +62,7 @@ def _create(name: str, *, keyed_by_endpoint: bool) -> None:
 
 def _endpoint_of(source: str) -> str:
     from checkfu.contract.errors import SandboxError  # noqa: PLC0415
-    from checkfu.runner.registry import endpoint, is_endpoint  # noqa: PLC0415
+    from checkfu.core.registry import endpoint, is_endpoint  # noqa: PLC0415
 
     if not is_endpoint(source):
         return ""

@@ -34,8 +34,8 @@ from pydantic import Field
 from checkfu.contract.errors import SandboxLeaseFenced, SandboxNotFound
 from checkfu.contract.model import Model
 from checkfu.contract.target import Lease
-from checkfu.runner.clock import Clock
-from checkfu.runner.journal import Journal, events, leases, run_output, runners, runs
+from checkfu.core.clock import Clock
+from checkfu.core.journal import Journal, events, leases, run_output, runners, runs
 
 QUEUED = "queued"
 RUNNING = "running"

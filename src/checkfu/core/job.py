@@ -22,8 +22,8 @@ from checkfu.contract.process import ProcessExit, ProcessOutput
 from checkfu.contract.profile import SandboxProfile
 from checkfu.contract.target import ExecutionTarget
 from checkfu.contract.vocabulary import Platform
-from checkfu.runner import owner_only
-from checkfu.runner.admission import (
+from checkfu.core import owner_only
+from checkfu.core.admission import (
     argv_problems,
     capture_problems,
     capture_spec,
@@ -32,12 +32,12 @@ from checkfu.runner.admission import (
     target_problems,
     workdir_problems,
 )
-from checkfu.runner.driver import CheckedProcess, Instance, RunSession
-from checkfu.runner.journal import JournalError
-from checkfu.runner.mounts import GitSource, MountSpec, ResolvedMount, resolve_mount
-from checkfu.runner.output import MASK_MIN, OutputKeeper
-from checkfu.runner.pool import adopt
-from checkfu.runner.runner import Attempt, Needs, Runner
+from checkfu.core.driver import CheckedProcess, Instance, RunSession
+from checkfu.core.journal import JournalError
+from checkfu.core.mounts import GitSource, MountSpec, ResolvedMount, resolve_mount
+from checkfu.core.output import MASK_MIN, OutputKeeper
+from checkfu.core.pool import adopt
+from checkfu.core.runner import Attempt, Needs, Runner
 
 TIMEOUT_EXIT = 124
 """The exit status of a command stopped by ``timeout`` (as coreutils ``timeout`` reports it)."""
@@ -236,7 +236,7 @@ async def run_job(
     journal as they stream (``checkfu logs``), every value of ``env`` masked; the summary says what was kept
     and dropped. ``noted`` goes
     into the Run's story as given. With ``pool``, the Run adopts a ready pooled sandbox of its adapter, profile
-    digest, sealed mount targets and engine (``noted["engine"]``) when there is one (``checkfu.runner.pool``),
+    digest, sealed mount targets and engine (``noted["engine"]``) when there is one (``checkfu.core.pool``),
     else provisions as always; either way its mounts are staged before it is activated.
 
     Raises:
@@ -516,7 +516,7 @@ async def _capture(session: RunSession, inst: Instance, paths: Sequence[str], in
     batch written out before the next is asked for. What cannot be captured is not an error of
     the Run: ``obs`` is warned, naming it (a missing path, a link, a name that is not UTF-8, a
     file over the read bound, a listing cut short by its bound). What it holds is the Run's output, the
-    user's alone: each directory it makes is ``0700``, each file ``0600`` (``checkfu.runner.owner_only``); a
+    user's alone: each directory it makes is ``0700``, each file ``0600`` (``checkfu.core.owner_only``); a
     directory that exists keeps its mode, and a symbolic link where a file goes is never followed.
 
     Raises:

@@ -39,8 +39,8 @@ from checkfu.contract.errors import (
 )
 from checkfu.contract.members import METHOD_NAMES
 from checkfu.contract.provider import ProcessStream, Provider
-from checkfu.runner.clock import Clock, SystemClock
-from checkfu.runner.session import Accepted, Plan
+from checkfu.core.clock import Clock, SystemClock
+from checkfu.core.session import Accepted, Plan
 
 V = TypeVar("V")
 

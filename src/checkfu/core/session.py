@@ -16,8 +16,8 @@ deadline, what must be journaled before the call, and how to judge the answer.
 
 The core never calls a provider, opens a database or touches asyncio, and reads
 no clock but the one it is handed (``now``, to judge a snapshot's stated expiry).
-The shell (``checkfu.runner.driver.RunSession``) does all of that, and
-``checkfu.runner.door`` is the one place any provider is called.
+The shell (``checkfu.core.driver.RunSession``) does all of that, and
+``checkfu.core.door`` is the one place any provider is called.
 """
 
 from __future__ import annotations

@@ -39,11 +39,11 @@ from checkfu.contract.mounts import MountPlan
 from checkfu.contract.profile import SandboxProfile
 from checkfu.contract.target import ExecutionTarget, Lease
 from checkfu.contract.vocabulary import Platform
-from checkfu.runner.driver import Instance, RunSession
-from checkfu.runner.journal import Journal, _hold, allocations, leases, runs
-from checkfu.runner.leases import LeaseStore
-from checkfu.runner.registry import Adapter, Registry, target_key
-from checkfu.runner.runner import Needs, Runner
+from checkfu.core.driver import Instance, RunSession
+from checkfu.core.journal import Journal, _hold, allocations, leases, runs
+from checkfu.core.leases import LeaseStore
+from checkfu.core.registry import Adapter, Registry, target_key
+from checkfu.core.runner import Needs, Runner
 
 __all__ = [
     "DEFAULT_POOL_TTL",

@@ -2,7 +2,7 @@
 
 - ``allocations``: ``expires_at`` (seconds since the epoch; NULL: kept until deleted), written when a
   snapshot's row settles with the expiry its provider stated; and an index over ``(kind, state,
-  expires_at)``, so the sweep every journal-opening command makes (``checkfu.runner.expiry``) is one
+  expires_at)``, so the sweep every journal-opening command makes (``checkfu.core.expiry``) is one
   indexed read when nothing has expired.
 
 Revision ID: 0004

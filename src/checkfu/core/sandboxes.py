@@ -47,10 +47,10 @@ from checkfu.contract.mounts import MountPlan
 from checkfu.contract.profile import SandboxProfile
 from checkfu.contract.target import ExecutionTarget, Lease
 from checkfu.contract.vocabulary import Platform
-from checkfu.runner.clock import Clock, SystemClock
-from checkfu.runner.door import ProviderFault
-from checkfu.runner.driver import CheckedProcess, Instance, Limits, RunSession, Snapshot
-from checkfu.runner.journal import (
+from checkfu.core.clock import Clock, SystemClock
+from checkfu.core.door import ProviderFault
+from checkfu.core.driver import CheckedProcess, Instance, Limits, RunSession, Snapshot
+from checkfu.core.journal import (
     OPEN_STATES,
     Journal,
     JournalError,
@@ -61,11 +61,11 @@ from checkfu.runner.journal import (
     sandboxes,
     sandboxes_maybe_due,
 )
-from checkfu.runner.leases import LeaseStore, current_owner, owner_alive
-from checkfu.runner.mounts import DirectorySource, GitSource, MountSpec, ResolvedMount, resolve_mount
-from checkfu.runner.registry import Adapter, Registry, target_key
-from checkfu.runner.runner import Needs, Runner
-from checkfu.runner.session import compensate_plan
+from checkfu.core.leases import LeaseStore, current_owner, owner_alive
+from checkfu.core.mounts import DirectorySource, GitSource, MountSpec, ResolvedMount, resolve_mount
+from checkfu.core.registry import Adapter, Registry, target_key
+from checkfu.core.runner import Needs, Runner
+from checkfu.core.session import compensate_plan
 
 __all__ = [
     "DEFAULT_TTL",
@@ -909,7 +909,7 @@ def _needs(plans: Sequence[MountPlan]) -> Needs:
 
 
 def _platform() -> Platform:
-    from checkfu.runner.job import host_platform_value  # noqa: PLC0415 - job imports this module's peers
+    from checkfu.core.job import host_platform_value  # noqa: PLC0415 - job imports this module's peers
 
     return host_platform_value()
 

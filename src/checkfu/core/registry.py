@@ -48,9 +48,9 @@ from checkfu.contract.errors import (
 )
 from checkfu.contract.provider import Provider
 from checkfu.contract.target import ExecutionTarget
-from checkfu.runner.documents import DocumentError, parse_toml, read_bounded
-from checkfu.runner.door import ProviderDoor, ProviderFault, Recorder
-from checkfu.runner.session import describe_plan
+from checkfu.core.documents import DocumentError, parse_toml, read_bounded
+from checkfu.core.door import ProviderDoor, ProviderFault, Recorder
+from checkfu.core.session import describe_plan
 
 ENTRY_POINT_GROUP = "checkfu.providers"
 DISTRIBUTION = "checkfu"

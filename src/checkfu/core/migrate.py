@@ -10,7 +10,7 @@ wait for it, then find nothing left to do:
 - PostgreSQL: inside one transaction holding ``pg_advisory_xact_lock(LOCK_KEY)``;
   PostgreSQL's DDL is transactional too.
 
-The revisions are Alembic's (``checkfu/runner/migrations/versions``). A journal written
+The revisions are Alembic's (``checkfu/core/migrations/versions``). A journal written
 before versioned migrations has tables and no ``alembic_version``: revision ``0001``
 creates only what is missing, so it is upgraded from where it stands. A journal whose
 revision this code does not know (written by a newer checkfu) is refused, never touched.

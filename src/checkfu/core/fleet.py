@@ -21,7 +21,7 @@ share one database (PostgreSQL for a fleet) and nothing else:
   its sandbox released, and the Run given back to the queue with its lease ended, so
   another runner takes it at once.
 
-Each attempt runs ``checkfu.runner.job.run_job``, exactly as ``checkfu run`` does, under a
+Each attempt runs ``checkfu.core.job.run_job``, exactly as ``checkfu run`` does, under a
 ``LeaseStore`` in heartbeat mode; its output goes to ``run_output`` for ``checkfu runs wait``.
 """
 
@@ -50,20 +50,20 @@ from checkfu.contract.lifecycle import OPEN_ROW_STATES, row_transition
 from checkfu.contract.mounts import MountPlan
 from checkfu.contract.profile import SandboxProfile
 from checkfu.contract.target import ExecutionTarget, Lease
-from checkfu.runner.clock import Clock, SystemClock
-from checkfu.runner.door import ProviderFault
-from checkfu.runner.driver import Limits
-from checkfu.runner.expiry import sweep_expired_snapshots
-from checkfu.runner.job import run_job
-from checkfu.runner.journal import Journal, allocations
-from checkfu.runner.leases import LeaseStore, current_owner
-from checkfu.runner.mounts import parse_mount
-from checkfu.runner.output import OUTPUT_CAP as KEPT_OUTPUT_CAP
-from checkfu.runner.queue import Claim, RunQueue, new_runner_id
-from checkfu.runner.reconcile import reconcile
-from checkfu.runner.registry import Adapter, Registry
-from checkfu.runner.runner import Attempt, Needs, Runner
-from checkfu.runner.session import compensate_plan, describe_plan
+from checkfu.core.clock import Clock, SystemClock
+from checkfu.core.door import ProviderFault
+from checkfu.core.driver import Limits
+from checkfu.core.expiry import sweep_expired_snapshots
+from checkfu.core.job import run_job
+from checkfu.core.journal import Journal, allocations
+from checkfu.core.leases import LeaseStore, current_owner
+from checkfu.core.mounts import parse_mount
+from checkfu.core.output import OUTPUT_CAP as KEPT_OUTPUT_CAP
+from checkfu.core.queue import Claim, RunQueue, new_runner_id
+from checkfu.core.reconcile import reconcile
+from checkfu.core.registry import Adapter, Registry
+from checkfu.core.runner import Attempt, Needs, Runner
+from checkfu.core.session import compensate_plan, describe_plan
 
 OUTPUT_CAP = KEPT_OUTPUT_CAP
 """Bytes of output kept per attempt (as for a Run started in place); beyond it output is counted, not kept (the

@@ -41,12 +41,12 @@ from typing import Any
 from checkfu.contract.errors import SandboxError, SandboxLeaseFenced
 from checkfu.contract.lifecycle import row_transition
 from checkfu.contract.target import Lease
-from checkfu.runner.clock import Clock
-from checkfu.runner.door import ProviderFault
-from checkfu.runner.journal import AllocationRow, Journal, OwnedRun, RunRow
-from checkfu.runner.leases import LeaseStore, owner_gone
-from checkfu.runner.registry import Adapter, Registry, target_key
-from checkfu.runner.session import compensate_plan, list_allocations_plan
+from checkfu.core.clock import Clock
+from checkfu.core.door import ProviderFault
+from checkfu.core.journal import AllocationRow, Journal, OwnedRun, RunRow
+from checkfu.core.leases import LeaseStore, owner_gone
+from checkfu.core.registry import Adapter, Registry, target_key
+from checkfu.core.session import compensate_plan, list_allocations_plan
 
 START_GRACE = 60.0
 """A Run recorded without a lease yet is left alone this long: its runner takes the lease right after."""

@@ -19,8 +19,8 @@ import os
 from collections.abc import Iterable
 from typing import Any
 
-from checkfu.runner.clock import Clock
-from checkfu.runner.journal import Journal, JournalError
+from checkfu.core.clock import Clock
+from checkfu.core.journal import Journal, JournalError
 
 OUTPUT_CAP = 16 << 20
 """Bytes of a Run's output kept (stdout and stderr together): 16 MiB. ``CHECKFU_OUTPUT_CAP`` sets another."""

@@ -19,8 +19,8 @@ Events record every provider call, with its duration and outcome. A call that
 belongs to no Run (``describe``, reconciliation's enumeration) is recorded with
 the empty string as its run id.
 
-The schema is versioned: the tables below are revision ``checkfu.runner.migrate.HEAD``,
-and opening a journal upgrades it in place (``checkfu.runner.migrate``). A change here
+The schema is versioned: the tables below are revision ``checkfu.core.migrate.HEAD``,
+and opening a journal upgrades it in place (``checkfu.core.migrate``). A change here
 comes with a new revision in ``migrations/versions``.
 """
 
@@ -46,11 +46,11 @@ from checkfu.contract.codec import decode
 from checkfu.contract.errors import SandboxLeaseFenced
 from checkfu.contract.lifecycle import OPEN_ROW_STATES, RowKind, RowState
 from checkfu.contract.target import ExecutionTarget, Lease
-from checkfu.runner import owner_only
-from checkfu.runner.migrate import upgrade
+from checkfu.core import owner_only
+from checkfu.core.migrate import upgrade
 
 if TYPE_CHECKING:
-    from checkfu.runner.door import CallRecord
+    from checkfu.core.door import CallRecord
 
 AllocationState = RowState
 AllocationKind = RowKind
@@ -91,11 +91,11 @@ runs = sa.Table(
 )
 """Every Run. A Run started in place (``checkfu run``) is written ``running``; a submitted one
 (``checkfu submit``) is written ``queued`` with its ``request`` and no ``target`` yet, and a runner of
-the fleet claims it and selects the adapter (``checkfu.runner.queue``).
+the fleet claims it and selects the adapter (``checkfu.core.queue``).
 
 A Run started in place records its ``owner`` (``host/pid/start``, as a lease owner is written) and the
 kernel's ``owner_boot`` id: once that process is gone the Run is ``orphaned``, and the next command that
-opens the journal reaps it (``checkfu.runner.reconcile.reap_orphans``). ``story`` is what the Run's page
+opens the journal reaps it (``checkfu.core.reconcile.reap_orphans``). ``story`` is what the Run's page
 tells besides its events (adapter, grade, axes, staged files), as JSON."""
 
 leases = sa.Table(
@@ -129,7 +129,7 @@ allocations = sa.Table(
     sa.Index("ix_allocations_expiry", "kind", "state", "expires_at"),
 )
 """``expires_at``: for a snapshot, when it expires as its provider stated (seconds since the epoch; NULL:
-kept until deleted); ``checkfu.runner.expiry`` deletes (runner custody) or settles (provider custody) it then."""
+kept until deleted); ``checkfu.core.expiry`` deletes (runner custody) or settles (provider custody) it then."""
 
 events = sa.Table(
     "events",
@@ -164,7 +164,7 @@ enrollments = sa.Table(
 """Who may be selected, within which ceiling, on what evidence. ``kind`` is ``in_tree`` (this package's own
 providers, recorded when a runner starts) or ``evidence`` (a third party enrolled with signed conformance
 evidence). The credential itself is never stored here: only the file it was issued to and its fingerprint.
-Keyed by target and ``endpoint``: the provider service's URL (``checkfu.runner.registry.endpoint``), ``''`` for a
+Keyed by target and ``endpoint``: the provider service's URL (``checkfu.core.registry.endpoint``), ``''`` for a
 provider loaded in the runner's own process, so a served provider and its in-process twin are enrolled apart."""
 
 runners = sa.Table(
@@ -183,7 +183,7 @@ runners = sa.Table(
     sa.Column("stopped_at", sa.Float, nullable=True),
 )
 """One row per ``checkfu runner serve`` process: ``serving``, ``stopping`` or ``stopped``, with its heartbeat.
-``owner`` is the lease owner it writes (``checkfu.runner.leases.current_owner``)."""
+``owner`` is the lease owner it writes (``checkfu.core.leases.current_owner``)."""
 
 run_output = sa.Table(
     "run_output",
@@ -220,7 +220,7 @@ sandboxes = sa.Table(
     sa.Column("ended_at", sa.Float, nullable=True),
     sa.Index("ix_sandboxes_state", "state", "runner_tag"),
 )
-"""Long-lived sandboxes (``checkfu.runner.sandboxes``): ``provisioning``, ``live``, then ``released`` (by
+"""Long-lived sandboxes (``checkfu.core.sandboxes``): ``provisioning``, ``live``, then ``released`` (by
 its holder) or ``reclaimed`` (its time-to-live passed, or its owner process is gone). ``expires_at`` is its
 time-to-live deadline, the same as its lease's; ``owner`` is the process that holds it, NULL when detached."""
 
