@@ -126,47 +126,42 @@ def _seconds(value: float | None, name: str, default: float) -> float:
 async def _open(
     provider: str, db: str | None, adapters: str | Path | None = None, *, site: str | None = None
 ) -> _Context:
-    """Open the journal (reclaiming what is due, as every ``checkfu`` command does) and load ``provider``: an
-    installed provider by name (with the adapters file ``adapters``, default: the one ``CHECKFU_ADAPTERS`` names),
-    or the provider service at a URL (``provider`` itself, or ``site`` when a journal row places the sandbox at a
-    service's endpoint), with ``CHECKFU_PROVIDER_CREDENTIAL`` or else the credential issued when it was enrolled."""
-    from checkfu.cli.state import client_credential, default_journal_url, runner_tag  # noqa: PLC0415
-    from checkfu.control.endpoints import reach  # noqa: PLC0415
-    from checkfu.core.journal import Journal  # noqa: PLC0415
-    from checkfu.core.registry import adapters_file, is_endpoint  # noqa: PLC0415
-    from checkfu.core.sandboxes import SandboxHost, Wanted, sweep  # noqa: PLC0415
+    """Open the runner through its front door (``checkfu.runner.RunnerService``, which keeps the house as every
+    ``checkfu`` command does) and load ``provider``: an installed provider by name (with the adapters file
+    ``adapters``, default: the one ``CHECKFU_ADAPTERS`` names), or the provider service at a URL (``provider``
+    itself, or ``site`` when a journal row places the sandbox at a service's endpoint), with
+    ``CHECKFU_PROVIDER_CREDENTIAL`` or else the credential issued when it was enrolled."""
+    from checkfu.core.registry import is_endpoint  # noqa: PLC0415
+    from checkfu.runner import RunnerConfig, RunnerService  # noqa: PLC0415
+    from checkfu.wire.credentials import read_credential  # noqa: PLC0415
 
-    config = adapters_file(None if adapters is None else Path(adapters))
-
-    journal = await asyncio.to_thread(Journal, db or default_journal_url())
+    config = RunnerConfig.from_environment(journal_url=db, adapters=None if adapters is None else Path(adapters))
+    service = await RunnerService.open_async(config)
     try:
         served = provider if is_endpoint(provider) else site if is_endpoint(site) else None
-        given = client_credential(None) if served else None
+        given = read_credential(None) if served else None
         credentials = {served: given} if served and given is not None else None
-        registry = await reach(
-            journal, [(provider, served)], recorder=journal, credentials=credentials, config=None if served else config
-        )
-        tag = runner_tag(db)
-
-        async def registry_for(wanted: set[Wanted]) -> Registry:
-            have = {(a.target.provider, a.site or None) for a in registry.adapters}
-            if all((name, where or None) in have or (where, where) in have for name, where in wanted):
-                return registry
-            return await reach(journal, wanted, recorder=journal, config=config)
-
-        await sweep(journal, tag, registry_for)
-        return _Context(journal, registry, SandboxHost(registry, journal, runner_tag=tag))
+        registry = await service.adapters([(provider, served)], credentials=credentials, adapters_file=not served)
+        return _Context(service.journal, registry, service.sandboxes(registry))
     except BaseException:
-        journal.close()
+        service.close()
         raise
+
+
+async def _journal(db: str | None) -> Journal:
+    """The journal at ``db`` (default: the state directory's), opened on a thread, with no house kept."""
+    from checkfu.runner import RunnerConfig, RunnerService  # noqa: PLC0415
+
+    service = await RunnerService.open_async(RunnerConfig.from_environment(journal_url=db), housekeeping=False)
+    return service.journal
 
 
 def _profile(profile: ProfileArg, provider: str) -> SandboxProfile:
     """The profile as the runner takes it: a local ``base_image`` tag pinned by the provider that pins tags."""
     if isinstance(profile, SandboxProfile):
         return profile
-    from checkfu.cli.profiles import check_document, pinned, read_profile  # noqa: PLC0415
     from checkfu.core.admission import raise_problems  # noqa: PLC0415
+    from checkfu.core.profiles import check_document, pinned, read_profile  # noqa: PLC0415
 
     if isinstance(profile, Mapping):
         read = check_document(dict(profile), "profile")
@@ -386,12 +381,10 @@ class AsyncSandbox:
         Raises:
             SandboxNotFound: no live sandbox of that id in the journal.
         """
-        from checkfu.cli.state import default_journal_url  # noqa: PLC0415
-        from checkfu.core.journal import Journal  # noqa: PLC0415
         from checkfu.core.sandboxes import SandboxBook  # noqa: PLC0415
 
         if provider is None:
-            journal = await asyncio.to_thread(Journal, db or default_journal_url())
+            journal = await _journal(db)
             try:
                 rec = SandboxBook(journal).get(sandbox_id)
             finally:
@@ -600,11 +593,9 @@ def _info(rec: SnapshotRecord) -> SnapshotInfo:
 
 async def _provider_of_snapshot(ref: str, db: str | None) -> tuple[str, str | None]:
     """The provider a snapshot was taken on, and its site (a service's endpoint, if it is one)."""
-    from checkfu.cli.state import default_journal_url  # noqa: PLC0415
-    from checkfu.core.journal import Journal  # noqa: PLC0415
     from checkfu.core.sandboxes import SandboxBook  # noqa: PLC0415
 
-    journal = await asyncio.to_thread(Journal, db or default_journal_url())
+    journal = await _journal(db)
     try:
         rec = SandboxBook(journal).snapshot(ref)
     finally:

@@ -66,16 +66,16 @@ def freeze_at(point: str) -> None:
 
 async def session(provider: str) -> None:
     """Provision, activate, exec, clone, snapshot; wind each up as a Session would."""
-    from checkfu.cli.profiles import read_profile  # noqa: PLC0415
-    from checkfu.cli.run import _pin_image  # noqa: PLC0415
+    from checkfu.cli.common import pin_image  # noqa: PLC0415
     from checkfu.cli.state import open_journal, runner_tag  # noqa: PLC0415
     from checkfu.core.job import host_platform_value  # noqa: PLC0415
+    from checkfu.core.profiles import read_profile  # noqa: PLC0415
     from checkfu.core.registry import load_registry  # noqa: PLC0415
     from checkfu.core.runner import Runner  # noqa: PLC0415
 
     read = read_profile(PROFILES[provider], provider)
     assert not read.problems, read.problems
-    profile = _pin_image(read, provider, True)
+    profile = pin_image(read, provider, True)
     platform = host_platform_value()
     journal = open_journal(None)
     registry = await load_registry(entry_point_names=[provider], recorder=journal)

@@ -11,7 +11,7 @@ import asyncio
 import sys
 
 from checkfu.cli import main
-from checkfu.cli.run import ConsoleObserver
+from checkfu.cli.common import ConsoleObserver
 
 
 def hold_before(phase: str) -> None:

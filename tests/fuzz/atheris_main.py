@@ -21,7 +21,7 @@ DECODERS = [
     "checkfu.wire.client",
     "checkfu.wire.files",
     "checkfu.wire.http",
-    "checkfu.cli.files",
+    "checkfu.core.files",
     "checkfu.core.documents",
     "checkfu.core.registry",
     "checkfu.conformance.evidence",

@@ -37,7 +37,6 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from securesystemslib.dsse import Envelope
 from securesystemslib.signer import CryptoSigner
 
-from checkfu.cli.files import decode_document
 from checkfu.conformance.evidence import PAYLOAD_TYPE, _sslib_key, sign
 from checkfu.conformance.suite import Report
 from checkfu.contract import examples as ex
@@ -48,6 +47,7 @@ from checkfu.contract.frames import ProcessChannel, StartFrame
 from checkfu.contract.members import MESSAGES, OpenProcessRequest
 from checkfu.contract.profile import SandboxProfile
 from checkfu.control.enrollment import check_evidence
+from checkfu.core.files import decode_document
 from checkfu.core.registry import Adapter, decode_adapters
 from checkfu.testing import MemoryProvider
 from checkfu.wire.client import RemoteProvider, decode_answer

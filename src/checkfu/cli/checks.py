@@ -10,13 +10,13 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from checkfu.cli.files import dump, load
-from checkfu.cli.profiles import DEFAULTS, read_profile
 from checkfu.contract.envelope import SandboxProviderCapabilities
 from checkfu.contract.errors import SandboxError
 from checkfu.contract.model import Model
 from checkfu.contract.tiers import assess
 from checkfu.control.grading import grade_envelope
+from checkfu.core.files import dump, load
+from checkfu.core.profiles import DEFAULTS, read_profile
 
 envelope_app = typer.Typer(help="Capability envelopes (SandboxProviderCapabilities).", no_args_is_help=True)
 profile_app = typer.Typer(help="Sandbox profiles.", no_args_is_help=True)

@@ -10,10 +10,10 @@ import typer
 from rich.markup import escape
 
 from checkfu.cli.consoles import console
-from checkfu.cli.files import load
 from checkfu.conformance.evidence import EvidenceError, generate_keys, load_public_key, verify_evidence
 from checkfu.contract.envelope import SandboxProviderCapabilities
 from checkfu.core.documents import DocumentError, read_bounded
+from checkfu.core.files import load
 
 err = console(stderr=True, highlight=False, soft_wrap=True)
 

@@ -23,35 +23,30 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from checkfu.cli import common
 from checkfu.cli import run as run_cli
 from checkfu.cli.consoles import console
 from checkfu.cli.engines import EngineCertsOpt, EngineOpt, engine_sites
-from checkfu.cli.state import client_credential, enrolled_credential, is_url, open_journal, runner_tag
-from checkfu.contract.errors import SandboxError, SandboxNotFound
+from checkfu.cli.state import client_credential, is_url, open_journal, open_service, runner_tag
+from checkfu.contract.errors import SandboxNotFound
 from checkfu.core.clock import SystemClock
-from checkfu.core.fleet import FleetConfig, FleetRunner
+from checkfu.core.fleet import FleetConfig
 from checkfu.core.job import TIMEOUT_EXIT
-from checkfu.core.journal import Journal
 from checkfu.core.queue import RunQueue, RunRequest
 from checkfu.core.registry import (
-    Registry,
-    adapter_from_factory,
     adapters_file,
-    installed_entry_points,
-    load_registry,
     read_adapters_file,
 )
 from checkfu.fleet import follow, pinned_mounts, submit_request
-from checkfu.wire.client import RemoteProvider
 
 err = console(stderr=True, highlight=False, soft_wrap=True)
 
-EXIT_REFUSED = run_cli.EXIT_REFUSED
+EXIT_REFUSED = common.EXIT_REFUSED
 """A Run refused, failed or cancelled: ``checkfu run``'s own code for its own failures (125, docker's)."""
 EXIT_INTERRUPTED = 130
 
-DbOpt = run_cli.DbOpt
-JsonOpt = run_cli.JsonOpt
+DbOpt = common.DbOpt
+JsonOpt = common.JsonOpt
 
 # checkfu submit -------------------------------------------------------------------------------
 
@@ -134,7 +129,7 @@ def submit_command(**options: Any) -> None:
         adapters=adapters_file(options["adapters"]),
     )
     # a provider service's profile must name its image pinned: only the Docker tier here pins a tag
-    profile = run_cli._allowing(run_cli._pin_image(checked.read, name, quiet=True), allow)
+    profile = run_cli._allowing(common.pin_image(checked.read, name, quiet=True), allow)
     capture_dir: Path | None = options["capture_dir"]
     request = RunRequest(
         provider=name,
@@ -254,33 +249,6 @@ def _exit_code(status: str, exit_code: int | None) -> int:
 # checkfu runner serve -------------------------------------------------------------------------
 
 
-def _loader(
-    journal: Journal,
-    credential_file: Path | None,
-    sites: dict[str, list[dict[str, Any]]] | None,
-    adapters: Path | None = None,
-) -> Any:
-    credential = client_credential(credential_file)
-
-    async def load(spec: str) -> Registry:
-        if is_url(spec):
-            registry = Registry()
-            cred = credential or enrolled_credential(journal, spec)
-            try:
-                registry.add(await adapter_from_factory(lambda: RemoteProvider(spec, cred), spec, {}, recorder=journal))
-            except SandboxError as exc:
-                registry.mark_unavailable(spec, f"{exc.code}: {exc.message}")
-            return registry
-        installed = {ep.name for ep in installed_entry_points()}
-        if spec not in installed and adapters is None:
-            registry = Registry()
-            registry.mark_unavailable(spec, f"no provider named {spec!r} is installed on this runner")
-            return registry
-        return await load_registry(entry_point_names=[spec], recorder=journal, sites=sites, config=adapters)
-
-    return load
-
-
 def _render(as_json: bool) -> Any:
     def emit(event: dict[str, Any]) -> None:
         stamped = {"at": round(time.time(), 3), **event}
@@ -312,9 +280,9 @@ def runner_serve(
     ] = 60.0,
     engine: EngineOpt = None,
     engine_certs: EngineCertsOpt = None,
-    credential_file: run_cli.CredentialOpt = None,
+    credential_file: common.CredentialOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="one JSON object per event on stdout")] = False,
-    adapters: run_cli.AdaptersOpt = None,
+    adapters: common.AdaptersOpt = None,
 ) -> None:
     """Serve queued Runs from the database until SIGTERM: claim, heartbeat, take over, reconcile.
 
@@ -327,7 +295,7 @@ def runner_serve(
     if config_file is not None:
         read_adapters_file(config_file)  # a file that cannot be read is refused now, not at the first Run
     sites = engine_sites(engine, engine_certs)
-    journal = open_journal(db)
+    service = open_service(db, adapters=config_file)
     config = FleetConfig(
         concurrency=concurrency,
         lease_ttl=lease_ttl,
@@ -335,13 +303,7 @@ def runner_serve(
         poll=poll,
         reconcile_every=reconcile_every,
     )
-    fleet = FleetRunner(
-        journal,
-        _loader(journal, credential_file, sites, config_file),
-        runner_tag=runner_tag(db),
-        config=config,
-        emit=_render(as_json),
-    )
+    fleet = service.fleet(config, credential=client_credential(credential_file), sites=sites, emit=_render(as_json))
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
@@ -356,7 +318,7 @@ def runner_serve(
     try:
         asyncio.run(main())
     finally:
-        journal.close()
+        service.close()
 
 
 # checkfu runner list --------------------------------------------------------------------------

@@ -24,8 +24,8 @@ from typing import Annotated, Any
 import typer
 from rich.markup import escape
 
+from checkfu.cli.common import DbOpt, human_bytes
 from checkfu.cli.consoles import console
-from checkfu.cli.run import DbOpt, human_bytes
 from checkfu.cli.state import open_journal, runner_tag
 from checkfu.contract.lifecycle import OPEN_ROW_STATES
 from checkfu.contract.model import parse_timestamp

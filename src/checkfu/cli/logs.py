@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
 import time
@@ -10,10 +11,9 @@ from typing import Annotated, Any
 import typer
 from rich.markup import escape
 
+from checkfu.cli.common import DbOpt, JsonOpt, human_bytes
 from checkfu.cli.consoles import console
-from checkfu.cli.reaping import reap
-from checkfu.cli.run import DbOpt, JsonOpt, human_bytes
-from checkfu.cli.state import open_journal, runner_tag
+from checkfu.cli.state import open_journal, service_of
 from checkfu.core.journal import Journal, OutputRow, RunRow
 from checkfu.core.leases import owner_gone
 from checkfu.core.output import CAP_ENV, OUTPUT_CAP
@@ -144,9 +144,8 @@ def logs_command(
             if not follow or is_terminal(row.status):
                 break
             if row.status == "running" and row.owner is not None and owner_gone(row.owner, row.owner_boot):
-                reap(
-                    journal, runner_tag=runner_tag(db)
-                )  # its owner died while followed: this command reaps it, as any other would
+                # its owner died while followed: this command reaps it, as any other would
+                asyncio.run(service_of(journal, db).reap_orphans())
                 row = journal.run(run_id) or row
                 if not as_json:
                     err.print(f"[yellow]checkfu[/]: Run {escape(run_id)} is orphaned: its owner process is gone")

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from html import escape
 from typing import Any
 
-from checkfu.cli.run import human_bytes
+from checkfu.cli.common import human_bytes
 from checkfu.core.journal import AllocationRow, EventRow, OutputRow, RunRow
 from checkfu.core.output import OUTPUT_CAP
 from checkfu.core.reconcile import describe_owner, run_status

@@ -12,35 +12,31 @@ import asyncio
 import contextlib
 import fcntl
 import json
-import sys
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.markup import escape
 
-from checkfu.cli import startup
-from checkfu.cli.profiles import read_profile
-from checkfu.cli.run import (
+from checkfu.cli.common import (
     EXIT_REFUSED,
     ConsoleObserver,
     DbOpt,
     JsonOpt,
-    _choose,
-    _pin_image,
-    _refused,
-    _registry,
+    choose,
     err,
+    load_adapters,
+    pin_image,
+    refused,
 )
-from checkfu.cli.state import current_engine, open_journal, runner_tag, state_dir
+from checkfu.cli.state import current_engine, open_journal, runner_tag, service_of, state_dir
 from checkfu.contract.errors import SandboxError
 from checkfu.contract.profile import SandboxProfile
 from checkfu.core import owner_only
 from checkfu.core.admission import raise_problems, target_problems
-from checkfu.core.job import host_platform_value
 from checkfu.core.journal import Journal
-from checkfu.core.pool import DEFAULT_POOL_TTL, Pooled, drain, fill, ready
-from checkfu.core.runner import Runner
+from checkfu.core.pool import DEFAULT_POOL_TTL, Pooled, ready
+from checkfu.core.profiles import read_profile
 
 pool_app = typer.Typer(
     help="A warm pool: sandboxes provisioned ahead of demand, each adopted by one `checkfu run --pool`.",
@@ -90,12 +86,10 @@ async def _fill(
     db: str | None,
     quiet: bool,
 ) -> list[Pooled]:
-    observer = ConsoleObserver(quiet=quiet)
-    registry = await _registry(name, None, observer, journal, hold=True)
-    target = _choose(registry, name, True)
-    runner = Runner(registry, journal, runner_tag=runner_tag(db))
-    engine = current_engine() if target.provider == "docker" else None
-    return await fill(runner, target, prof, host_platform_value(), targets, n=n, ttl=ttl, engine=engine)
+    service = service_of(journal, db)
+    registry = await load_adapters(service, name, None, ConsoleObserver(quiet=quiet), hold=True)
+    target = choose(registry, name, True)
+    return await service.pool_fill(registry, target, prof, targets, n=n, ttl=ttl)
 
 
 @pool_app.command("fill")
@@ -130,7 +124,7 @@ def pool_fill(
         read = read_profile(profile, provider)
         raise_problems(read.problems)
         journal = open_journal(db)
-        prof = _pin_image(read, provider, as_json)
+        prof = pin_image(read, provider, as_json)
         made = asyncio.run(_fill(provider, prof, targets, n, ttl, journal, db, as_json))
         tag = runner_tag(db)
         shape = json.dumps([provider, prof.digest, targets])
@@ -146,7 +140,7 @@ def pool_fill(
             if e.profile_digest == prof.digest and list(e.mounts) == targets and e.engine == engine
         ]
     except SandboxError as exc:
-        _refused(exc, None, summary)
+        refused(exc, None, summary)
         raise typer.Exit(EXIT_REFUSED) from None
     finally:
         if journal is not None:
@@ -226,9 +220,9 @@ def pool_drain(
     try:
 
         async def go() -> Any:
-            registry = await _registry(provider, None, ConsoleObserver(quiet=True), journal)
-            runner = Runner(registry, journal, runner_tag=tag)
-            return await drain(journal, registry, tag, runner)
+            service = service_of(journal, db)
+            registry = await load_adapters(service, provider, None, ConsoleObserver(quiet=True))
+            return await service.pool_drain(registry)
 
         drained = asyncio.run(go())
     finally:
@@ -249,14 +243,3 @@ def pool_drain(
             err.print(f"  left {escape(d.allocation_key)}: {escape(d.error or '')}")
     if left:
         raise typer.Exit(1)
-
-
-def refill_in_background(db: str | None) -> None:
-    """Start ``checkfu pool refill`` detached from this process (its own session, no terminal), and go on."""
-    argv = [sys.executable, "-c", "from checkfu.cli import main; main()", "pool", "refill"] + (
-        ["--db", db] if db else []
-    )
-    try:
-        startup.detached(argv)
-    except OSError as exc:
-        err.print(f"[bold yellow]warning[/]: the pool is not refilled: {escape(str(exc))}")

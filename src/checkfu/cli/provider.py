@@ -14,8 +14,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from checkfu.cli.consoles import console
-from checkfu.cli.files import load
-from checkfu.cli.state import client_credential, enrolled_credential, is_url, open_journal, runner_tag, state_dir
+from checkfu.cli.state import client_credential, enrolled_credential, is_url, open_journal, service_of, state_dir
 from checkfu.conformance.cases import CASES, Case, CaseResult
 from checkfu.conformance.evidence import EvidenceError, load_private_key, load_public_key, sign
 from checkfu.conformance.suite import Report, resolve_target, run_suite
@@ -27,8 +26,8 @@ from checkfu.contract.profile import SandboxProfile
 from checkfu.control.enrollment import enroll, refuse_matrix_evidence
 from checkfu.control.grading import GradeCard, grade, grade_envelope, render_html, render_text
 from checkfu.core.documents import DocumentError, read_bounded
+from checkfu.core.files import load
 from checkfu.core.registry import Adapter, Registry, enrollment_endpoint, load_registry
-from checkfu.core.runner import Runner
 from checkfu.wire.credentials import Credential, CredentialError
 from checkfu.wire.server import create_app
 from checkfu.wire.serving import serve
@@ -358,7 +357,7 @@ def provider_list(
     journal = open_journal(db)
     try:
         registry = asyncio.run(load_registry())
-        Runner(registry, journal, runner_tag=runner_tag(db))  # records this package's own adapters, as a runner does
+        service_of(journal, db).record(registry)  # this package's own adapters, as a runner records them
         rows = {(r.target.model_dump_json(), r.endpoint): r for r in journal.enrollments()}
     finally:
         journal.close()
@@ -426,7 +425,7 @@ def provider_grade(
         if cred is None and is_url(target):  # the credential issued at enrollment, as `checkfu run` uses it
             cred = enrolled_credential(journal, target)
         adapter = _refusing(as_json, lambda: asyncio.run(resolve_target(target, cred)))
-        Runner(_registry_of(adapter), journal, runner_tag=runner_tag(db))
+        service_of(journal, db).record(_registry_of(adapter))
         report = _run_cases(target, cred, None, None, quiet=as_json) if test else None
         card = grade(
             adapter,

@@ -21,18 +21,33 @@ from rich.console import Console
 from rich.markup import escape
 from rich.text import Text
 
-from checkfu.cli.consoles import console
+from checkfu.cli.common import (
+    EXIT_REFUSED,
+    AdaptersOpt,
+    ConsoleObserver,
+    CredentialOpt,
+    DbOpt,
+    JsonOpt,
+    ask_early,
+    choose,
+    err,
+    human_bytes,
+    load_adapters,
+    pin_image,
+    refill_in_background,
+    refused,
+    write_json,
+)
 from checkfu.cli.engines import EngineCertsOpt, EngineOpt, engine_sites
-from checkfu.cli.profiles import ReadProfile, pinned, read_profile
 from checkfu.cli.state import (
     client_credential,
     close_journal,
-    current_engine,
     enrolled_credential,
     is_url,
     open_journal,
+    open_service,
     runner_tag,
-    state_dir,
+    service_of,
 )
 from checkfu.contract.codec import decode_value
 from checkfu.contract.errors import (
@@ -54,203 +69,29 @@ from checkfu.core.admission import (
     target_problems,
     workdir_problems,
 )
-from checkfu.core.clock import SystemClock
 from checkfu.core.documents import DocumentError, read_bounded
-from checkfu.core.job import JobResult, resolve_mounts, run_job
+from checkfu.core.job import JobResult, resolve_mounts
 from checkfu.core.journal import ORPHANED, JournalError
-from checkfu.core.leases import current_owner
 from checkfu.core.mounts import DirectorySource, MountSpec, parse_mount
 from checkfu.core.output import CAP_ENV, output_cap
-from checkfu.core.reconcile import describe_owner, reconcile, run_status
+from checkfu.core.profiles import ReadProfile, read_profile
+from checkfu.core.reconcile import describe_owner, run_status
 from checkfu.core.registry import (
-    Registry,
-    adapter_from_factory,
     adapters_file,
     installed_entry_points,
-    load_registry,
     read_adapters_file,
 )
-from checkfu.core.runner import Attempt, Runner
+from checkfu.core.runner import Attempt
 
 if TYPE_CHECKING:
-    from rich.progress import Progress, TaskID
-
     from checkfu.wire.credentials import Credential
 
 # Loaded where used, so that `checkfu run` on an installed provider starts without them: the wire client (a
 # provider service's URL), rich's progress bars (mounts to hash or stage), the terminal (-i/-t) and the tables of
 # `checkfu runs`.
 
-err = console(stderr=True, highlight=False, soft_wrap=True)
-
 runs_app = typer.Typer(help="The history of Runs, from the journal.", no_args_is_help=True)
 runner_app = typer.Typer(help="Runner maintenance.", no_args_is_help=True)
-
-CredentialOpt = Annotated[
-    Path | None,
-    typer.Option(
-        "--credential-file",
-        help="file holding the provider service's credential, or - for the first line of stdin "
-        "(default: $CHECKFU_PROVIDER_CREDENTIAL)",
-        show_default=False,
-        metavar="FILE",
-    ),
-]
-DbOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--db", help="journal URL (default: SQLite in the state directory)", show_default=False, metavar="URL"
-    ),
-]
-JsonOpt = Annotated[bool, typer.Option("--json", help="print JSON")]
-AdaptersOpt = Annotated[
-    Path | None,
-    typer.Option(
-        "--adapters",
-        help="an adapters file (TOML: [[adapters]] tables of factory = ENTRY-POINT or MODULE:CALLABLE, and options) "
-        "loaded besides the installed providers (default: $CHECKFU_ADAPTERS); docs/adapters.md",
-        show_default=False,
-        metavar="FILE",
-    ),
-]
-
-
-def human_bytes(n: int) -> str:
-    """A byte count as people read it: ``200.0 MiB`` (``512 B`` below a KiB)."""
-    if n < 1024:
-        return f"{n} B"
-    value = float(n)
-    for unit in ("KiB", "MiB", "GiB", "TiB"):
-        value /= 1024
-        if value < 1024 or unit == "TiB":
-            return f"{value:.1f} {unit}"
-    return f"{n} B"  # unreachable
-
-
-class ConsoleObserver:
-    """Renders a Run for a person: phases as they finish, live output, hashing and staging progress.
-
-    ``quiet`` (``-q``) shows only the command's own output.
-    """
-
-    def __init__(self, *, quiet: bool = False) -> None:
-        self.quiet = quiet
-        self.bars: dict[str, tuple[Progress, TaskID]] = {}
-        self.raw = False
-        """The caller's terminal is in raw mode (``-it``): lines need a carriage return."""
-        self.attempt: Attempt | None = None
-
-    async def before(self, name: str) -> None:
-        pass
-
-    def say(self, said: str) -> None:
-        """Print ``said``: markup this code built, every value in it escaped (the static guard checks callers)."""
-        if not self.quiet:
-            err.print(said + ("\r" if self.raw else ""))
-
-    def phase(self, name: str, seconds: float) -> None:
-        self.say(f"[dim]• {escape(name):<11} {seconds * 1000:8.1f} ms[/]")
-
-    def warning(self, text: str) -> None:
-        self.say(f"[bold yellow]warning[/]: {escape(text)}")
-
-    def selected(self, attempt: Attempt) -> None:
-        self.attempt = attempt
-        a = assess(attempt.adapter.envelope, in_tree=attempt.adapter.in_tree)
-        self.say(f"[dim]• adapter     {escape(str(attempt.adapter.target))} — grade: {escape(a.label)}[/]")
-
-    def build_line(self, line: object) -> None:
-        text = line if isinstance(line, str) else str(getattr(line, "line", None) or line)
-        self.say(f"[dim]  build: {escape(text.rstrip())}[/]")
-
-    def _progress(self, label: str, done: int, total: int, finished: str) -> None:
-        if self.quiet:
-            return
-        bar = self.bars.get(label)
-        if bar is None:
-            from rich.progress import DownloadColumn, Progress  # noqa: PLC0415
-
-            progress = Progress(
-                *Progress.get_default_columns(),
-                DownloadColumn(binary_units=True),
-                console=err,
-                transient=True,
-                disable=not err.is_terminal,
-            )
-            bar = (progress, progress.add_task(escape(label), total=total))
-            self.bars[label] = bar
-            progress.start()
-        progress, task = bar
-        progress.update(task, completed=done, total=total)
-        if done >= total:
-            progress.stop()
-            del self.bars[label]
-            self.say(f"[dim]  {escape(finished)} {escape(human_bytes(total))}[/]")
-
-    def hash_progress(self, done: int, total: int) -> None:
-        self._progress("hashing mounts", done, total, "hashed")
-
-    def stage_progress(self, done: int, total: int) -> None:
-        self._progress("staging mounts", done, total, "staged")
-
-    def output(self, stream: str, data: bytes) -> None:
-        target = sys.stdout if stream == "out" else sys.stderr
-        target.buffer.write(data)
-        target.flush()
-
-
-ENGINE_DOWN = (
-    "Either start a Docker Engine (scripts/engine-up does it as root), or run on the host with "
-    "--provider host-process, which enforces no isolation and says so."
-)
-
-EXIT_REFUSED = 125
-"""``checkfu run``'s own failure (a refusal, a usage error, a sandbox failure): docker's code for the same."""
-
-
-def _pin_image(read: ReadProfile, provider: str, quiet: bool, early: Any = None) -> SandboxProfile:
-    """The profile, its ``base_image`` tag pinned to the engine's image id (admission owns the digest).
-
-    Pinning is the Docker provider's to do; other providers take the profile as written. ``early``: the question
-    ``_ask_early`` sent the engine about the tag.
-
-    Raises:
-        SandboxAdapterUnavailable: no Docker Engine answers (the profile may well be fine).
-        SandboxProfileInvalid: the engine has no image of that tag, or a tag for a provider that pins none.
-    """
-    if read.tag is None:
-        assert read.profile is not None
-        return read.profile
-    if provider != "docker":
-        raise SandboxProfileInvalid(
-            f"{read.name}: base_image: {read.tag!r} is a tag, and only the Docker tier pins tags; name the image "
-            "by digest (name@sha256:...) or by image id (sha256:...)",
-            field="base_image",
-        )
-    from checkfu.providers.docker import pin_base_image  # noqa: PLC0415 - only the Docker tier pins
-
-    try:
-        image_id = pin_base_image(read.tag, early)
-    except SandboxAdapterUnavailable as exc:
-        raise SandboxAdapterUnavailable(f"{exc.message}. {ENGINE_DOWN}", field="provider") from None
-    if not quiet:
-        err.print(f"[dim]• pinned      {escape(read.tag)} → {escape(image_id)}[/]")
-    return pinned(read, image_id)
-
-
-def _ask_early(read: ReadProfile, provider: str) -> Any:
-    """For the Docker tier, the engine's read-only questions of a Run's start, sent now so that it answers them
-    while the journal opens: the tag's image id (returned, for ``_pin_image``), and the engine's facts and whether
-    it holds the egress image (taken by the provider's ``describe``). None for another provider, or a profile that
-    needs no pinning."""
-    if provider != "docker":
-        return None
-    from checkfu.providers.docker import ask_pin_early, engine  # noqa: PLC0415 - only the Docker tier pins
-    from checkfu.providers.docker.provider import EGRESS_IMAGE  # noqa: PLC0415
-
-    engine.ask_info_early()
-    engine.ask_image_early(EGRESS_IMAGE)
-    return ask_pin_early(read.tag) if read.tag is not None else None
 
 
 def _terminal() -> Any:
@@ -258,28 +99,6 @@ def _terminal() -> Any:
     from checkfu.cli import terminal  # noqa: PLC0415
 
     return terminal
-
-
-def _choose(registry: Registry, provider: str, explicit: bool) -> Any:
-    found = registry.by_provider(provider)
-    ambiguous = registry.ambiguity(provider)
-    if ambiguous is not None:
-        raise ambiguous
-    if len(found) == 1:
-        return found[0].target
-    if not found:
-        why = "; ".join(f"{k}: {v}" for k, v in registry.unavailable.items())
-        if not explicit and provider == "docker":
-            raise SandboxAdapterUnavailable(
-                "the Docker tier is not available" + (f" ({why})" if why else "") + f". {ENGINE_DOWN}",
-                field="provider",
-            )
-        raise SandboxAdapterUnavailable(
-            f"no adapter for provider {provider!r}" + (f" ({why})" if why else ""), field="provider"
-        )
-    raise SandboxAdapterUnavailable(
-        f"{len(found)} adapters of provider {provider!r}; name one exactly", field="provider"
-    )
 
 
 def _allow_problems(allow: list[str]) -> list[Problem]:
@@ -642,43 +461,12 @@ def run_command(
             adapters=adapters_file(adapters),
         )
     except SandboxError as exc:
-        _refused(exc, json_file, summary)
+        refused(exc, json_file, summary)
         raise typer.Exit(EXIT_REFUSED) from None
     if json_file is not None:
-        _write_json(json_file, summary)
+        write_json(json_file, summary)
     FINISHED.append(code)
     raise typer.Exit(code)
-
-
-def _refused(exc: SandboxError, json_file: Path | None, summary: dict[str, Any]) -> None:
-    lines = exc.message.split("; ") if exc.message.count(": ") > 1 and " problems: " in exc.message else [exc.message]
-    if len(lines) > 1:
-        head, _, first = lines[0].partition(" problems: ")
-        err.print(f"[bold red]refused[/]: {escape(head)} problems, nothing was run or allocated:")
-        for line in [first, *lines[1:]]:
-            err.print(f"  {escape(line)}", highlight=False)
-    else:
-        err.print(f"[bold red]{escape(exc.code)}[/]: {escape(exc.message)}", highlight=False)
-    if exc.code in (
-        "SandboxProfileInvalid",
-        "SandboxPathRejected",
-        "SandboxCapabilityUnavailable",
-        "SandboxBoundExceeded",
-    ):
-        err.print("[dim]  nothing was run; fix the input above and run again (docs/errors.md says more)[/]")
-    summary.update(
-        ok=False, exit_code=EXIT_REFUSED, error={"code": exc.code, "message": exc.message, "field": exc.field}
-    )
-    if json_file is not None:
-        _write_json(json_file, summary)
-
-
-def _write_json(path: Path, summary: dict[str, Any]) -> None:
-    try:
-        path.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
-    except OSError as exc:
-        why = exc.strerror or str(exc)
-        err.print(f"[bold yellow]warning[/]: cannot write --json {escape(str(path))}: {escape(why)}")
 
 
 def _admit_and_run(
@@ -737,7 +525,7 @@ def _admit_and_run(
         if not quiet:
             err.print(f"[bold yellow]warning[/]: {escape(line)}")
     credential = client_credential(credential_file) if remote else None
-    early = None if remote else _ask_early(read, name)
+    early = None if remote else ask_early(read, name)
     try:
         journal = open_journal(db)
     except BaseException:
@@ -749,7 +537,7 @@ def _admit_and_run(
     try:
         if not quiet:
             err.print(f"[dim]• profile     {escape(read.name)}[/]")
-        prof: SandboxProfile | ReadProfile = read if remote else _allowing(_pin_image(read, name, quiet, early), allow)
+        prof: SandboxProfile | ReadProfile = read if remote else _allowing(pin_image(read, name, quiet, early), allow)
         size = _terminal().window_size() if use_tty else None
         return asyncio.run(
             _run(
@@ -778,32 +566,6 @@ def _admit_and_run(
         )
     finally:
         close_journal(journal)
-
-
-async def _registry(
-    name: str,
-    credential: Credential | None,
-    observer: ConsoleObserver,
-    journal: Any,
-    *,
-    hold: bool = False,
-    adapters: Path | None = None,
-) -> Registry:
-    """The adapters to choose from: the named installed provider and those of the adapters file (``adapters``, else
-    ``CHECKFU_ADAPTERS``), or the provider service at a URL. With ``hold`` (a warm pool's filler), the Docker tier
-    provisions held sandboxes: started and paused, thawed at activation."""
-    if is_url(name):
-        from checkfu.wire.client import RemoteProvider  # noqa: PLC0415
-
-        registry = Registry()
-        registry.add(await adapter_from_factory(lambda: RemoteProvider(name, credential), name, {}, recorder=journal))
-        return registry
-    docker: dict[str, Any] = {"progress": observer.build_line}  # the Docker tier reports each line of a build
-    if hold:
-        docker["hold"] = "yes"
-    options = {"docker": docker}
-    config = adapters_file(adapters)
-    return await load_registry(entry_point_names=[name], options=options, recorder=journal, config=config)
 
 
 async def _run(
@@ -836,14 +598,14 @@ async def _run(
     resolved = await resolve_mounts(specs, observer)
     resolve_seconds = time.perf_counter() - t0
     observer.phase("resolve", resolve_seconds)
-    registry = await _registry(name, credential, observer, journal, adapters=adapters)
+    service = service_of(journal, db, adapters)
+    registry = await load_adapters(service, name, credential, observer)
     if isinstance(prof, ReadProfile):  # a provider service: the provider it serves decides who pins a tag
         (adapter,) = registry.adapters
         target = adapter.target
-        prof = _allowing(_pin_image(prof, adapter.envelope.provider, quiet), allow)
+        prof = _allowing(pin_image(prof, adapter.envelope.provider, quiet), allow)
     else:
-        target = _choose(registry, name, explicit)
-    runner = Runner(registry, journal, runner_tag=runner_tag(db))
+        target = choose(registry, name, explicit)
     task = asyncio.current_task()
     loop = asyncio.get_running_loop()
     got: list[int] = []
@@ -869,8 +631,8 @@ async def _run(
 
     into = capture_dir
     try:
-        result = await run_job(
-            runner,
+        result = await service.run(
+            registry,
             target,
             prof,
             command,
@@ -883,11 +645,7 @@ async def _run(
             cwd=workdir,
             interact=interact,
             tty=tty,
-            capture_root=state_dir() / "captures",
             resolved=resolved,
-            owner=current_owner(),
-            keep_output=output_cap(),
-            noted={"engine": current_engine()} if target.provider == "docker" else None,
             pool=pool,
         )
         result.phases = {"resolve": resolve_seconds, **result.phases}
@@ -907,8 +665,6 @@ async def _run(
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
         if observer.attempt is not None and observer.attempt.session.adopted is not None:
-            from checkfu.cli.pool import refill_in_background  # noqa: PLC0415 - only a Run that adopted refills
-
             refill_in_background(db)
     chosen = registry.select(target)
     grade = assess(chosen.envelope, in_tree=chosen.in_tree)  # graded as the grade card grades it
@@ -1228,24 +984,11 @@ def runner_reconcile(
     before anything is compensated: which one reclaims an allocation would be a guess.
     """
     sites = engine_sites(engine, engine_certs)
-    config = adapters_file(adapters)
-    journal = open_journal(db, reap=False)  # this pass reaps orphans itself, and counts them in its report
+    service = open_service(db, reap=False, adapters=adapters)  # this pass reaps orphans itself, and counts them
     try:
-        tag = runner_tag(db)
-
-        async def reach_all() -> Registry:
-            from checkfu.control.endpoints import add_endpoints, open_endpoints  # noqa: PLC0415
-
-            loaded = await load_registry(entry_point_names=provider, recorder=journal, sites=sites, config=config)
-            return await add_endpoints(loaded, journal, open_endpoints(journal, runner_tag=tag), recorder=journal)
-
-        registry = asyncio.run(reach_all())
-        ambiguous = registry.ambiguity()
-        if ambiguous is not None:
-            raise ambiguous
-        report = asyncio.run(reconcile(journal, registry, SystemClock(), runner_tag=tag))
+        report = asyncio.run(service.reconcile(provider, sites=sites))
     finally:
-        journal.close()
+        service.close()
     if as_json:
         print(
             json.dumps(

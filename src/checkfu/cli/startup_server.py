@@ -164,29 +164,29 @@ def rehearse() -> None:
     import asyncio  # noqa: PLC0415
     import tempfile  # noqa: PLC0415
 
-    from checkfu.cli.state import open_journal  # noqa: PLC0415
-    from checkfu.core.job import run_job  # noqa: PLC0415
+    from checkfu.cli.state import open_service  # noqa: PLC0415
     from checkfu.core.journal import sqlite_url  # noqa: PLC0415
-    from checkfu.core.leases import current_owner  # noqa: PLC0415
     from checkfu.core.registry import Adapter, Registry  # noqa: PLC0415
-    from checkfu.core.runner import Runner  # noqa: PLC0415
+    from checkfu.runner import RunnerConfig, RunnerService  # noqa: PLC0415
     from checkfu.testing import MemoryProvider, memory_profile  # noqa: PLC0415
 
     with tempfile.TemporaryDirectory(prefix="checkfu-rehearsal-") as scratch:
-        journal = open_journal(sqlite_url(Path(scratch) / "journal.sqlite"))
+        opened = open_service(sqlite_url(Path(scratch) / "journal.sqlite"))
+        journal = opened.journal
+        service = RunnerService(
+            RunnerConfig(state_dir=Path(scratch), journal_url=opened.config.journal_url, tag="checkfu-rehearsal"),
+            journal,
+        )
         try:
             memory = MemoryProvider()
             registry = Registry()
             registry.add(Adapter(envelope=memory.envelope, provider=memory, source="the start-up server's rehearsal"))
-            runner = Runner(registry, journal, runner_tag="checkfu-rehearsal")
             asyncio.run(
-                run_job(
-                    runner,
+                service.run(
+                    registry,
                     memory.target,
                     memory_profile(),
                     ["true"],
-                    capture_root=Path(scratch) / "captures",
-                    owner=current_owner(),
                     keep_output=1 << 20,
                     noted={"engine": "rehearsal"},
                 )

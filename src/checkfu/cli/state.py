@@ -3,35 +3,20 @@
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
-import hashlib
 import os
-import secrets
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import typer
-from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError, SQLAlchemyError
+from sqlalchemy.exc import SQLAlchemyError
 
-from checkfu.contract.errors import SandboxError
 from checkfu.core import owner_only
-from checkfu.core.clock import SystemClock
-from checkfu.core.expiry import ExpiryReport, sweep_expired_snapshots
-from checkfu.core.journal import (
-    DEFAULT_JOURNAL_DEADLINE,
-    AllocationRow,
-    Housekeeping,
-    Journal,
-    JournalError,
-    sqlite_url,
-)
+from checkfu.core.journal import Journal
 from checkfu.core.migrate import JournalTooNew
-from checkfu.core.registry import Registry
+from checkfu.runner.config import ConfigError, RunnerConfig
+from checkfu.runner.service import RunnerService
 from checkfu.wire.credentials import MAX_BYTES, Credential, CredentialError, read_credential
 
 AFTER_REPLY: list[Callable[[], object]] | None = None
@@ -50,197 +35,80 @@ def close_journal(journal: Journal) -> None:
         journal.close()
 
 
+def config(db: str | None = None, adapters: Path | None = None) -> RunnerConfig:
+    """The runner configuration a command runs with: ``--db`` and ``--adapters`` as given, the rest from the
+    environment (``checkfu.runner.RunnerConfig.from_environment``).
+
+    Raises:
+        typer.BadParameter: an environment variable is unusable (named).
+    """
+    try:
+        return RunnerConfig.from_environment(journal_url=db, adapters=adapters)
+    except ConfigError as exc:
+        raise typer.BadParameter(str(exc)) from None
+
+
 def state_dir() -> Path:
     """The state directory: made ``0700``, and closed to other users if an older checkfu left it open
     (``checkfu.core.owner_only.state_dir``)."""
-    return owner_only.state_dir()
+    return config().state()
 
 
 def runner_tag(db: str | None = None) -> str:
-    """This runner's tag for the journal at ``db`` (``None``: the default journal in the state directory).
-
-    The tag identifies the journal as well as the state directory, so two runners that share an engine
-    but keep different journals never label each other's sandboxes alike: the state directory's tag
-    (made once and kept there) for its default journal, and that tag with a digest of the journal's
-    identity for any other. ``CHECKFU_RUNNER_TAG`` overrides both, as given.
-    """
-    override = os.environ.get("CHECKFU_RUNNER_TAG")
-    if override:
-        return override
-    base = _state_tag()
-    identity = journal_identity(db) if db else None
-    if identity is None or identity == journal_identity(default_journal_url()):
-        return base
-    return f"{base}-j{hashlib.sha256(identity.encode()).hexdigest()[:12]}"
-
-
-def _state_tag() -> str:
-    path = state_dir() / "runner_tag"
-    try:
-        tag = path.read_text().strip()
-        if tag:
-            return tag
-    except FileNotFoundError:
-        pass
-    tag = f"runner-{secrets.token_hex(6)}"
-    owner_only.write_file(path, f"{tag}\n".encode())
-    return tag
+    """This runner's tag for the journal at ``db`` (``None``: the default journal in the state directory):
+    ``checkfu.runner.RunnerConfig.runner_tag``. ``CHECKFU_RUNNER_TAG`` overrides it, as given."""
+    return config(db).runner_tag()
 
 
 def default_journal_url() -> str:
-    return sqlite_url(state_dir() / "journal.sqlite")
-
-
-def journal_identity(url: str) -> str:
-    """What names one journal, however its URL is spelled: an SQLite file by its real path, a server
-    database by driver family, user, host, port and name (never the password)."""
-    try:
-        parsed = make_url(url)
-    except ArgumentError:
-        return url
-    family = parsed.get_backend_name()
-    if family == "sqlite":
-        name = parsed.database or ""
-        return f"sqlite:{os.path.realpath(name) if name not in ('', ':memory:') else ':memory:'}"
-    host = (parsed.host or "").lower()
-    if host in ("", "localhost", "127.0.0.1", "::1", "[::1]"):
-        host = "localhost"  # the driver's default and every spelling of this machine's loopback
-    port = parsed.port or _DEFAULT_PORTS.get(family) or ""
-    return f"{family}://{parsed.username or ''}@{host}:{port}/{parsed.database or ''}"
-
-
-_DEFAULT_PORTS = {"postgresql": 5432}
+    return config().default_journal_url()
 
 
 def current_engine() -> str:
     """The Docker engine this environment reaches (``DOCKER_HOST``, else ``default``): recorded with each Docker Run
     started in place, so that its orphan is reaped only where it lives."""
-    return os.environ.get("DOCKER_HOST") or "default"
+    return config().engine_name()
 
 
-def open_journal(url: str | None, *, reap: bool = True) -> Journal:
-    """The journal at ``url``, or the embedded SQLite file in the state directory.
-
-    Every command opens the journal here, so this is where orphans are reaped (``checkfu.cli.reaping``): a Run
-    whose owner process is gone is reclaimed and settled as ``orphaned`` before the command goes on. That costs
-    one read when there is nothing to reap, reclaim or sweep (``Journal.housekeeping``). ``reap=False`` for the one
-    command that does it itself (``checkfu runner reconcile``, which reports it).
+def open_service(url: str | None, *, reap: bool = True, adapters: Path | None = None) -> RunnerService:
+    """The runner at journal ``url`` (``None``: the embedded SQLite file in the state directory), opened through
+    the front door (``checkfu.runner.RunnerService``), which keeps the house first: orphans reaped, sandboxes past
+    their time-to-live reclaimed, expired snapshots swept (one read when nothing is due). ``reap=False`` for the
+    one command that reaps itself (``checkfu runner reconcile``, which reports it).
 
     Raises:
         typer.BadParameter: the journal cannot be opened (a usage error naming ``--db``, exit 2).
     """
-    journal = _open(url)
-    try:  # one read says which of the passes below have anything to look at (usually none)
-        due = journal.housekeeping(runner_tag=runner_tag(url), now=time.time())
-    except JournalError:
-        due = Housekeeping(sandboxes=True, snapshots=True, orphans=True)  # each pass reports its own trouble
-    RECLAIMED.clear()
-    if due.sandboxes:
-        reclaim_sandboxes(journal, url)  # long-lived sandboxes past their time-to-live or whose owner is gone
-    if due.snapshots:
-        sweep_expired(journal, url)  # snapshots past their lifetime
-    if reap and due.orphans:
-        from checkfu.cli.reaping import reap as reap_orphans  # noqa: PLC0415
-
-        reap_orphans(journal, runner_tag=runner_tag(url))
-    return journal
-
-
-def _open(url: str | None) -> Journal:
     try:
-        journal = Journal(url or default_journal_url(), deadline=journal_deadline())
+        service = RunnerService.open(config(url, adapters), reap=reap, notice=_say)
     except JournalTooNew as exc:
         raise typer.BadParameter(f"cannot open the journal: {exc}", param_hint="--db") from None
     except (SQLAlchemyError, OSError) as exc:
+        if isinstance(exc, owner_only.StateDirRefused):
+            raise
         reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
         raise typer.BadParameter(f"cannot open the journal: {reason}", param_hint="--db") from None
-    return journal
+    RECLAIMED[:] = service.reclaimed
+    return service
+
+
+def open_journal(url: str | None, *, reap: bool = True) -> Journal:
+    """The journal of ``open_service(url)``: for a command that reads and writes the journal and builds nothing
+    else from it."""
+    return open_service(url, reap=reap).journal
+
+
+def service_of(journal: Journal, db: str | None, adapters: Path | None = None) -> RunnerService:
+    """The front door over a journal a command already opened (it keeps no house of its own)."""
+    return RunnerService(config(db, adapters), journal, notice=_say)
 
 
 RECLAIMED: list[Any] = []
-"""The sandboxes the last ``open_journal`` of this process reclaimed (``checkfu ps`` shows them); it empties the
-list first."""
-
-
-def reclaim_sandboxes(journal: Journal, url: str | None) -> None:
-    """Reclaim this runner's sandboxes whose time-to-live passed or whose owner process is gone, as every
-    command that opens the journal does (no daemon): one query when nothing is due; the providers of what is
-    due are loaded only then. A failure is reported and left for the next command; it never stops this one."""
-    from checkfu.core.sandboxes import due_for_sweep, sweep  # noqa: PLC0415
-
-    tag = runner_tag(url)
-    try:
-        if not due_for_sweep(journal, tag):
-            return
-    except Exception:  # a journal too old to hold sandboxes, or one that cannot be read: nothing to reclaim here
-        return
-
-    async def registry_for(wanted: set[tuple[str, str | None]]) -> Any:
-        from checkfu.control.endpoints import reach  # noqa: PLC0415
-
-        return await reach(journal, wanted, recorder=journal)
-
-    async def run() -> list[Any]:
-        return await sweep(journal, tag, registry_for)
-
-    try:
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            done = asyncio.run(run())
-        else:  # called from async code: its own loop, on a thread of its own
-            with concurrent.futures.ThreadPoolExecutor(1) as pool:
-                done = pool.submit(asyncio.run, run()).result()
-    except Exception as exc:
-        _say(f"warning: sandboxes due for reclaiming were left for the next command: {exc}")
-        return
-    RECLAIMED.extend(done)
-    for r in done:
-        if r.error:
-            _say(f"warning: sandbox {r.sandbox_id} ({r.reason}) could not be reclaimed: {r.error}")
-        else:
-            _say(f"reclaimed sandbox {r.sandbox_id}: {r.reason}")
+"""The sandboxes the last ``open_journal`` of this process reclaimed (``checkfu ps`` shows them)."""
 
 
 def _say(text: str) -> None:
     print(text, file=sys.stderr)
-
-
-def sweep_expired(journal: Journal, db: str | None) -> ExpiryReport | None:
-    """Delete (or, under provider custody, settle) this runner's snapshots whose expiry has passed: what every
-    command that opens the journal does first, so no daemon is needed. One indexed read when nothing has
-    expired; the providers of expired snapshots are loaded only then. It never stops the command: a snapshot
-    it cannot delete now stays, and the next command tries again. ``None`` when it did not run (inside an
-    event loop already, or the journal could not be read).
-    """
-    try:
-        asyncio.get_running_loop()
-        return None  # called from async code: that code sweeps itself (checkfu.core.expiry)
-    except RuntimeError:
-        pass
-    tag = runner_tag(db)
-    try:
-        if not journal.expired_snapshots(now=time.time(), runner_tag=tag):
-            return None
-    except JournalError:
-        return None
-
-    async def adapters(rows: list[AllocationRow]) -> Registry:
-        from checkfu.control.endpoints import reach  # noqa: PLC0415
-
-        return await reach(journal, {(r.target.provider, r.site) for r in rows}, recorder=journal)
-
-    try:
-        report = asyncio.run(sweep_expired_snapshots(journal, adapters, SystemClock(), runner_tag=tag))
-    except (SandboxError, JournalError) as exc:
-        print(f"checkfu: expired snapshots were not swept ({exc}); the next command tries again", file=sys.stderr)
-        return None
-    done = len(report.deleted) + len(report.settled)
-    if done:
-        print(f"checkfu: deleted {done} expired snapshot(s)", file=sys.stderr)
-    for key, why in {**report.failed, **report.skipped}.items():
-        print(f"checkfu: expired snapshot {key} is still held ({why}); the next command tries again", file=sys.stderr)
-    return report
 
 
 def journal_deadline() -> float:
@@ -250,16 +118,7 @@ def journal_deadline() -> float:
     Raises:
         typer.BadParameter: the variable is not a non-negative number.
     """
-    raw = os.environ.get("CHECKFU_JOURNAL_DEADLINE")
-    if raw is None:
-        return DEFAULT_JOURNAL_DEADLINE
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not 0 <= value < float("inf"):
-        raise typer.BadParameter(f"CHECKFU_JOURNAL_DEADLINE must be a number of seconds, not {raw[:40]!r}")
-    return value
+    return config().journal_deadline
 
 
 def is_url(name: str) -> bool:

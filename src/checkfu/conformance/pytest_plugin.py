@@ -49,7 +49,7 @@ class _Suite:
         async def go() -> CaseResult:
             adapter = await resolve_target(self.target, self.credential)
             if self.profile_path:
-                from checkfu.cli.files import load  # noqa: PLC0415
+                from checkfu.core.files import load  # noqa: PLC0415
 
                 profile: SandboxProfile | None = load(SandboxProfile, Path(self.profile_path))
                 problem = ""

@@ -26,8 +26,9 @@ class StateDirRefused(PermissionError):
     """The state directory belongs to another user; the message names it and says what to do."""
 
 
-def state_dir() -> Path:
-    """``$XDG_STATE_HOME/checkfu`` (else ``~/.local/state/checkfu``), made ``0700`` with each parent it lacks.
+def state_dir(path: Path | None = None) -> Path:
+    """``path``, else ``$XDG_STATE_HOME/checkfu`` (else ``~/.local/state/checkfu``), made ``0700`` with each
+    parent it lacks.
 
     When it exists with any permission for group or others and belongs to this user (a state directory an
     older checkfu made ``0755``), those permissions are taken away: what it holds was readable by every
@@ -38,8 +39,9 @@ def state_dir() -> Path:
         StateDirRefused: it belongs to another user (the message names it and what to do).
         OSError: it cannot be made (a parent is not a directory, or cannot be written).
     """
-    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    path = Path(base) / "checkfu"
+    if path is None:
+        base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+        path = Path(base) / "checkfu"
     make_dirs(path)
     st = os.lstat(path)
     if st.st_uid != os.geteuid():

@@ -1,0 +1,488 @@
+"""The runner's front door: one object, opened from one ``RunnerConfig``, that owns the journal, assembles the
+adapters, builds the session-level ``Runner`` and keeps the house (orphans reaped, sandboxes past their time-to-live
+reclaimed, expired snapshots swept) before any use case runs.
+
+Every face stands on it: the ``checkfu`` command, the SDK (``checkfu.Sandbox``), ``checkfu runner serve``, the
+warm pool and an embedding platform. None of them builds a ``Runner``, loads a registry or opens the journal on its
+own, so they cannot drift apart in how they clean up, which credential they send or which tag they label with.
+
+Heavy modules (SQLAlchemy, pydantic models, the wire client, docker-py) load when a method that needs them runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import sys
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from checkfu.runner.config import RunnerConfig
+
+if TYPE_CHECKING:
+    from checkfu.contract.profile import SandboxProfile
+    from checkfu.contract.target import ExecutionTarget
+    from checkfu.core.expiry import ExpiryReport
+    from checkfu.core.fleet import FleetConfig, FleetRunner
+    from checkfu.core.job import JobResult
+    from checkfu.core.journal import Journal
+    from checkfu.core.pool import Drained, Pooled
+    from checkfu.core.reconcile import ReapReport, ReconcileReport
+    from checkfu.core.registry import Registry
+    from checkfu.core.runner import Runner
+    from checkfu.core.sandboxes import Reclaimed, SandboxHost
+    from checkfu.wire.credentials import Credential
+
+Notice = Callable[[str], None]
+"""Where the front door says what it did on the side (an orphan reaped, a sandbox reclaimed): one line of text."""
+
+Wanted = tuple[str, "str | None"]
+"""A provider's name and the site a journal row names (``None``: the one without a site); a provider service's
+site is its endpoint."""
+
+
+def _stderr(text: str) -> None:
+    print(text, file=sys.stderr)
+
+
+class RunnerService:
+    """One runner: its configuration, its journal (open), and the use cases every face offers.
+
+    Make one with ``RunnerService.open(config)`` (or ``await RunnerService.open_async(config)`` from async code),
+    which opens the journal and keeps the house; ``close`` it (or use it as a context manager) when done.
+    ``RunnerService(config, journal)`` wraps a journal opened elsewhere and does nothing on its own.
+    """
+
+    def __init__(self, config: RunnerConfig, journal: Journal, *, notice: Notice | None = None) -> None:
+        self.config = config
+        self.journal = journal
+        self.notice: Notice = notice or _stderr
+        self._tag: str | None = None
+        self.reclaimed: list[Reclaimed] = []
+        """The sandboxes the last ``reclaim_sandboxes`` reclaimed (``checkfu ps`` shows them)."""
+
+    # -- opening and closing ------------------------------------------------------------------------------------
+
+    @classmethod
+    def open(
+        cls,
+        config: RunnerConfig | None = None,
+        *,
+        housekeeping: bool = True,
+        reap: bool = True,
+        notice: Notice | None = None,
+    ) -> RunnerService:
+        """Open the journal and keep the house (unless ``housekeeping=False``; ``reap=False`` leaves orphans to a
+        caller that reaps them itself, as ``reconcile`` does). From inside an event loop the house is kept on a
+        thread of its own: call ``open_async`` there instead to keep it on that loop.
+
+        Raises:
+            JournalTooNew: the journal was written by a newer checkfu.
+            SQLAlchemyError, OSError: the journal cannot be opened.
+            StateDirRefused: the state directory belongs to another user.
+        """
+        config = config or RunnerConfig.from_environment()
+        service = cls(config, _open_journal(config), notice=notice)
+        if housekeeping:
+            try:
+                asyncio.get_running_loop()
+            except RuntimeError:
+                asyncio.run(service.keep_house(reap=reap))
+            else:
+                with concurrent.futures.ThreadPoolExecutor(1) as pool:
+                    pool.submit(asyncio.run, service.keep_house(reap=reap)).result()
+        return service
+
+    @classmethod
+    async def open_async(
+        cls,
+        config: RunnerConfig | None = None,
+        *,
+        housekeeping: bool = True,
+        reap: bool = True,
+        notice: Notice | None = None,
+    ) -> RunnerService:
+        """``open`` for async code: the journal is opened on a thread, the house kept on the running loop."""
+        config = config or RunnerConfig.from_environment()
+        journal = await asyncio.to_thread(_open_journal, config)
+        service = cls(config, journal, notice=notice)
+        if housekeeping:
+            try:
+                await service.keep_house(reap=reap)
+            except BaseException:
+                journal.close()
+                raise
+        return service
+
+    def close(self) -> None:
+        self.journal.close()
+
+    def __enter__(self) -> RunnerService:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def tag(self) -> str:
+        """This runner's tag (``RunnerConfig.runner_tag``), worked out once."""
+        if self._tag is None:
+            self._tag = self.config.runner_tag()
+        return self._tag
+
+    # -- adapters and the session-level runner ------------------------------------------------------------------
+
+    async def adapters(
+        self,
+        wanted: Iterable[Wanted],
+        *,
+        options: Mapping[str, Mapping[str, Any]] | None = None,
+        credentials: Mapping[str, Credential | None] | None = None,
+        sites: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
+        adapters_file: bool = True,
+    ) -> Registry:
+        """The registry for ``wanted``: installed providers by name (with the configured adapters file unless
+        ``adapters_file=False``; ``sites`` places one at several Docker engines), and provider services at their
+        endpoints with the credential given for the endpoint, else the one issued when it was enrolled. Every
+        ``describe`` is journaled. One that cannot be reached is recorded as unavailable, never taken for empty."""
+        from checkfu.control.endpoints import reach  # noqa: PLC0415
+        from checkfu.core.registry import is_endpoint, load_registry  # noqa: PLC0415
+
+        wanted = list(wanted)
+        config = self.config.adapters if adapters_file else None
+        if sites:
+            names = sorted({name for name, site in wanted if not is_endpoint(site)})
+            registry = await load_registry(
+                entry_point_names=names or None, options=options, recorder=self.journal, sites=sites, config=config
+            )
+            served = [(name, site) for name, site in wanted if is_endpoint(site)]
+            if not served:
+                return registry
+            more = await reach(self.journal, served, recorder=self.journal, credentials=credentials)
+            for adapter in more.adapters:
+                registry.add(adapter)
+            return registry
+        return await reach(
+            self.journal, wanted, recorder=self.journal, options=options, credentials=credentials, config=config
+        )
+
+    async def remote(self, url: str, credential: Credential | None) -> Registry:
+        """A registry of the one provider service at ``url``, reached with ``credential`` (``None``: the one issued
+        when it was enrolled).
+
+        Raises:
+            SandboxAdapterUnavailable: ``url`` is not a usable provider URL, or the service cannot be reached.
+            SandboxUnauthenticated: the service refuses the credential.
+            SandboxError: its envelope does not decode.
+        """
+        from checkfu.control.endpoints import remote_adapter  # noqa: PLC0415
+        from checkfu.core.registry import Registry  # noqa: PLC0415
+
+        registry = Registry()
+        registry.add(await remote_adapter(url, credential or self.enrolled_credential(url), recorder=self.journal))
+        return registry
+
+    async def all_adapters(
+        self, providers: Sequence[str] | None = None, *, sites: Mapping[str, Sequence[Mapping[str, Any]]] | None = None
+    ) -> Registry:
+        """Every installed provider (or the named ones) with the adapters file, and every provider service that
+        holds something open for this runner: what reconciliation needs to reach every allocation."""
+        from checkfu.control.endpoints import add_endpoints, open_endpoints  # noqa: PLC0415
+        from checkfu.core.registry import load_registry  # noqa: PLC0415
+
+        loaded = await load_registry(
+            entry_point_names=providers, recorder=self.journal, sites=sites, config=self.config.adapters
+        )
+        return await add_endpoints(
+            loaded, self.journal, open_endpoints(self.journal, runner_tag=self.tag), recorder=self.journal
+        )
+
+    def runner(self, registry: Registry) -> Runner:
+        """The session-level runner over ``registry``, labelling with this runner's tag. The one place a face gets
+        a ``Runner``."""
+        from checkfu.core.runner import Runner  # noqa: PLC0415
+
+        return Runner(registry, self.journal, runner_tag=self.tag)
+
+    def record(self, registry: Registry) -> None:
+        """Record ``registry``'s in-tree adapters in the journal with their ceilings, as a runner does before its
+        first Run (``provider list`` and ``provider grade`` show them so)."""
+        self.runner(registry)
+
+    def sandboxes(self, registry: Registry) -> SandboxHost:
+        """Long-lived sandboxes over ``registry``: create, attach, exec, files, snapshot, resume, clone, remove."""
+        from checkfu.core.sandboxes import SandboxHost  # noqa: PLC0415
+
+        return SandboxHost(registry, self.journal, runner_tag=self.tag)
+
+    def enrolled_credential(self, url: str) -> Credential | None:
+        """The credential issued when the service at ``url`` was enrolled, if it was and its file is readable."""
+        from checkfu.control.endpoints import enrolled_credential  # noqa: PLC0415
+
+        return enrolled_credential(self.journal, url)
+
+    # -- use cases ----------------------------------------------------------------------------------------------
+
+    async def run(
+        self,
+        registry: Registry,
+        target: ExecutionTarget,
+        profile: SandboxProfile,
+        command: Sequence[str],
+        **job: Any,
+    ) -> JobResult:
+        """One Run of ``command`` in a sandbox of ``profile`` at ``target``, released when it ends
+        (``checkfu.core.job.run_job``; ``job`` passes its options on). Captures go under the state directory unless
+        a directory is named; the Run records its owner process and, on Docker, its engine."""
+        from checkfu.core.job import run_job  # noqa: PLC0415
+        from checkfu.core.leases import current_owner  # noqa: PLC0415
+        from checkfu.core.output import output_cap  # noqa: PLC0415
+
+        job.setdefault("capture_root", self.config.captures())
+        job.setdefault("owner", current_owner())
+        job.setdefault("keep_output", output_cap())
+        if target.provider == "docker":
+            job.setdefault("noted", {"engine": self.config.engine_name()})
+        return await run_job(self.runner(registry), target, profile, list(command), **job)
+
+    async def pool_fill(
+        self,
+        registry: Registry,
+        target: ExecutionTarget,
+        profile: SandboxProfile,
+        mount_targets: Sequence[str],
+        *,
+        n: int,
+        ttl: float,
+    ) -> list[Pooled]:
+        """Provision sandboxes ahead of demand at ``target`` until ``n`` of this shape are ready."""
+        from checkfu.core.job import host_platform_value  # noqa: PLC0415
+        from checkfu.core.pool import fill  # noqa: PLC0415
+
+        engine = self.config.engine_name() if target.provider == "docker" else None
+        return await fill(
+            self.runner(registry),
+            target,
+            profile,
+            host_platform_value(),
+            list(mount_targets),
+            n=n,
+            ttl=ttl,
+            engine=engine,
+        )
+
+    def pool_ready(self) -> list[Pooled]:
+        """This runner's ready pooled sandboxes."""
+        from checkfu.core.pool import ready  # noqa: PLC0415
+
+        return ready(self.journal, self.tag)
+
+    async def pool_drain(self, registry: Registry) -> list[Drained]:
+        """Release every ready pooled sandbox of this runner."""
+        from checkfu.core.pool import drain  # noqa: PLC0415
+
+        return await drain(self.journal, registry, self.tag, self.runner(registry))
+
+    async def reconcile(
+        self, providers: Sequence[str] | None = None, *, sites: Mapping[str, Sequence[Mapping[str, Any]]] | None = None
+    ) -> ReconcileReport:
+        """Compensate every unsettled allocation of this runner whose lease expired or whose owner is gone, at its
+        provider and site, and settle its Run.
+
+        Raises:
+            SandboxAdapterAmbiguous: the adapters file makes two adapters advertise one target (which one reclaims
+                an allocation would be a guess), before anything is compensated.
+        """
+        from checkfu.core.clock import SystemClock  # noqa: PLC0415
+        from checkfu.core.reconcile import reconcile  # noqa: PLC0415
+
+        registry = await self.all_adapters(providers, sites=sites)
+        ambiguous = registry.ambiguity()
+        if ambiguous is not None:
+            raise ambiguous
+        return await reconcile(self.journal, registry, SystemClock(), runner_tag=self.tag)
+
+    def fleet(
+        self,
+        settings: FleetConfig,
+        *,
+        credential: Credential | None = None,
+        sites: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
+        emit: Callable[[dict[str, Any]], None] | None = None,
+    ) -> FleetRunner:
+        """A fleet member serving queued Runs from this runner's journal (``checkfu runner serve``). A Run's provider
+        is loaded when first needed: an installed one by name (placed at ``sites``), with the adapters file, or a
+        provider service by URL with ``credential``, else the one issued when it was enrolled. One that cannot be
+        loaded is recorded as unavailable, and the Run is settled as refused, naming it."""
+        from checkfu.core.fleet import FleetRunner  # noqa: PLC0415
+        from checkfu.core.registry import Registry, installed_entry_points, is_endpoint  # noqa: PLC0415
+
+        async def load(spec: str) -> Registry:
+            if is_endpoint(spec) or spec.startswith(("http://", "https://")):
+                from checkfu.contract.errors import SandboxError  # noqa: PLC0415
+
+                try:
+                    return await self.remote(spec, credential)
+                except SandboxError as exc:
+                    registry = Registry()
+                    registry.mark_unavailable(spec, f"{exc.code}: {exc.message}")
+                    return registry
+            if self.config.adapters is None and spec not in {ep.name for ep in installed_entry_points()}:
+                registry = Registry()
+                registry.mark_unavailable(spec, f"no provider named {spec!r} is installed on this runner")
+                return registry
+            return await self.adapters([(spec, None)], sites=sites or None)
+
+        return FleetRunner(self.journal, load, runner_tag=self.tag, config=settings, emit=emit)
+
+    # -- the house: reaping and expiry --------------------------------------------------------------------------
+
+    async def keep_house(self, *, reap: bool = True) -> None:
+        """What every command does when it opens the journal, so no daemon is needed: reclaim this runner's
+        sandboxes past their time-to-live or whose owner is gone, sweep its expired snapshots and (with ``reap``)
+        reap its orphaned Runs. One read when nothing is due; providers load only for what is. Never raises for
+        what it cannot finish: that is said through ``notice`` and left for the next command."""
+        from checkfu.core.clock import SystemClock  # noqa: PLC0415
+        from checkfu.core.journal import Housekeeping, JournalError  # noqa: PLC0415
+
+        try:
+            due = self.journal.housekeeping(runner_tag=self.tag, now=SystemClock().now())
+        except JournalError:
+            due = Housekeeping(sandboxes=True, snapshots=True, orphans=True)  # each pass reports its own trouble
+        if due.sandboxes:
+            await self.reclaim_sandboxes()
+        if due.snapshots:
+            await self.sweep_snapshots()
+        if reap and due.orphans:
+            await self.reap_orphans()
+
+    async def reclaim_sandboxes(self) -> list[Reclaimed]:
+        """Reclaim this runner's long-lived sandboxes past their time-to-live or whose owner is gone."""
+        from checkfu.core.sandboxes import due_for_sweep, sweep  # noqa: PLC0415
+
+        try:
+            if not due_for_sweep(self.journal, self.tag):
+                return []
+        except Exception:  # a journal too old to hold sandboxes, or one that cannot be read: nothing to reclaim
+            return []
+
+        async def registry_for(wanted: set[Wanted]) -> Registry:
+            return await self.adapters(wanted, adapters_file=False)
+
+        try:
+            done = await sweep(self.journal, self.tag, registry_for)
+        except Exception as exc:
+            self.notice(f"warning: sandboxes due for reclaiming were left for the next command: {exc}")
+            return []
+        for r in done:
+            if r.error:
+                self.notice(f"warning: sandbox {r.sandbox_id} ({r.reason}) could not be reclaimed: {r.error}")
+            else:
+                self.notice(f"reclaimed sandbox {r.sandbox_id}: {r.reason}")
+        self.reclaimed = done
+        return done
+
+    async def sweep_snapshots(self) -> ExpiryReport | None:
+        """Delete (or, under provider custody, settle) this runner's snapshots whose expiry has passed; ``None``
+        when nothing had expired or the journal could not be read."""
+        from checkfu.contract.errors import SandboxError  # noqa: PLC0415
+        from checkfu.core.clock import SystemClock  # noqa: PLC0415
+        from checkfu.core.expiry import sweep_expired_snapshots  # noqa: PLC0415
+        from checkfu.core.journal import AllocationRow, JournalError  # noqa: PLC0415
+
+        clock = SystemClock()
+        try:
+            if not self.journal.expired_snapshots(now=clock.now(), runner_tag=self.tag):
+                return None
+        except JournalError:
+            return None
+
+        async def adapters(rows: list[AllocationRow]) -> Registry:
+            return await self.adapters({(r.target.provider, r.site) for r in rows}, adapters_file=False)
+
+        try:
+            report = await sweep_expired_snapshots(self.journal, adapters, clock, runner_tag=self.tag)
+        except (SandboxError, JournalError) as exc:
+            self.notice(f"checkfu: expired snapshots were not swept ({exc}); the next command tries again")
+            return None
+        done = len(report.deleted) + len(report.settled)
+        if done:
+            self.notice(f"checkfu: deleted {done} expired snapshot(s)")
+        for key, why in {**report.failed, **report.skipped}.items():
+            self.notice(f"checkfu: expired snapshot {key} is still held ({why}); the next command tries again")
+        return report
+
+    async def reap_orphans(self, *, reaper: str | None = None, quiet: bool = False) -> ReapReport | None:
+        """Reap this runner's orphaned Runs (their owner process is gone): reclaim what they hold and settle them
+        as ``orphaned``. ``None`` when there were none (the common case: one query). A Run on another Docker engine
+        is left for a command there."""
+        from checkfu.contract.codec import decode  # noqa: PLC0415
+        from checkfu.contract.errors import SandboxError  # noqa: PLC0415
+        from checkfu.contract.target import ExecutionTarget  # noqa: PLC0415
+        from checkfu.core.clock import SystemClock  # noqa: PLC0415
+        from checkfu.core.journal import JournalError  # noqa: PLC0415
+        from checkfu.core.reconcile import describe_owner, orphans, reap_orphans  # noqa: PLC0415
+
+        say: Notice = (lambda _text: None) if quiet else self.notice
+        try:
+            gone = orphans(self.journal, runner_tag=self.tag)
+        except JournalError:
+            return None
+        if not gone:
+            return None
+        here = self.config.engine_name()
+        for orphan in list(gone):
+            row = self.journal.run(orphan.run_id)
+            engine = (row.story or {}).get("engine") if row is not None else None
+            if engine is not None and engine != here:
+                gone.remove(orphan)
+                say(
+                    f"checkfu: Run {orphan.run_id} is orphaned, and its sandbox is on another Docker engine "
+                    f"({engine}); reap it from there: `DOCKER_HOST={engine} checkfu runs list`"
+                )
+        if not gone:
+            return None
+        wanted: set[Wanted] = set()
+        for orphan in gone:  # each allocation where it was journaled: a provider service's at its endpoint
+            wanted |= {(r.target.provider, r.site) for r in self.journal.open_allocations(run_id=orphan.run_id)}
+        if not wanted:  # nothing is held: the providers by name, as ever (they settle the Runs)
+            for orphan in gone:
+                if orphan.target:
+                    try:
+                        wanted.add((decode(ExecutionTarget, orphan.target).provider, None))
+                    except SandboxError:
+                        continue
+        try:
+            registry = await self.adapters(wanted, adapters_file=False)
+            report = await reap_orphans(self.journal, registry, SystemClock(), gone, reaper=reaper or _command_name())
+        except Exception as exc:  # the command that opened the journal goes on; the orphan waits for the next
+            say(f"checkfu: {len(gone):d} orphaned Run(s) could not be reaped now: {exc}")
+            return None
+        owners = {r.run_id: r.owner for r in gone}
+        for run_id in report.reaped:
+            say(
+                f"checkfu: reaped orphaned Run {run_id} (its owner, {describe_owner(owners[run_id])}, is gone): "
+                "everything it held is released"
+            )
+        if report.left:
+            say(
+                f"checkfu: {len(report.pending):d} orphaned Run(s) still hold {len(report.left):d} allocation(s) "
+                "that could not be released now; the next command tries again, or run `checkfu runner reconcile` "
+                "once the provider answers:"
+            )
+            for key, why in report.left.items():
+                say(f"  {key}: {why[:300]}")
+        return report
+
+
+def _command_name() -> str:
+    return ("checkfu " + " ".join(sys.argv[1:2])).strip()
+
+
+def _open_journal(config: RunnerConfig) -> Journal:
+    from checkfu.core.journal import Journal  # noqa: PLC0415
+
+    return Journal(config.journal(), deadline=config.journal_deadline)
+
+
+__all__ = ["Notice", "RunnerConfig", "RunnerService", "Wanted"]
