@@ -32,7 +32,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
-from checkfu.contract.errors import SandboxProfileInvalid, SandboxProviderFailed
+from checkfu.contract.errors import SandboxProviderFailed
 from checkfu.contract.process import ProcessExit, ProcessOutput
 from checkfu.contract.profile import SandboxProfile
 
@@ -157,28 +157,10 @@ async def _journal(db: str | None) -> Journal:
 
 
 def _profile(profile: ProfileArg, provider: str) -> SandboxProfile:
-    """The profile as the runner takes it: a local ``base_image`` tag pinned by the provider that pins tags."""
-    if isinstance(profile, SandboxProfile):
-        return profile
-    from checkfu.core.admission import raise_problems  # noqa: PLC0415
-    from checkfu.core.profiles import check_document, pinned, read_profile  # noqa: PLC0415
+    """The profile as the runner takes it (``checkfu.runner.RunnerService.profile``)."""
+    from checkfu.runner import RunnerService  # noqa: PLC0415
 
-    if isinstance(profile, Mapping):
-        read = check_document(dict(profile), "profile")
-    else:
-        read = read_profile(None if profile is None else Path(profile), provider)
-    raise_problems(read.problems)
-    if read.tag is None:
-        assert read.profile is not None
-        return read.profile
-    if provider != "docker":
-        raise SandboxProfileInvalid(
-            f"base_image: {read.tag!r} is a tag, and only the Docker tier pins tags; name the image by digest",
-            field="base_image",
-        )
-    from checkfu.providers.docker import pin_base_image  # noqa: PLC0415 - only the Docker tier pins tags
-
-    return pinned(read, pin_base_image(read.tag))
+    return RunnerService.profile(profile, provider)
 
 
 def _mounts(mounts: Sequence[str | MountSpec] | None) -> list[MountSpec]:
@@ -346,6 +328,7 @@ class AsyncSandbox:
     async def _make(self) -> None:
         from checkfu.core.job import QuietObserver, host_platform_value, resolve_mounts  # noqa: PLC0415
         from checkfu.core.registry import is_endpoint  # noqa: PLC0415
+        from checkfu.runner import RunnerService  # noqa: PLC0415
 
         args, self._args = self._args, None
         if args is None:
@@ -357,7 +340,7 @@ class AsyncSandbox:
         resolved = await resolve_mounts(specs, QuietObserver())
         ctx = await _open(args["provider"], args["db"], args["adapters"])
         try:
-            target = _choose(ctx.registry, args["provider"])
+            target = RunnerService.choose(ctx.registry, args["provider"])
             if prof is None:  # a provider service: the provider it serves decides who pins a tag, as in `checkfu run`
                 prof = await asyncio.to_thread(_profile, args["profile"], target.provider)
             self._live_sb = await ctx.host.create(
@@ -607,28 +590,6 @@ def _default_ttl() -> float:
     from checkfu.core.sandboxes import DEFAULT_TTL  # noqa: PLC0415
 
     return DEFAULT_TTL
-
-
-def _choose(registry: Registry, provider: str) -> Any:
-    from checkfu.contract.errors import SandboxAdapterUnavailable  # noqa: PLC0415
-    from checkfu.core.registry import is_endpoint  # noqa: PLC0415
-
-    found = (
-        [a for a in registry.adapters if a.served]
-        if is_endpoint(provider)
-        else [a for a in registry.by_provider(provider) if not a.served]
-    )
-    ambiguous = None if is_endpoint(provider) else registry.ambiguity(provider)
-    if ambiguous is not None:
-        raise ambiguous
-    if len(found) == 1:
-        return found[0].target
-    why = "; ".join(f"{k}: {v}" for k, v in registry.unavailable.items())
-    if not found:
-        raise SandboxAdapterUnavailable(
-            f"provider: no adapter for {provider!r} is available" + (f" ({why})" if why else ""), field="provider"
-        )
-    raise SandboxAdapterUnavailable(f"provider: {len(found)} adapters of {provider!r}; name one", field="provider")
 
 
 # the synchronous face --------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """The ``checkfu`` command. Thin: it calls only the public API and renders what comes back.
 
 ``main`` answers ``checkfu --version`` before importing anything else (not even ``typing`` or
-``importlib.metadata``), so it costs Python's own start-up and no more; the command tree lives in
+``importlib.metadata``), so it costs Python's own start-up and no more, and ``checkfu ps`` on a journal with nothing
+to list or reclaim from the standard library alone (``checkfu.cli.quick``); the command tree lives in
 ``checkfu.cli.commands``, which loads a subcommand's module only when that subcommand runs.
 """
 
@@ -46,6 +47,10 @@ def main() -> None:
     if sys.argv[1:] == ["--version"]:
         print(version_text())
         return
+    if sys.argv[1:2] == ["ps"]:
+        from checkfu.cli import quick  # noqa: PLC0415 - stdlib only: `ps` with nothing to list or reclaim
+
+        quick.main(sys.argv[1:])
     serving = sys.argv[1:2] != ["server"] and _server_mode() != "off"
     if serving:
         from checkfu.cli import startup  # noqa: PLC0415 - stdlib only

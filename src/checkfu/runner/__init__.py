@@ -10,12 +10,22 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from checkfu.core.job import JobResult, Observer, QuietObserver
+    from checkfu.core.sandboxes import LiveSandbox
     from checkfu.runner.config import ConfigError, RunnerConfig
     from checkfu.runner.service import RunnerService
 
-__all__ = ["ConfigError", "RunnerConfig", "RunnerService"]
+__all__ = ["ConfigError", "JobResult", "LiveSandbox", "Observer", "QuietObserver", "RunnerConfig", "RunnerService"]
 
-_HOME = {"ConfigError": "config", "RunnerConfig": "config", "RunnerService": "service"}
+_HOME = {
+    "ConfigError": "checkfu.runner.config",
+    "RunnerConfig": "checkfu.runner.config",
+    "RunnerService": "checkfu.runner.service",
+    "JobResult": "checkfu.core.job",
+    "Observer": "checkfu.core.job",
+    "QuietObserver": "checkfu.core.job",
+    "LiveSandbox": "checkfu.core.sandboxes",
+}
 
 
 def __getattr__(name: str) -> Any:
@@ -24,4 +34,8 @@ def __getattr__(name: str) -> Any:
         raise AttributeError(f"module 'checkfu.runner' has no attribute {name!r}")
     from importlib import import_module  # noqa: PLC0415
 
-    return getattr(import_module(f"checkfu.runner.{home}"), name)
+    return getattr(import_module(home), name)
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

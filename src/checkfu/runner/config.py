@@ -76,10 +76,10 @@ class RunnerConfig:
             ConfigError: ``CHECKFU_JOURNAL_DEADLINE`` is not a non-negative number of seconds.
         """
         env = os.environ if environ is None else environ
-        xdg = env.get("XDG_STATE_HOME")
         raw_adapters = env.get(ADAPTERS_ENV)
+        xdg = env.get("XDG_STATE_HOME") if environ is not None else None
         return cls(
-            state_dir=Path(xdg) / "checkfu" if xdg else None,
+            state_dir=Path(xdg) / "checkfu" if xdg else None,  # None: the default reads this process's environment
             journal_url=journal_url or None,
             tag=env.get(TAG_ENV) or None,
             adapters=adapters if adapters is not None else (Path(raw_adapters) if raw_adapters else None),
@@ -134,6 +134,16 @@ class RunnerConfig:
     def engine_name(self) -> str:
         """The Docker engine this runner reaches: ``engine``, else ``default``."""
         return self.engine or DEFAULT_ENGINE
+
+    def provider_options(self) -> dict[str, dict[str, str]]:
+        """The in-tree providers' own state under a state directory given in full (``{}`` when it is the default:
+        they keep theirs where they always have, beside it)."""
+        if self.state_dir is None:
+            return {}
+        return {
+            "host-process": {"state_dir": str(self.state_dir / "host-process")},
+            "docker": {"state_dir": str(self.state_dir / "docker")},
+        }
 
     def captures(self) -> Path:
         """Where ``--capture`` files are kept when no directory is named."""

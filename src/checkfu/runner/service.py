@@ -15,6 +15,7 @@ import asyncio
 import concurrent.futures
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from checkfu.runner.config import RunnerConfig
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
     from checkfu.core.reconcile import ReapReport, ReconcileReport
     from checkfu.core.registry import Registry
     from checkfu.core.runner import Runner
-    from checkfu.core.sandboxes import Reclaimed, SandboxHost
+    from checkfu.core.sandboxes import LiveSandbox, Reclaimed, SandboxHost
     from checkfu.wire.credentials import Credential
 
 Notice = Callable[[str], None]
@@ -150,6 +151,7 @@ class RunnerService:
 
         wanted = list(wanted)
         config = self.config.adapters if adapters_file else None
+        options = self._options(options)
         if sites:
             names = sorted({name for name, site in wanted if not is_endpoint(site)})
             registry = await load_registry(
@@ -191,11 +193,22 @@ class RunnerService:
         from checkfu.core.registry import load_registry  # noqa: PLC0415
 
         loaded = await load_registry(
-            entry_point_names=providers, recorder=self.journal, sites=sites, config=self.config.adapters
+            entry_point_names=providers,
+            recorder=self.journal,
+            sites=sites,
+            config=self.config.adapters,
+            options=self._options(None),
         )
         return await add_endpoints(
             loaded, self.journal, open_endpoints(self.journal, runner_tag=self.tag), recorder=self.journal
         )
+
+    def _options(self, given: Mapping[str, Mapping[str, Any]] | None) -> dict[str, dict[str, Any]]:
+        """``given`` over the configuration's own options for the in-tree providers."""
+        merged: dict[str, dict[str, Any]] = {k: dict(v) for k, v in self.config.provider_options().items()}
+        for name, values in (given or {}).items():
+            merged[name] = {**merged.get(name, {}), **values}
+        return merged
 
     def runner(self, registry: Registry) -> Runner:
         """The session-level runner over ``registry``, labelling with this runner's tag. The one place a face gets
@@ -221,7 +234,99 @@ class RunnerService:
 
         return enrolled_credential(self.journal, url)
 
+    @staticmethod
+    def choose(registry: Registry, provider: str) -> ExecutionTarget:
+        """The one adapter of ``registry`` that serves ``provider`` (an installed provider's name, or a provider
+        service's URL), by its advertised target.
+
+        Raises:
+            SandboxAdapterAmbiguous: two adapters advertise one target.
+            SandboxAdapterUnavailable: none, or several, serve ``provider`` (field ``provider``).
+        """
+        from checkfu.contract.errors import SandboxAdapterUnavailable  # noqa: PLC0415
+        from checkfu.core.registry import is_endpoint  # noqa: PLC0415
+
+        served = is_endpoint(provider)
+        found = (
+            [a for a in registry.adapters if a.served]
+            if served
+            else [a for a in registry.by_provider(provider) if not a.served]
+        )
+        ambiguous = None if served else registry.ambiguity(provider)
+        if ambiguous is not None:
+            raise ambiguous
+        if len(found) == 1:
+            return found[0].target
+        why = "; ".join(f"{k}: {v}" for k, v in registry.unavailable.items())
+        if not found:
+            raise SandboxAdapterUnavailable(
+                f"provider: no adapter for {provider!r} is available" + (f" ({why})" if why else ""),
+                field="provider",
+            )
+        raise SandboxAdapterUnavailable(f"provider: {len(found)} adapters of {provider!r}; name one", field="provider")
+
+    @staticmethod
+    def profile(source: SandboxProfile | Mapping[str, Any] | str | Path | None, provider: str) -> SandboxProfile:
+        """The profile as the runner takes it: a ``SandboxProfile`` as given; a mapping or a file (TOML or JSON)
+        checked, every problem reported at once; ``None``: the built-in default for ``provider``. A local
+        ``base_image`` tag (``checkfu/debian:12``) is pinned to the engine's image id by the Docker tier, the one
+        provider that pins tags.
+
+        Raises:
+            SandboxProfileInvalid: the profile is not valid (the message lists each problem by field), or names a
+                tag for a provider that pins none.
+            SandboxAdapterUnavailable: the Docker engine does not answer to pin a tag.
+        """
+        from checkfu.contract.errors import SandboxProfileInvalid  # noqa: PLC0415
+        from checkfu.contract.profile import SandboxProfile  # noqa: PLC0415
+        from checkfu.core.admission import raise_problems  # noqa: PLC0415
+        from checkfu.core.profiles import check_document, pinned, read_profile  # noqa: PLC0415
+
+        if isinstance(source, SandboxProfile):
+            return source
+        if isinstance(source, Mapping):
+            read = check_document(dict(source), "profile")
+        else:
+            read = read_profile(None if source is None else Path(source), provider)
+        raise_problems(read.problems)
+        if read.tag is None:
+            assert read.profile is not None
+            return read.profile
+        if provider != "docker":
+            raise SandboxProfileInvalid(
+                f"base_image: {read.tag!r} is a tag, and only the Docker tier pins tags; name the image by digest",
+                field="base_image",
+            )
+        from checkfu.providers.docker import pin_base_image  # noqa: PLC0415 - only the Docker tier pins tags
+
+        return pinned(read, pin_base_image(read.tag))
+
     # -- use cases ----------------------------------------------------------------------------------------------
+
+    async def run_command(
+        self,
+        provider: str,
+        command: Sequence[str],
+        *,
+        profile: SandboxProfile | Mapping[str, Any] | str | Path | None = None,
+        **job: Any,
+    ) -> JobResult:
+        """One Run of ``command`` on ``provider`` (an installed provider's name, or a provider service's URL reached
+        with the credential issued when it was enrolled) in a sandbox of ``profile`` (default: the provider's
+        built-in one), released when it ends. ``job``: ``run_job``'s options (``mounts``, ``env``, ``cwd``,
+        ``timeout``, ``observer``, ``captures`` ...). The result's ``exit_code`` is the command's, as the engine
+        or provider reported it and the runner checked it.
+
+        Raises:
+            SandboxError: a refusal (nothing ran, nothing is left allocated) or a sandbox failure.
+        """
+        from checkfu.core.registry import is_endpoint  # noqa: PLC0415
+
+        site = provider if is_endpoint(provider) else None
+        registry = await self.adapters([(provider, site)], adapters_file=site is None)
+        target = self.choose(registry, provider)
+        pins = registry.select(target).envelope.provider if site else provider  # a service's provider pins or not
+        return await self.run(registry, target, self.profile(profile, pins), command, **job)
 
     async def run(
         self,
@@ -244,6 +349,73 @@ class RunnerService:
         if target.provider == "docker":
             job.setdefault("noted", {"engine": self.config.engine_name()})
         return await run_job(self.runner(registry), target, profile, list(command), **job)
+
+    async def create_sandbox(
+        self,
+        provider: str,
+        *,
+        profile: SandboxProfile | Mapping[str, Any] | str | Path | None = None,
+        mounts: Sequence[str] = (),
+        ttl: float | None = None,
+        detached: bool = False,
+    ) -> LiveSandbox:
+        """A long-lived sandbox on ``provider``: exec in it, write and read its files, snapshot, clone, ``release``.
+        ``mounts`` as ``checkfu run --mount`` takes them (``SRC:TARGET[:ro|rw]``), read, bounded and hashed before
+        any provider work. Owned by this process (reclaimed once it is gone) unless ``detached``; either way its
+        time-to-live (``ttl`` seconds, default 15 minutes) ends it.
+
+        Raises:
+            SandboxError: refused (named by field), or a provider fault; nothing is left allocated.
+        """
+        from checkfu.core.job import QuietObserver, host_platform_value, resolve_mounts  # noqa: PLC0415
+        from checkfu.core.mounts import parse_mount  # noqa: PLC0415
+        from checkfu.core.registry import is_endpoint  # noqa: PLC0415
+        from checkfu.core.sandboxes import DEFAULT_TTL, check_ttl  # noqa: PLC0415
+
+        specs = [parse_mount(m) for m in mounts]
+        resolved = await resolve_mounts(specs, QuietObserver())
+        site = provider if is_endpoint(provider) else None
+        registry = await self.adapters([(provider, site)], adapters_file=site is None)
+        target = self.choose(registry, provider)
+        pins = registry.select(target).envelope.provider if site else provider
+        prof = await asyncio.to_thread(self.profile, profile, pins)
+        return await self.sandboxes(registry).create(
+            target,
+            prof,
+            host_platform_value(),
+            mounts=resolved,
+            specs=specs,
+            ttl=check_ttl(DEFAULT_TTL if ttl is None else ttl),
+            detached=detached,
+        )
+
+    async def attach_sandbox(self, sandbox_id: str) -> LiveSandbox:
+        """A live sandbox of this runner by its id (made by any process, ``checkfu sandbox create`` included).
+
+        Raises:
+            SandboxNotFound: no live sandbox of that id in this journal.
+        """
+        from checkfu.core.sandboxes import SandboxBook  # noqa: PLC0415
+
+        rec = SandboxBook(self.journal).get(sandbox_id)
+        wanted = (rec.provider, rec.site or None) if rec is not None else ("docker", None)
+        registry = await self.adapters([wanted], adapters_file=not rec or not rec.site)
+        return self.sandboxes(registry).attach(sandbox_id)
+
+    async def resume_snapshot(self, ref: str, *, ttl: float | None = None, detached: bool = False) -> LiveSandbox:
+        """A new sandbox holding snapshot ``ref``'s files, on the provider and site it was taken on.
+
+        Raises:
+            SandboxNotFound: no such snapshot, or it was deleted.
+        """
+        from checkfu.core.sandboxes import DEFAULT_TTL, SandboxBook, check_ttl  # noqa: PLC0415
+
+        rec = SandboxBook(self.journal).snapshot(ref)
+        wanted = (rec.target.provider, rec.site or None) if rec is not None else ("docker", None)
+        registry = await self.adapters([wanted], adapters_file=not rec or not rec.site)
+        return await self.sandboxes(registry).resume(
+            ref, ttl=check_ttl(DEFAULT_TTL if ttl is None else ttl), detached=detached
+        )
 
     async def pool_fill(
         self,
