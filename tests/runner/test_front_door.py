@@ -33,8 +33,10 @@ SERVICE_METHODS = {
     "all_adapters",
     "attach_sandbox",
     "choose",
+    "clone_sandbox",
     "close",
     "create_sandbox",
+    "delete_snapshot",
     "enrolled_credential",
     "fleet",
     "keep_house",
@@ -103,6 +105,28 @@ def test_nothing_outside_the_cli_imports_the_cli() -> None:
                 else []
             )
             offenders += [f"{path.relative_to(SRC)}:{node.lineno}" for n in names if n.startswith("checkfu.cli")]
+    assert offenders == []
+
+
+def _imports(path: Path) -> list[tuple[int, str]]:
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom):
+            found += [(node.lineno, node.module or "")]
+            found += [(node.lineno, f"{node.module}.{a.name}") for a in node.names]
+        elif isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names]
+    return found
+
+
+def test_the_cli_does_not_stand_on_the_sdk() -> None:
+    """Two faces over one door: the command line reaches sandboxes through ``RunnerService``, not the SDK."""
+    offenders = [
+        f"{path.relative_to(SRC)}:{line} {name}"
+        for path in _sources(SRC / "cli")
+        for line, name in _imports(path)
+        if name in ("checkfu.sandbox", "checkfu.Sandbox", "checkfu.AsyncSandbox") or name.startswith("checkfu.sandbox.")
+    ]
     assert offenders == []
 
 

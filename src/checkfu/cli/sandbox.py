@@ -1,9 +1,9 @@
 """Long-lived sandboxes from the command line: ``checkfu sandbox create|rm|extend``, ``checkfu exec``, ``checkfu cp``,
 ``checkfu snapshot``, ``checkfu resume``, ``checkfu clone``, ``checkfu ps`` and ``checkfu kill``.
 
-Every command goes through the SDK (``checkfu.sandbox.AsyncSandbox``), hence through the runner's checked,
-journaled, fenced machinery. Every command takes ``--json``; a refusal prints the vocabulary code and the
-field at fault (with ``--json``: ``{"ok": false, "error": {...}}`` on stdout) and leaves nothing behind.
+Every command goes through the runner's front door (``checkfu.runner.RunnerService``), hence through its checked,
+journaled, fenced machinery, as the SDK does. Every command takes ``--json``; a refusal prints the vocabulary code
+and the field at fault (with ``--json``: ``{"ok": false, "error": {...}}`` on stdout) and leaves nothing behind.
 """
 
 from __future__ import annotations
@@ -41,6 +41,8 @@ sandbox_app = typer.Typer(help="Long-lived sandboxes: create, remove, extend.", 
 
 T = TypeVar("T")
 EXIT_FAILED = 125
+TIMEOUT_EXIT = 124
+"""A command killed at --timeout, as ``timeout(1)`` and ``checkfu run`` report it."""
 """This command's own failure (a refusal, a sandbox that is gone): docker's code for the same."""
 
 DbOpt = Annotated[
@@ -140,10 +142,25 @@ def _span(seconds: float) -> str:
     return f"{s // 86400}d"
 
 
-def _sdk() -> Any:
-    from checkfu import sandbox  # noqa: PLC0415 - loads the runner only for these commands
+async def _opened(db: str | None, adapters: Path | None = None) -> Any:
+    """The runner, through its front door, loaded only for these commands (it keeps the house first)."""
+    from checkfu.cli.state import config  # noqa: PLC0415
+    from checkfu.runner import RunnerService  # noqa: PLC0415
 
-    return sandbox
+    return await RunnerService.open_async(config(db, adapters), notice=lambda line: print(line, file=sys.stderr))
+
+
+def _credential() -> Any:
+    """The credential for a provider service named by URL: ``CHECKFU_PROVIDER_CREDENTIAL``, else (``None``) the
+    one issued when it was enrolled."""
+    from checkfu.wire.credentials import read_credential  # noqa: PLC0415
+
+    return read_credential(None)
+
+
+async def _attached(service: Any, sandbox_id: str) -> Any:
+    """The live sandbox ``sandbox_id`` of this runner (its id checked first)."""
+    return await service.attach_sandbox(_check_id(sandbox_id), credential=_credential())
 
 
 # sandbox create | rm | extend -----------------------------------------------------------------
@@ -178,31 +195,32 @@ def sandbox_create(
     `checkfu sandbox extend`), or `checkfu sandbox rm`."""
     from checkfu.core.registry import is_endpoint  # noqa: PLC0415
 
-    sdk = _sdk()
-
     async def body() -> Any:
         from checkfu.core.mounts import parse_mount  # noqa: PLC0415
 
         seconds = parse_duration(ttl, "--ttl")
         specs = [parse_mount(m, stage_all=no_ignore) for m in mount or []]
-        return await sdk.AsyncSandbox.create(
-            profile=profile, mounts=specs, provider=provider, ttl=seconds, detach=True, db=db, adapters=adapters
-        )
+        service = await _opened(db, adapters)
+        try:
+            live = await service.create_sandbox(
+                provider, profile=profile, mounts=specs, ttl=seconds, detached=True, credential=_credential()
+            )
+        finally:
+            service.close()
+        return live.record
 
-    sb = _run(body, as_json)
-    live = sb._live
+    rec = _run(body, as_json)
     _emit(
         as_json,
         {
-            "sandbox_id": sb.sandbox_id,
-            "run_id": sb.run_id,
-            "provider": sb.provider,
-            "endpoint": live.record.site if is_endpoint(live.record.site) else None,
-            "expires_at": _when(live.record.expires_at),
+            "sandbox_id": rec.sandbox_id,
+            "run_id": rec.run_id,
+            "provider": rec.provider,
+            "endpoint": rec.site if is_endpoint(rec.site) else None,
+            "expires_at": _when(rec.expires_at),
         },
-        sb.sandbox_id,
+        rec.sandbox_id,
     )
-    sb._ctx.close()
 
 
 @sandbox_app.command("rm")
@@ -217,25 +235,17 @@ def sandbox_rm(
 
 
 async def _remove(ids: list[str], db: str | None, *, status: str) -> list[str]:
-    sdk = _sdk()
     done: list[str] = []
     for ident in ids:
-        if ident.startswith("snap-"):
-            _check_id(ident, snapshot=True)
-            name, site = await sdk._provider_of_snapshot(ident, db)
-            ctx = await sdk._open(name, db, site=site)
-            try:
-                await ctx.host.delete_snapshot(ident)
-            finally:
-                ctx.close()
-        else:
-            _check_id(ident)
-            sb = await sdk.AsyncSandbox.connect(ident, db=db)
-            try:
-                await sb._live.release(status=status)
-            finally:
-                sb._closed = True
-                sb._ctx.close()
+        service = await _opened(db)
+        try:
+            if ident.startswith("snap-"):
+                await service.delete_snapshot(_check_id(ident, snapshot=True), credential=_credential())
+            else:
+                live = await _attached(service, ident)
+                await live.release(status=status)
+        finally:
+            service.close()
         done.append(ident)
     return done
 
@@ -248,15 +258,17 @@ def sandbox_extend(
     as_json: JsonOpt = False,
 ) -> None:
     """Set a sandbox's time-to-live to --ttl from now."""
-    sdk = _sdk()
 
     async def body() -> float:
+        from checkfu.core.sandboxes import check_ttl  # noqa: PLC0415
+
         seconds = parse_duration(ttl, "--ttl")
-        sb = await sdk.AsyncSandbox.connect(_check_id(sandbox_id), db=db)
+        service = await _opened(db)
         try:
-            return float(await sb.extend(seconds))
+            live = await _attached(service, sandbox_id)
+            return float(await live.extend(check_ttl(seconds)))
         finally:
-            await sb.close()
+            service.close()
 
     until = _run(body, as_json)
     _emit(as_json, {"sandbox_id": sandbox_id, "expires_at": _when(until)}, f"{sandbox_id} expires {_when(until)}")
@@ -294,17 +306,18 @@ def exec_command(
     values, problems = _env(env or [], [], warnings)
     for w in warnings:
         err.print(f"[bold yellow]warning[/]: {escape(w)}")
-    sdk = _sdk()
 
     async def body() -> int:
         raise_problems(problems + argv_problems(command) + workdir_problems(workdir))
         if not 0 < timeout < 10**7:
             raise SandboxProfileInvalid(f"--timeout: {timeout!r} is not a number of seconds above 0", field="timeout")
-        sb = await sdk.AsyncSandbox.connect(_check_id(sandbox_id), db=db)
+        service = await _opened(db)
         try:
+            live = await _attached(service, sandbox_id)
             if as_json:
-                res = await sb.exec(command, env=values, cwd=workdir, timeout=timeout)
-                doc: dict[str, Any] = {"sandbox_id": sandbox_id, "exit_code": res.exit_code, "timed_out": res.timed_out}
+                res = await live.exec(command, env=values, cwd=workdir, timeout=timeout)
+                code = TIMEOUT_EXIT if res.timed_out else int(res.exit_code)
+                doc: dict[str, Any] = {"sandbox_id": sandbox_id, "exit_code": code, "timed_out": res.timed_out}
                 for name, data in (("stdout", res.stdout), ("stderr", res.stderr)):
                     try:
                         doc[name] = data.decode("utf-8")
@@ -314,10 +327,10 @@ def exec_command(
                         doc[name] = None
                         doc[f"{name}_base64"] = base64.b64encode(data).decode()
                 print(json.dumps({"ok": True, **doc}))
-                return int(res.exit_code)
-            return await _stream(sb, command, values, workdir, timeout, interactive, use_tty)
+                return code
+            return await _stream(live, command, values, workdir, timeout, interactive, use_tty)
         finally:
-            await sb.close()
+            service.close()
 
     code = _run(body, as_json)
     from checkfu.cli.run import FINISHED  # noqa: PLC0415
@@ -327,20 +340,19 @@ def exec_command(
 
 
 async def _stream(
-    sb: Any, argv: list[str], env: dict[str, str], cwd: str | None, timeout: float, interactive: bool, tty: bool
+    live: Any, argv: list[str], env: dict[str, str], cwd: str | None, timeout: float, interactive: bool, tty: bool
 ) -> int:
     from checkfu.cli.terminal import feed, raw_mode, stdin_is_terminal, window_size  # noqa: PLC0415
     from checkfu.contract.process import ProcessExit, ProcessOutput  # noqa: PLC0415
 
-    live = sb._live
     if not live.streams():
         data = sys.stdin.buffer.read() if interactive else b""
-        res = await sb.exec(argv, env=env, cwd=cwd, timeout=timeout, stdin=data)
+        res = await live.exec(argv, env=env, cwd=cwd, timeout=timeout, stdin=data)
         sys.stdout.buffer.write(res.stdout)
         sys.stdout.flush()
         sys.stderr.buffer.write(res.stderr)
         sys.stderr.flush()
-        return int(res.exit_code)
+        return TIMEOUT_EXIT if res.timed_out else int(res.exit_code)
     size = window_size() if tty else None
     proc = await live.open_process(argv, env=env, cwd=cwd, tty=size)
     feeding: asyncio.Future[None] | None = None
@@ -360,7 +372,7 @@ async def _stream(
                         return int(event.exit_code)
         except TimeoutError:
             err.print(f"[bold yellow]warning[/]: the command ran longer than {timeout:g} s and was killed")
-            return 124
+            return TIMEOUT_EXIT
         finally:
             if feeding is not None:
                 feeding.cancel()
@@ -388,7 +400,6 @@ def cp_command(
     """Copy files between a sandbox and this machine, in either direction (as docker cp): ID:PATH LOCAL or
     LOCAL ID:PATH. A directory is copied whole; links are never followed."""
     (sid, spath), (did, dpath) = _split(src), _split(dst)
-    sdk = _sdk()
 
     async def body() -> list[str]:
         if (sid is None) == (did is None):
@@ -396,32 +407,35 @@ def cp_command(
                 "cp: name exactly one side as ID:PATH (a sandbox path) and the other as a local path", field="path"
             )
         local = Path(dpath if sid is not None else spath)
-        sb = await sdk.AsyncSandbox.connect(sid if sid is not None else did, db=db)
+        service = await _opened(db)
         try:
+            live = await _attached(service, str(sid if sid is not None else did))
             if sid is not None:
-                return await _cp_out(sb, spath, local)
-            return await _cp_in(sb, local, dpath)
+                return await _cp_out(live, spath, local)
+            return await _cp_in(live, local, dpath)
         except OSError as exc:  # this machine's side: a directory missing, a permission refused
             where = exc.filename or local
             raise SandboxPathRejected(f"path: {where}: {exc.strerror or exc} (on this machine)", field="path") from exc
         finally:
-            await sb.close()
+            service.close()
 
     copied = _run(body, as_json)
     _emit(as_json, {"copied": copied}, f"copied {len(copied)} file(s)")
 
 
-async def _cp_out(sb: Any, path: str, local: Path) -> list[str]:
+async def _cp_out(live: Any, path: str, local: Path) -> list[str]:
     from checkfu.contract.paths import admit_path  # noqa: PLC0415
 
     admit_path(path, field="path")
-    live = sb._live
     listing = await live.list_dir(path)
     if listing.kind == "missing":
-        raise SandboxNotFound(f"path: nothing at {path} in sandbox {sb.sandbox_id}", field="path")
+        raise SandboxNotFound(f"path: nothing at {path} in sandbox {live.sandbox_id}", field="path")
     into = local / PurePosixPath(path).name if local.is_dir() else local
     if listing.kind == "file":
-        data = await sb.files.read(path)
+        read = await live.read_files([path])
+        data = next((f.data for f in read.files if f.path == path), None)
+        if data is None:
+            raise SandboxNotFound(f"path: no file at {path} in sandbox {live.sandbox_id}", field="path")
         into.write_bytes(data)
         return [str(into)]
     if listing.kind != "dir":
@@ -443,24 +457,23 @@ async def _cp_out(sb: Any, path: str, local: Path) -> list[str]:
     return saved
 
 
-async def _cp_in(sb: Any, local: Path, path: str) -> list[str]:
+async def _cp_in(live: Any, local: Path, path: str) -> list[str]:
     from checkfu.contract.paths import admit_path  # noqa: PLC0415
 
     admit_path(path, field="path")
     if not local.exists() or (local.is_symlink() and not local.is_file()):
         raise SandboxPathRejected(f"path: {local} does not exist here", field="path")
-    live = sb._live
     there = await live.list_dir(path)
     dest = str(PurePosixPath(path) / local.name) if there.kind == "dir" else path
     if local.is_file():
-        await sb.files.write(dest, local.read_bytes(), mode=local.stat().st_mode & 0o777)
+        await live.write_file(dest, local.read_bytes(), mode=local.stat().st_mode & 0o777)
         return [dest]
     written: list[str] = []
     for item in sorted(local.rglob("*")):
         if item.is_symlink() or not item.is_file():
             continue
         target = str(PurePosixPath(dest) / item.relative_to(local).as_posix())
-        await sb.files.write(target, item.read_bytes(), mode=item.stat().st_mode & 0o777)
+        await live.write_file(target, item.read_bytes(), mode=item.stat().st_mode & 0o777)
         written.append(target)
     return written
 
@@ -482,26 +495,26 @@ def snapshot_command(
     as_json: JsonOpt = False,
 ) -> None:
     """Snapshot a live sandbox's files; prints the snapshot id (`checkfu resume` makes a sandbox of it)."""
-    sdk = _sdk()
 
     async def body() -> Any:
         seconds = parse_duration(keep, "--keep") if keep is not None else None
-        sb = await sdk.AsyncSandbox.connect(_check_id(sandbox_id), db=db)
+        service = await _opened(db)
         try:
-            return await sb.snapshot(keep=seconds)
+            live = await _attached(service, sandbox_id)
+            return await live.snapshot(keep=seconds)
         finally:
-            await sb.close()
+            service.close()
 
-    info = _run(body, as_json)
+    snap = _run(body, as_json)
     _emit(
         as_json,
         {
-            "snapshot_id": info.snapshot_id,
+            "snapshot_id": snap.snapshot_ref,
             "sandbox_id": sandbox_id,
-            "keep_seconds": info.keep,
-            "expires_at": _when(info.expires_at),
+            "keep_seconds": snap.keep_seconds,
+            "expires_at": _when(snap.expires_at),
         },
-        info.snapshot_id,
+        snap.snapshot_ref,
     )
 
 
@@ -512,15 +525,19 @@ def resume_command(
     as_json: JsonOpt = False,
 ) -> None:
     """Make a new sandbox from a snapshot; prints its id."""
-    sdk = _sdk()
 
     async def body() -> Any:
         seconds = parse_duration(ttl, "--ttl")
-        return await sdk.AsyncSandbox.resume(_check_id(snapshot, snapshot=True), ttl=seconds, detach=True, db=db)
+        service = await _opened(db)
+        try:
+            ref = _check_id(snapshot, snapshot=True)
+            live = await service.resume_snapshot(ref, ttl=seconds, detached=True, credential=_credential())
+        finally:
+            service.close()
+        return live.record
 
-    sb = _run(body, as_json)
-    _emit(as_json, {"sandbox_id": sb.sandbox_id, "run_id": sb.run_id, "snapshot_id": snapshot}, sb.sandbox_id)
-    sb._ctx.close()
+    rec = _run(body, as_json)
+    _emit(as_json, {"sandbox_id": rec.sandbox_id, "run_id": rec.run_id, "snapshot_id": snapshot}, rec.sandbox_id)
 
 
 def clone_command(
@@ -530,19 +547,19 @@ def clone_command(
     as_json: JsonOpt = False,
 ) -> None:
     """Make a new sandbox holding a live sandbox's files as they are now; prints its id."""
-    sdk = _sdk()
 
     async def body() -> Any:
         seconds = parse_duration(ttl, "--ttl")
-        sb = await sdk.AsyncSandbox.connect(_check_id(sandbox_id), db=db)
+        service = await _opened(db)
         try:
-            return await sb.clone(ttl=seconds, detach=True)
+            live = await _attached(service, sandbox_id)
+            copy = await service.clone_sandbox(live, ttl=seconds, detached=True)
         finally:
-            await sb.close()
+            service.close()
+        return copy.record
 
-    copy = _run(body, as_json)
-    _emit(as_json, {"sandbox_id": copy.sandbox_id, "run_id": copy.run_id, "source": sandbox_id}, copy.sandbox_id)
-    copy._ctx.close()
+    rec = _run(body, as_json)
+    _emit(as_json, {"sandbox_id": rec.sandbox_id, "run_id": rec.run_id, "source": sandbox_id}, rec.sandbox_id)
 
 
 # ps | kill --------------------------------------------------------------------------------------

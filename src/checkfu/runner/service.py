@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from checkfu.core.fleet import FleetConfig, FleetRunner
     from checkfu.core.job import JobResult
     from checkfu.core.journal import Journal
+    from checkfu.core.mounts import MountSpec
     from checkfu.core.pool import Drained, Pooled
     from checkfu.core.reconcile import ReapReport, ReconcileReport
     from checkfu.core.registry import Registry
@@ -203,6 +204,15 @@ class RunnerService:
             loaded, self.journal, open_endpoints(self.journal, runner_tag=self.tag), recorder=self.journal
         )
 
+    async def _at(self, wanted: Wanted, credential: Credential | None) -> Registry:
+        """The registry for one journal row's (provider, site): a service's endpoint with ``credential`` (else its
+        enrolled one), an installed provider with the adapters file."""
+        from checkfu.core.registry import is_endpoint  # noqa: PLC0415
+
+        served = is_endpoint(wanted[1])
+        given = {str(wanted[1]): credential} if served and credential is not None else None
+        return await self.adapters([wanted], credentials=given, adapters_file=not served)
+
     def _options(self, given: Mapping[str, Mapping[str, Any]] | None) -> dict[str, dict[str, Any]]:
         """``given`` over the configuration's own options for the in-tree providers."""
         merged: dict[str, dict[str, Any]] = {k: dict(v) for k, v in self.config.provider_options().items()}
@@ -323,10 +333,12 @@ class RunnerService:
         from checkfu.core.registry import is_endpoint  # noqa: PLC0415
 
         site = provider if is_endpoint(provider) else None
+        prof = None if site else self.profile(profile, provider)  # before any provider is asked anything
         registry = await self.adapters([(provider, site)], adapters_file=site is None)
         target = self.choose(registry, provider)
-        pins = registry.select(target).envelope.provider if site else provider  # a service's provider pins or not
-        return await self.run(registry, target, self.profile(profile, pins), command, **job)
+        if prof is None:  # a service: the provider it serves decides whether a tag is pinned
+            prof = self.profile(profile, registry.select(target).envelope.provider)
+        return await self.run(registry, target, prof, command, **job)
 
     async def run(
         self,
@@ -355,14 +367,16 @@ class RunnerService:
         provider: str,
         *,
         profile: SandboxProfile | Mapping[str, Any] | str | Path | None = None,
-        mounts: Sequence[str] = (),
+        mounts: Sequence[str | MountSpec] = (),
         ttl: float | None = None,
         detached: bool = False,
+        credential: Credential | None = None,
     ) -> LiveSandbox:
         """A long-lived sandbox on ``provider``: exec in it, write and read its files, snapshot, clone, ``release``.
         ``mounts`` as ``checkfu run --mount`` takes them (``SRC:TARGET[:ro|rw]``), read, bounded and hashed before
         any provider work. Owned by this process (reclaimed once it is gone) unless ``detached``; either way its
-        time-to-live (``ttl`` seconds, default 15 minutes) ends it.
+        time-to-live (``ttl`` seconds, default 15 minutes) ends it. A provider service is reached with
+        ``credential``, else the one issued when it was enrolled.
 
         Raises:
             SandboxError: refused (named by field), or a provider fault; nothing is left allocated.
@@ -372,13 +386,17 @@ class RunnerService:
         from checkfu.core.registry import is_endpoint  # noqa: PLC0415
         from checkfu.core.sandboxes import DEFAULT_TTL, check_ttl  # noqa: PLC0415
 
-        specs = [parse_mount(m) for m in mounts]
+        specs = [parse_mount(m) if isinstance(m, str) else m for m in mounts]
         resolved = await resolve_mounts(specs, QuietObserver())
         site = provider if is_endpoint(provider) else None
-        registry = await self.adapters([(provider, site)], adapters_file=site is None)
+        # An installed provider's profile is read before any provider is asked anything (describe included); a
+        # service's once its envelope says which provider it serves (and so whether it pins a tag).
+        prof = None if site else await asyncio.to_thread(self.profile, profile, provider)
+        given = {site: credential} if site and credential is not None else None
+        registry = await self.adapters([(provider, site)], credentials=given, adapters_file=site is None)
         target = self.choose(registry, provider)
-        pins = registry.select(target).envelope.provider if site else provider
-        prof = await asyncio.to_thread(self.profile, profile, pins)
+        if prof is None:
+            prof = await asyncio.to_thread(self.profile, profile, registry.select(target).envelope.provider)
         return await self.sandboxes(registry).create(
             target,
             prof,
@@ -389,7 +407,7 @@ class RunnerService:
             detached=detached,
         )
 
-    async def attach_sandbox(self, sandbox_id: str) -> LiveSandbox:
+    async def attach_sandbox(self, sandbox_id: str, *, credential: Credential | None = None) -> LiveSandbox:
         """A live sandbox of this runner by its id (made by any process, ``checkfu sandbox create`` included).
 
         Raises:
@@ -399,10 +417,12 @@ class RunnerService:
 
         rec = SandboxBook(self.journal).get(sandbox_id)
         wanted = (rec.provider, rec.site or None) if rec is not None else ("docker", None)
-        registry = await self.adapters([wanted], adapters_file=not rec or not rec.site)
+        registry = await self._at(wanted, credential)
         return self.sandboxes(registry).attach(sandbox_id)
 
-    async def resume_snapshot(self, ref: str, *, ttl: float | None = None, detached: bool = False) -> LiveSandbox:
+    async def resume_snapshot(
+        self, ref: str, *, ttl: float | None = None, detached: bool = False, credential: Credential | None = None
+    ) -> LiveSandbox:
         """A new sandbox holding snapshot ``ref``'s files, on the provider and site it was taken on.
 
         Raises:
@@ -412,10 +432,32 @@ class RunnerService:
 
         rec = SandboxBook(self.journal).snapshot(ref)
         wanted = (rec.target.provider, rec.site or None) if rec is not None else ("docker", None)
-        registry = await self.adapters([wanted], adapters_file=not rec or not rec.site)
+        registry = await self._at(wanted, credential)
         return await self.sandboxes(registry).resume(
             ref, ttl=check_ttl(DEFAULT_TTL if ttl is None else ttl), detached=detached
         )
+
+    async def clone_sandbox(
+        self, source: LiveSandbox, *, ttl: float | None = None, detached: bool = False
+    ) -> LiveSandbox:
+        """A new sandbox holding ``source``'s files as they are now (the source stays as it is)."""
+        from checkfu.core.sandboxes import DEFAULT_TTL, check_ttl  # noqa: PLC0415
+
+        return await source.host.clone(source, ttl=check_ttl(DEFAULT_TTL if ttl is None else ttl), detached=detached)
+
+    async def delete_snapshot(self, ref: str, *, credential: Credential | None = None) -> None:
+        """Delete snapshot ``ref`` through the provider and site it was taken on (one already deleted is left as
+        it is).
+
+        Raises:
+            SandboxNotFound: no such snapshot in this journal.
+        """
+        from checkfu.core.sandboxes import SandboxBook  # noqa: PLC0415
+
+        rec = SandboxBook(self.journal).snapshot(ref)
+        wanted = (rec.target.provider, rec.site or None) if rec is not None else ("docker", None)
+        registry = await self._at(wanted, credential)
+        await self.sandboxes(registry).delete_snapshot(ref)
 
     async def pool_fill(
         self,
