@@ -14,20 +14,20 @@ from rich.markup import escape
 from rich.table import Table
 
 from checkfu.cli.consoles import console
-from checkfu.cli.state import client_credential, enrolled_credential, is_url, open_journal, service_of, state_dir
+from checkfu.cli.state import client_credential, is_url, open_journal, open_service, service_of, state_dir
 from checkfu.conformance.cases import CASES, Case, CaseResult
 from checkfu.conformance.evidence import EvidenceError, load_private_key, load_public_key, sign
-from checkfu.conformance.suite import Report, resolve_target, run_suite
+from checkfu.conformance.suite import Report, run_suite
 from checkfu.contract.ceiling import RunnerProviderCapability
 from checkfu.contract.codec import decode
 from checkfu.contract.envelope import SandboxProviderCapabilities
 from checkfu.contract.errors import SandboxAdapterUnavailable, SandboxEnrollmentRefused, SandboxError
 from checkfu.contract.profile import SandboxProfile
-from checkfu.control.enrollment import enroll, refuse_matrix_evidence
+from checkfu.control.enrollment import refuse_matrix_evidence
 from checkfu.control.grading import GradeCard, grade, grade_envelope, render_html, render_text
 from checkfu.core.documents import DocumentError, read_bounded
 from checkfu.core.files import load
-from checkfu.core.registry import Adapter, Registry, enrollment_endpoint, load_registry
+from checkfu.core.registry import enrollment_endpoint, load_registry
 from checkfu.wire.credentials import Credential, CredentialError
 from checkfu.wire.server import create_app
 from checkfu.wire.serving import serve
@@ -308,20 +308,11 @@ def provider_enroll(
         key = _public_key(conformance_pub, "--pub")
         document = _read_file(evidence, "--evidence")
         given = _credential(credential, credential_file)
-        journal = open_journal(db)
+        service = open_service(db)
         try:
-            return asyncio.run(
-                enroll(
-                    journal,
-                    target,
-                    document,
-                    key,
-                    credential=given,
-                    credentials_dir=state_dir() / "credentials",
-                )
-            )
+            return asyncio.run(service.enroll(target, document, key, credential=given))
         finally:
-            journal.close()
+            service.close()
 
     enrolled = _refusing(as_json, body, usage_code=SandboxEnrollmentRefused.code)
     t = enrolled.evidence.tally
@@ -420,21 +411,16 @@ def provider_grade(
 ) -> None:
     """The grade card: tier, each axis and who enforces it, egress, ceiling, conformance, warnings, faults."""
     cred = _credential(credential, credential_file)
-    journal = open_journal(db)
+    service = open_service(db)
     try:
         if cred is None and is_url(target):  # the credential issued at enrollment, as `checkfu run` uses it
-            cred = enrolled_credential(journal, target)
-        adapter = _refusing(as_json, lambda: asyncio.run(resolve_target(target, cred)))
-        service_of(journal, db).record(_registry_of(adapter))
-        report = _run_cases(target, cred, None, None, quiet=as_json) if test else None
-        card = grade(
-            adapter,
-            enrollment=journal.enrollment(adapter.target, enrollment_endpoint(adapter)),
-            history=journal.provider_faults(adapter.target),
-            conformance=report.as_json() if report is not None else None,
-        )
+            cred = service.enrolled_credential(target)
+        card = _refusing(as_json, lambda: asyncio.run(service.grade(target, credential=cred)))
+        if test:
+            report = _run_cases(target, cred, None, None, quiet=as_json)
+            card = asyncio.run(service.grade(target, credential=cred, conformance=report.as_json()))
     finally:
-        journal.close()
+        service.close()
     if html_out is not None:
         html_out.write_text(render_html(card), encoding="utf-8")
     if as_json:
@@ -467,9 +453,3 @@ def _refusing(as_json: bool, body: Callable[[], T], *, usage_code: str | None = 
             error = {"code": usage_code, "message": exc.format_message(), "field": hint}
             print(json.dumps({"ok": False, "error": error}))
         raise
-
-
-def _registry_of(adapter: Adapter) -> Registry:
-    registry = Registry()
-    registry.add(adapter)
-    return registry

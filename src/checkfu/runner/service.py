@@ -23,6 +23,8 @@ from checkfu.runner.config import RunnerConfig
 if TYPE_CHECKING:
     from checkfu.contract.profile import SandboxProfile
     from checkfu.contract.target import ExecutionTarget
+    from checkfu.control.enrollment import Enrolled
+    from checkfu.control.grading import GradeCard
     from checkfu.core.expiry import ExpiryReport
     from checkfu.core.fleet import FleetConfig, FleetRunner
     from checkfu.core.job import JobResult
@@ -548,6 +550,55 @@ class RunnerService:
             return await self.adapters([(spec, None)], sites=sites or None)
 
         return FleetRunner(self.journal, load, runner_tag=self.tag, config=settings, emit=emit)
+
+    async def enroll(
+        self, target: str, evidence: bytes, conformance_key: Any, *, credential: Credential | None = None
+    ) -> Enrolled:
+        """Admit the provider at ``target`` (a service URL, or an installed provider's name) for selection: verify
+        its signed conformance evidence against ``conformance_key``, hold its envelope to the server-owned ceiling
+        and, for a service, issue it a credential kept in the state directory's ``credentials``.
+
+        Raises:
+            SandboxEnrollmentRefused: naming every reason (evidence, failed cases, egress, each axis above the ceiling).
+            SandboxError: the provider cannot be reached or its envelope does not decode.
+        """
+        from checkfu.control.enrollment import enroll  # noqa: PLC0415
+
+        return await enroll(
+            self.journal,
+            target,
+            evidence,
+            conformance_key,
+            credential=credential,
+            credentials_dir=self.config.state() / "credentials",
+        )
+
+    async def grade(
+        self, target: str, *, credential: Credential | None = None, conformance: dict[str, Any] | None = None
+    ) -> GradeCard:
+        """The grade card of ``target`` (an installed provider, or a service URL reached with ``credential``, else
+        the one issued when it was enrolled): tier, each axis and who enforces it, egress, ceiling, its enrollment,
+        the faults the journal recorded of it, and ``conformance`` (a report's JSON) when given.
+
+        Raises:
+            SandboxAdapterUnavailable: nothing by that name is installed, or the service cannot be reached.
+        """
+        from checkfu.conformance.suite import resolve_target  # noqa: PLC0415
+        from checkfu.control.grading import grade  # noqa: PLC0415
+        from checkfu.core.registry import Registry, enrollment_endpoint  # noqa: PLC0415
+
+        if credential is None and target.startswith(("http://", "https://")):
+            credential = self.enrolled_credential(target)
+        adapter = await resolve_target(target, credential)
+        registry = Registry()
+        registry.add(adapter)
+        self.record(registry)
+        return grade(
+            adapter,
+            enrollment=self.journal.enrollment(adapter.target, enrollment_endpoint(adapter)),
+            history=self.journal.provider_faults(adapter.target),
+            conformance=conformance,
+        )
 
     # -- the house: reaping and expiry --------------------------------------------------------------------------
 
