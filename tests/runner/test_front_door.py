@@ -58,7 +58,9 @@ SERVICE_METHODS = {
     "run_command",
     "runner",
     "sandboxes",
+    "submit",
     "sweep_snapshots",
+    "wait",
 }
 
 BUILT_ONLY_AT_THE_DOOR = {"Runner", "FleetRunner", "SandboxHost"}

@@ -27,7 +27,7 @@ from checkfu.cli import common
 from checkfu.cli import run as run_cli
 from checkfu.cli.consoles import console
 from checkfu.cli.engines import EngineCertsOpt, EngineOpt, engine_sites
-from checkfu.cli.state import client_credential, is_url, open_journal, open_service, runner_tag
+from checkfu.cli.state import client_credential, is_url, open_journal, open_service
 from checkfu.contract.errors import SandboxNotFound
 from checkfu.core.clock import SystemClock
 from checkfu.core.fleet import FleetConfig
@@ -37,7 +37,7 @@ from checkfu.core.registry import (
     adapters_file,
     read_adapters_file,
 )
-from checkfu.fleet import follow, pinned_mounts, submit_request
+from checkfu.runner.submission import pinned_mounts
 
 err = console(stderr=True, highlight=False, soft_wrap=True)
 
@@ -143,11 +143,11 @@ def submit_command(**options: Any) -> None:
         timeout=options["timeout"],
         allowed=tuple(dict.fromkeys(allow)),
     )
-    journal = open_journal(options["db"])
+    service = open_service(options["db"])
     try:
-        run_id = submit_request(journal, request, runner_tag=runner_tag(options["db"]))
+        run_id = service.submit(request)
     finally:
-        journal.close()
+        service.close()
     if not options["quiet"]:
         for line in warnings:
             err.print(f"[bold yellow]warning[/]: {escape(line)}")
@@ -174,7 +174,8 @@ def runs_wait(
     ] = None,
 ) -> None:
     """Stream a submitted Run's output once a runner runs it; exit with its status."""
-    journal = open_journal(db)
+    service = open_service(db)
+    journal = service.journal
     try:
         found = journal.find_runs(run)
         if len(found) != 1:
@@ -200,8 +201,7 @@ def runs_wait(
                 err.print(f"[bold yellow]warning[/]: {escape(text)}")
 
         try:
-            result = follow(
-                journal,
+            result = service.wait(
                 run_id,
                 on_stdout=write(sys.stdout),
                 on_stderr=write(sys.stderr),
@@ -213,7 +213,7 @@ def runs_wait(
             err.print(f"checkfu: {escape(str(exc))}; `checkfu runs wait {escape(run_id)}` waits again")
             raise typer.Exit(TIMEOUT_EXIT) from None
     finally:
-        journal.close()
+        service.close()
     code = _exit_code(result.status, result.exit_code)
     if as_json:
         error = result.error

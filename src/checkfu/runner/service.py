@@ -31,10 +31,12 @@ if TYPE_CHECKING:
     from checkfu.core.journal import Journal
     from checkfu.core.mounts import MountSpec
     from checkfu.core.pool import Drained, Pooled
+    from checkfu.core.queue import RunRequest
     from checkfu.core.reconcile import ReapReport, ReconcileReport
     from checkfu.core.registry import Registry
     from checkfu.core.runner import Runner
     from checkfu.core.sandboxes import LiveSandbox, Reclaimed, SandboxHost
+    from checkfu.runner.submission import RunResult
     from checkfu.wire.credentials import Credential
 
 Notice = Callable[[str], None]
@@ -598,6 +600,41 @@ class RunnerService:
             enrollment=self.journal.enrollment(adapter.target, enrollment_endpoint(adapter)),
             history=self.journal.provider_faults(adapter.target),
             conformance=conformance,
+        )
+
+    def submit(self, request: RunRequest, *, runner_tag: str | None = None) -> str:
+        """Queue a checked Run ``request`` (``checkfu.runner.submission.build_request``) for the fleet on this
+        journal, labelled with ``runner_tag`` (default: this runner's); returns its Run id at once."""
+        from checkfu.runner.submission import submit_request  # noqa: PLC0415
+
+        return submit_request(self.journal, request, runner_tag=runner_tag or self.tag)
+
+    def wait(
+        self,
+        run_id: str,
+        *,
+        on_stdout: Callable[[bytes], None] | None = None,
+        on_stderr: Callable[[bytes], None] | None = None,
+        on_attempt: Callable[[int], None] | None = None,
+        on_warning: Callable[[str], None] | None = None,
+        timeout: float | None = None,
+    ) -> RunResult:
+        """Follow a Run to its one terminal state, streaming each attempt's output as it arrives.
+
+        Raises:
+            SandboxNotFound: no Run ``run_id`` in this journal.
+            TimeoutError: ``timeout`` seconds passed first (the Run goes on).
+        """
+        from checkfu.runner.submission import follow  # noqa: PLC0415
+
+        return follow(
+            self.journal,
+            run_id,
+            on_stdout=on_stdout,
+            on_stderr=on_stderr,
+            on_attempt=on_attempt,
+            on_warning=on_warning,
+            timeout=timeout,
         )
 
     # -- the house: reaping and expiry --------------------------------------------------------------------------
