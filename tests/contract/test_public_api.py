@@ -168,7 +168,6 @@ FORBIDDEN_AT_IMPORT = (
     "http.client",
     "urllib.request",
     "ssl",
-    "dulwich",
     "typer",
     "rich",
     "checkfu.providers",
