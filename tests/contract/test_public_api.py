@@ -159,6 +159,7 @@ FORBIDDEN_AT_IMPORT = (
     "httpx",
     "httpcore",
     "h11",
+    "httptools",
     "starlette",
     "fastapi",
     "uvicorn",
