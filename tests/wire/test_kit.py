@@ -27,6 +27,7 @@ import pytest
 import rfc8785
 from test_kit_patterns import ecma
 
+from checkfu.conformance.author_kit import export_kit, readme
 from checkfu.contract import ERROR_CLASSES, MEMBERS, MESSAGES, SandboxError, SandboxProfile, decode
 from checkfu.contract.frames import FRAME_TYPES, parse
 from checkfu.contract.model import Model
@@ -39,11 +40,9 @@ from checkfu.wire.kit import (
     RULES,
     SCHEMA_DIALECT,
     build_kit,
-    export_kit,
     frame_models,
     message_types,
 )
-from checkfu.wire.kit_readme import readme
 
 KIT: dict[str, Any] = build_kit()
 INDEX: dict[str, Any] = KIT["index.json"]

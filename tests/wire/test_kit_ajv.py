@@ -29,7 +29,8 @@ import pytest
 from test_kit import EXPECTED_BEYOND_SCHEMA, KIT, VALID, VECTORS
 from test_kit_claims import CLAUSE_VECTORS
 
-from checkfu.wire.kit import FRAME_MESSAGES, JSON_RULES, export_kit
+from checkfu.conformance.author_kit import export_kit
+from checkfu.wire.kit import FRAME_MESSAGES, JSON_RULES
 
 
 def run_ajv(node_ajv: Any, kit: Path) -> tuple[int, dict[str, Any]]:

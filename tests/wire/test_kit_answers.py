@@ -25,6 +25,7 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 from wire_rig import Driven, Service, host_profile
 
+from checkfu.conformance.author_kit import DEFAULT_PATH, FEATURES
 from checkfu.conformance.cases import CASES, ITEMS, NOT_EXERCISED
 from checkfu.conformance.evidence import statement
 from checkfu.conformance.suite import SUITE_VERSION, Report
@@ -51,7 +52,6 @@ from checkfu.testing.served import serve_in_thread
 from checkfu.wire.client import REATTACH_PAUSE
 from checkfu.wire.credentials import OPERATION_SECRET
 from checkfu.wire.errors import WireError
-from checkfu.wire.kit_readme import DEFAULT_PATH, FEATURES
 from checkfu.wire.server import STDIN_WINDOW
 
 ANSWERS = "## What the contract leaves open, answered"

@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from checkfu.wire.kit import export_kit
+from checkfu.conformance.author_kit import export_kit
 
 app = typer.Typer(help="The provider author kit: JSON Schemas and golden vectors.", no_args_is_help=True)
 

@@ -1,9 +1,11 @@
 """The provider author kit: JSON Schemas and golden vectors, from the models the code uses.
 
-``build_kit()`` returns every file as ``{relative path: JSON value}``; ``export_kit``
-writes them with the README. Nothing here is hand-maintained beside the models: the
-schemas are generated from them (cross-field rules included, as ``if``/``then``
-clauses the models carry) and the valid vectors are ``checkfu.contract.examples``.
+``build_kit()`` returns every file as ``{relative path: JSON value}``;
+``checkfu.conformance.author_kit.export_kit`` writes them with the README (which states
+the conformance cases too, so it is written by the layer that sees both). Nothing here is
+hand-maintained beside the models: the schemas are generated from them (cross-field rules
+included, as ``if``/``then`` clauses the models carry) and the valid vectors are
+``checkfu.contract.examples``.
 The invalid vectors state, independently of the decoder, the error code and field
 path a conforming decoder must report, and which layer refuses them:
 
@@ -24,7 +26,6 @@ import hashlib
 import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Literal
 
 import rfc8785
@@ -1108,16 +1109,3 @@ def _vectors(
         assert path not in files, path
         files[path] = _invalid_vector(name, inv, valid[0][1])
         entry["vectors"].append(path)
-
-
-def export_kit(directory: Path) -> int:
-    """Write the kit under ``directory``; returns the number of files written."""
-    from checkfu.wire.kit_readme import readme  # noqa: PLC0415
-
-    files = build_kit()
-    for rel, value in files.items():
-        target = directory / rel
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(json.dumps(value, indent=2, ensure_ascii=False, sort_keys=False) + "\n", encoding="utf-8")
-    (directory / "README.md").write_text(readme(files), encoding="utf-8")
-    return len(files) + 1

@@ -1,14 +1,18 @@
-"""The author kit's README: how a stranger builds a conforming provider from the kit alone.
+"""The provider author kit as written to disk, and its README: how a stranger builds a conforming
+provider from the kit alone.
 
-``readme(files)`` writes it from the kit's own files and the code's constants, so its
-tables (defaults, error codes and statuses, frame tags, the digest's worked example)
-cannot drift from what the runner does. The prose is the contract's; where it names a
-limit or a rule, the constant it comes from is used.
+``export_kit(directory)`` writes the wire's schemas and vectors (``checkfu.wire.kit.build_kit``)
+and the README. ``readme(files)`` writes that from the kit's own files and the code's constants,
+so its tables (defaults, error codes and statuses, frame tags, the digest's worked example, the
+conformance cases) cannot drift from what the runner does. The prose is the contract's; where it
+names a limit or a rule, the constant it comes from is used. It lives here, above the wire, because
+it states both the wire and the conformance cases.
 """
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 from checkfu.conformance.cases import CASES, ECHO_FLOOR, ITEMS, NOT_EXERCISED, PATIENCE, declared_by
@@ -32,6 +36,7 @@ from checkfu.wire.kit import (
     FRAME_MESSAGES,
     JSON_RULES,
     KIT_VERSION,
+    build_kit,
     clause_fields,
     largest_request_header,
     message_types,
@@ -1081,3 +1086,14 @@ the rest (and `stdin_end` if it had sent it). The server keeps an operation whos
 away without closing for {OPERATION_TTL:g} s, and forgets it once the client closes normally
 after `exit`.
 {_members_section()}{_envelope_digest_section(files)}{_conformance_section()}{_answers_section()}"""
+
+
+def export_kit(directory: Path) -> int:
+    """Write the kit under ``directory``; returns the number of files written."""
+    files = build_kit()
+    for rel, value in files.items():
+        target = directory / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(json.dumps(value, indent=2, ensure_ascii=False, sort_keys=False) + "\n", encoding="utf-8")
+    (directory / "README.md").write_text(readme(files), encoding="utf-8")
+    return len(files) + 1
