@@ -39,6 +39,7 @@ from checkfu.contract.members import (
     ReleaseResult,
     WriteFileResult,
 )
+from checkfu.contract.mounts import MountPlan
 from checkfu.contract.process import ProcessEvent, ProcessExit
 from checkfu.contract.profile import SandboxProfile
 from checkfu.contract.provider import ProcessStream, Provider
@@ -102,7 +103,9 @@ class RunSession:
         self.unjournaled: dict[str, str] = {}
         """What the journal could not record while winding up (its row stays open for reconciliation), by key."""
         self.adopted: str | None = None
-        """The allocation key of the pooled sandbox this attempt adopted (``checkfu.core.pool.adopt``), if any."""
+        """The allocation key of the pooled sandbox this attempt adopted (``adopt``), if any."""
+        self.detached: set[str] = set()
+        """Allocation keys this session let go of (``detach``): its wind-up leaves them as they are."""
 
     @property
     def envelope(self) -> SandboxProviderCapabilities:
@@ -132,6 +135,55 @@ class RunSession:
     @property
     def snapshots(self) -> dict[str, Snapshot]:
         return self.core.snapshots
+
+    # taking over what another attempt journaled ---------------------------------------------
+
+    def adopt(
+        self,
+        key: str,
+        *,
+        from_run: str,
+        from_lease: Lease,
+        from_owner: str,
+        instance: Instance | None = None,
+    ) -> bool:
+        """Take the ``live`` allocation ``key`` over from ``from_run``, whose lease ``from_lease`` no process holds
+        (``from_owner``: a pooled sandbox waiting for a Run): the row moves to this attempt's Run and lease and the
+        old lease is ended, in one compare-and-set (``Journal.adopt_allocation``); then this attempt holds it, with
+        ``instance`` as the runner's record of it. Returns ``False`` when another adopter won (nothing changed).
+
+        Raises:
+            SandboxLeaseFenced: this attempt's own lease was taken over; nothing was written.
+        """
+        won = self.journal.adopt_allocation(
+            key,
+            from_run=from_run,
+            from_lease=from_lease,
+            from_owner=from_owner,
+            to_run=self.run_id,
+            to_lease=self.lease,
+            now=self.clock.now(),
+        )
+        if won:
+            self.core.take(key, instance=instance)
+            self.adopted = key
+        return won
+
+    def attach(self, *, instance: Instance | None = None, snapshot: Snapshot | None = None) -> None:
+        """Hold an instance or snapshot this session's Run journaled ``live`` in an earlier process (a long-lived
+        sandbox, a snapshot of one), under the Run's lease as it is now (``lease``: every holder of a long-lived
+        sandbox shares its lease; a reclaim takes it over and fences them all). Writes nothing."""
+        held = instance if instance is not None else snapshot
+        if held is None:
+            raise ValueError("attach: give the instance or the snapshot to hold")
+        self.detached.discard(held.allocation_key)
+        self.core.take(held.allocation_key, instance=instance, snapshot=snapshot)
+
+    def detach(self, inst: Instance) -> None:
+        """Let go of ``inst`` without releasing it: later calls on it are refused by the core, and this session's
+        wind-up (``release_all``) leaves it and its journal row as they are, for whoever attaches next."""
+        self.core.let_go(inst.allocation_key)
+        self.detached.add(inst.allocation_key)
 
     # carrying out a plan ----------------------------------------------------------------------
 
@@ -250,14 +302,19 @@ class RunSession:
         return await self._run(self._plan("materialize", lambda: self.core.materialize(profile, platform)))
 
     async def provision(
-        self, profile: SandboxProfile, platform: Platform, root_image: str, mounts: Sequence[ResolvedMount] = ()
+        self,
+        profile: SandboxProfile,
+        platform: Platform,
+        root_image: str,
+        mounts: Sequence[ResolvedMount | MountPlan] = (),
     ) -> Instance:
-        """Journal an allocation, then ask for it; compensate it if anything fails.
+        """Journal an allocation, then ask for it; compensate it if anything fails. ``mounts``: resolved, or only
+        their plans (a pooled sandbox's empty sealed mounts, staged by the Run that adopts it).
 
         Raises:
             SandboxError: whatever check failed; the allocation has been compensated.
         """
-        plans = [m.plan for m in mounts]
+        plans = [m if isinstance(m, MountPlan) else m.plan for m in mounts]
         return await self._run(
             self._plan("provision", lambda: self.core.provision(profile, platform, root_image, plans))
         )
@@ -449,7 +506,7 @@ class RunSession:
             rows = []
         for row in rows:
             key = row.allocation_key
-            if (row.kind == "snapshot" and row.state == "live") or key in left:
+            if (row.kind == "snapshot" and row.state == "live") or key in left or key in self.detached:
                 continue  # durable snapshots outlive the Run by design
             if self.core.rows.get(key) in ("released", "compensated"):
                 continue  # reclaimed in the provider; only the journal could not say so

@@ -262,31 +262,65 @@ _SET_EXPIRY = (
     .values(expires_at=sa.bindparam("expires_at"))
 )
 _INSERT_EVENT = events.insert()
-_HOLD_LEASE = (
-    leases.update()
-    .where(
-        leases.c.lease_id == sa.bindparam("held_id"),
-        leases.c.epoch == sa.bindparam("held_epoch"),
-        leases.c.ended.is_(False),
-    )
-    .values(epoch=leases.c.epoch)
+LEASE_CURRENT = (
+    leases.c.lease_id == sa.bindparam("held_id"),
+    leases.c.epoch == sa.bindparam("held_epoch"),
+    leases.c.ended.is_(False),
 )
+"""The one lease fence: the lease ``held_id`` is still at epoch ``held_epoch`` and not ended. Every statement that
+writes (or reads) under a lease is built from it (``fenced``), with the lease as ``lease_params``."""
+
+
+def fenced(**values: Any) -> sa.Update:
+    """An update of the lease row that applies only while the lease is current (``LEASE_CURRENT``)."""
+    return leases.update().where(*LEASE_CURRENT).values(**values)
+
+
+def lease_params(lease: Lease, **more: Any) -> dict[str, Any]:
+    """The parameters of a statement built on ``LEASE_CURRENT``, for ``lease``."""
+    return {"held_id": lease.lease_id, "held_epoch": lease.lease_epoch, **more}
+
+
+_HOLD_LEASE = fenced(epoch=leases.c.epoch)
 """Touch a lease only if it is still current: the row lock it takes (PostgreSQL) or the write lock
 (SQLite) holds it current until the transaction that wrote under it commits."""
+_ADOPT_LEASE = fenced(epoch=leases.c.epoch + 1, ended=True).where(
+    leases.c.owner == sa.bindparam("from_owner"), leases.c.expires_at > sa.bindparam("now")
+)
+"""End a lease no process holds (a pooled sandbox's), bumping its epoch so a straggler is fenced."""
+_ADOPT_ALLOCATION = (
+    allocations.update()
+    .where(
+        allocations.c.allocation_key == sa.bindparam("key"),
+        allocations.c.run_id == sa.bindparam("from_run"),
+        allocations.c.lease_id == sa.bindparam("held_id"),
+        allocations.c.state == "live",
+    )
+    .values(
+        run_id=sa.bindparam("to_run"),
+        lease_id=sa.bindparam("to_lease"),
+        lease_epoch=sa.bindparam("to_epoch"),
+        updated_at=sa.bindparam("now"),
+    )
+)
 
 
-def _hold(c: Connection, lease: Lease) -> None:
+def hold_lease(c: Connection, lease: Lease) -> None:
     """Within ``c``'s transaction: make sure ``lease`` is current and keep it so until commit.
 
     Raises:
         SandboxLeaseFenced: the lease was taken over (another epoch) or ended.
     """
-    if c.execute(_HOLD_LEASE, {"held_id": lease.lease_id, "held_epoch": lease.lease_epoch}).rowcount != 1:
+    if c.execute(_HOLD_LEASE, lease_params(lease)).rowcount != 1:
         raise SandboxLeaseFenced(
             f"lease {lease.lease_id} at epoch {lease.lease_epoch} is no longer current: another attempt took the Run "
             "over, or it ended; nothing was written under it",
             field="lease.lease_epoch",
         )
+
+
+class _Lost(Exception):
+    """A compare-and-set found the row changed: the transaction is rolled back."""
 
 
 @dataclass(frozen=True)
@@ -841,7 +875,7 @@ class Journal:
         """
         with self.tx(durable=True) as c:
             if fence is not None:
-                _hold(c, fence)
+                hold_lease(c, fence)
             c.execute(
                 _INSERT_ALLOCATION,
                 {
@@ -883,10 +917,56 @@ class Journal:
             params["object_id"] = object_id
         with self.tx() as c:
             if fence is not None:
-                _hold(c, fence)
+                hold_lease(c, fence)
             c.execute(_UPDATE_ALLOCATION if object_id is None else _UPDATE_ALLOCATION_OBJECT, params)
             if expires_at is not None:
                 c.execute(_SET_EXPIRY, {"key": key, "expires_at": expires_at})
+
+    @journaled("adopt_allocation")
+    def adopt_allocation(
+        self,
+        key: str,
+        *,
+        from_run: str,
+        from_lease: Lease,
+        from_owner: str,
+        to_run: str,
+        to_lease: Lease,
+        now: float,
+    ) -> bool:
+        """Move the ``live`` allocation ``key`` from ``from_run`` (under ``from_lease``, held by ``from_owner``, no
+        process: a pooled sandbox waiting for a Run) to ``to_run`` under ``to_lease``: one compare-and-set, all or
+        nothing, in one transaction.
+
+        ``to_lease`` must be current; ``from_lease`` is ended at the epoch read, bumped (a straggler under it is
+        fenced), and only while it is current, still held by ``from_owner`` and not expired at ``now``; the row moves
+        only if it is still ``from_run``'s and live. Returns whether this caller won; a loser changed nothing.
+
+        Raises:
+            SandboxLeaseFenced: ``to_lease`` was taken over or ended; nothing was written.
+        """
+        try:
+            with self.tx() as c:
+                hold_lease(c, to_lease)
+                if c.execute(_ADOPT_LEASE, lease_params(from_lease, from_owner=from_owner, now=now)).rowcount != 1:
+                    raise _Lost
+                moved = c.execute(
+                    _ADOPT_ALLOCATION,
+                    lease_params(
+                        from_lease,
+                        key=key,
+                        from_run=from_run,
+                        to_run=to_run,
+                        to_lease=to_lease.lease_id,
+                        to_epoch=to_lease.lease_epoch,
+                        now=now,
+                    ),
+                ).rowcount
+                if moved != 1:
+                    raise _Lost
+        except _Lost:
+            return False
+        return True
 
     @journaled("expired_snapshots")
     def expired_snapshots(self, *, now: float, runner_tag: str | None = None) -> list[AllocationRow]:

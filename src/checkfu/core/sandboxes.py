@@ -366,12 +366,6 @@ class SandboxBook:
             )
 
 
-_HOLD = sa.select(leases.c.epoch, leases.c.ended, leases.c.expires_at).where(
-    leases.c.lease_id == sa.bindparam("held_id")
-)
-"""Built once: it runs before every call on a sandbox."""
-
-
 class SandboxLeases(LeaseStore):
     """The lease of a live sandbox: its deadline is the time-to-live, which no call moves.
 
@@ -379,16 +373,14 @@ class SandboxLeases(LeaseStore):
     the time-to-live has not passed; ``extend`` is what moves the deadline.
     """
 
-    @journaled("sandbox lease hold")
     def renew(self, lease: Lease, *, ttl: float | None = None) -> None:
         now = self.clock.now()
-        with self.journal.tx() as c:
-            row = c.execute(_HOLD, {"held_id": lease.lease_id}).mappings().first()
-        if row is None or row["epoch"] != lease.lease_epoch or row["ended"]:
+        until = self.deadline(lease)
+        if until is None:
             raise self._fenced(lease)
-        if row["expires_at"] < now:
+        if until < now:
             raise SandboxLeaseFenced(
-                f"the sandbox's time-to-live passed {now - row['expires_at']:.0f} s ago: it is reclaimed by the next "
+                f"the sandbox's time-to-live passed {now - until:.0f} s ago: it is reclaimed by the next "
                 "checkfu command (extend a sandbox before its time is up)",
                 field="ttl",
             )
@@ -509,20 +501,15 @@ class LiveSandbox:
         check_ttl(ttl)
         self.session.leases.renew(self.session.lease)  # refuses a lease gone or past its deadline
         until = self.host.clock.now() + ttl
-        with self.host.journal.tx() as c:
-            done = c.execute(
-                leases.update()
-                .where(
-                    leases.c.lease_id == self.session.lease.lease_id,
-                    leases.c.epoch == self.session.lease.lease_epoch,
-                    leases.c.ended.is_(False),
-                )
-                .values(expires_at=until)
-            ).rowcount
-        if done != 1:
+        if not self.session.leases.extend(self.session.lease, until=until):
             raise SandboxLeaseFenced(f"sandbox {self.sandbox_id} was reclaimed meanwhile", field="sandbox_id")
         self.host.book.update(self.sandbox_id, expires_at=until)
         return until
+
+    def detach(self) -> None:
+        """Let go of the sandbox without releasing it: it stays live for whoever attaches next (or until its
+        time-to-live passes); calls through this object are refused from now on."""
+        self.session.detach(self.inst)
 
     async def release(self, *, status: str = "released") -> None:
         """Release the sandbox (idempotent across processes: a sandbox already released or reclaimed is left as
@@ -653,10 +640,7 @@ class SandboxHost:
         resolved = await _again(rec.specs, rec.mounts)
 
         async def make(session: RunSession, image: str) -> Instance:
-            plans = [r.plan for r in resolved]
-            inst = await session._run(
-                session._plan("clone", lambda: session.core.clone(source.inst, rec.profile, platform, image, plans))
-            )
+            inst = await session.clone(source.inst, rec.profile, platform, image, resolved)
             await session.stage(inst, resolved)
             return inst
 
@@ -712,10 +696,7 @@ class SandboxHost:
         resolved = await _again(snap.specs, snap.mounts)
 
         async def make(session: RunSession, image: str) -> Instance:
-            plans = [r.plan for r in resolved]
-            inst = await session._run(
-                session._plan("resume", lambda: session.core.resume(record, snap.profile, platform, image, plans))
-            )
+            inst = await session.resume(record, snap.profile, platform, image, resolved)
             await session.stage(inst, resolved)
             return inst
 
@@ -757,8 +738,7 @@ class SandboxHost:
             kind="instance",
         )
         record = Snapshot(allocation_key=snap.allocation_key, snapshot_id=snap.snapshot_id, source=source)
-        session.core.snapshots[snap.allocation_key] = record
-        session.core.rows[snap.allocation_key] = "live"
+        session.attach(snapshot=record)
         try:
             if session.envelope.declares("deleteSnapshot"):
                 await session.delete_snapshot(record)
@@ -882,8 +862,7 @@ class SandboxHost:
             kind=rec.kind,
             retention=rec.profile.retention_mode,
         )
-        session.core.instances[rec.allocation_key] = inst
-        session.core.rows[rec.allocation_key] = "live"
+        session.attach(instance=inst)
         return LiveSandbox(self, rec, session, inst)
 
     def finish(self, rec: SandboxRecord, lease: Lease, *, status: str, state: SandboxState, reason: str) -> None:
