@@ -27,11 +27,14 @@ comes with a new revision in ``migrations/versions``.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 import itertools
 import json
+import os
 import time
-from collections.abc import Callable, Iterator, Sequence
+import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -143,7 +146,11 @@ events = sa.Table(
     sa.Column("outcome", sa.String(16), nullable=False),
     sa.Column("error_code", sa.String(64), nullable=True),
     sa.Column("detail", sa.Text, nullable=True),
+    sa.Column("write_key", sa.String(40), nullable=True),
+    sa.Index("ux_events_write_key", "write_key", unique=True),
 )
+"""``write_key``: chosen once per write before its first attempt, so a retry whose first attempt did commit (its
+acknowledgement was lost with the connection) finds its own row instead of writing a second (``insert_once``)."""
 
 enrollments = sa.Table(
     "enrollments",
@@ -194,7 +201,9 @@ run_output = sa.Table(
     sa.Column("stream", sa.String(8), nullable=False),
     sa.Column("data", sa.LargeBinary, nullable=False),
     sa.Column("at", sa.Float, nullable=False),
+    sa.Column("write_key", sa.String(48), nullable=True),
     sa.Index("ix_run_output_run_id", "run_id", "id"),
+    sa.Index("ux_run_output_write_key", "write_key", unique=True),
 )
 """A submitted Run's output as its runner streamed it (``out`` or ``err``), by attempt, for ``checkfu runs wait``."""
 
@@ -249,7 +258,6 @@ is the provider's word on when it expires (NULL: kept until deleted); ``keep_sec
 
 # Statements built once: executing a prebuilt statement with parameters skips the per-call
 # construction and cache-key work of ``.values(...)``, the larger part of a small write's cost.
-_INSERT_ALLOCATION = allocations.insert()
 _UPDATE_ALLOCATION = (
     allocations.update()
     .where(allocations.c.allocation_key == sa.bindparam("key"))
@@ -467,21 +475,52 @@ def _reason(exc: BaseException) -> str:
     return text[0][:300] if text else type(exc).__name__
 
 
-def journaled(operation: str) -> Callable[[F], F]:
+class _WriteKeys:
+    """Fresh write keys, cheaply: a random prefix per process (drawn again in a forked child) and a counter."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.prefix = uuid.uuid4().hex[:20]
+        self.counter = itertools.count()
+
+    def __call__(self) -> str:
+        return f"{self.prefix}{next(self.counter):x}"
+
+
+_RETRYING: contextvars.ContextVar[bool] = contextvars.ContextVar("journal_retrying", default=False)
+"""Set while a journaled method runs again after a transient failure (which may have committed)."""
+
+new_write_key = _WriteKeys()
+"""A key no other write of any process has: ``events.write_key``, ``run_output.write_key``."""
+os.register_at_fork(after_in_child=new_write_key.reset)
+
+
+def journaled(operation: str, *, keyed: bool = False) -> Callable[[F], F]:
     """Make a method one retried journal operation (its object is a ``Journal`` or has ``.journal``).
 
     The method must be one transaction, so a failed attempt changed nothing and running it again is safe.
     A lock or a dropped connection is retried with backoff within the journal's deadline, then raised as
     ``JournalUnavailable``; any other database error is raised as ``JournalError`` at once.
+
+    A dropped connection is ambiguous about a commit: the first attempt may have committed and lost only its
+    acknowledgement. So a retried insert must find its own row rather than write a second: every insert of a
+    journaled method goes through ``Journal.insert_once``, keyed by the row's primary key or, for a table whose
+    rows have none of their own (events, output), a ``write_key``; with ``keyed``, the method takes a keyword
+    ``write_key``, chosen here once (``new_write_key``) before the first attempt when the caller gives none.
     """
 
     def wrap(method: F) -> F:
         @functools.wraps(method)
         def retried(self: Any, *args: Any, **kwargs: Any) -> Any:
+            if keyed and kwargs.get("write_key") is None:
+                kwargs["write_key"] = new_write_key()
             journal: Journal = getattr(self, "journal", self)
             deadline = FAILING_DEADLINE if journal.failing else journal.deadline
             t0 = time.monotonic()
             for attempt in itertools.count():
+                token = _RETRYING.set(attempt > 0)
                 try:
                     result = method(self, *args, **kwargs)
                 except sa_exc.SQLAlchemyError as exc:
@@ -495,6 +534,8 @@ def journaled(operation: str) -> Callable[[F], F]:
                         ) from None
                     time.sleep(min(_BACKOFF[min(attempt, len(_BACKOFF) - 1)], max(0.0, deadline - waited)))
                     continue
+                finally:
+                    _RETRYING.reset(token)
                 journal.failing = False
                 return result
             raise AssertionError("unreachable")
@@ -597,6 +638,30 @@ def _share_compiled(engine: Engine) -> None:
         engine._compiled_cache = cache
 
 
+_INSERT_ONCE: dict[tuple[str, str, str, bool], Any] = {}
+"""``INSERT ... ON CONFLICT (key) DO NOTHING`` by dialect, table, key column and whether it returns the key (a single
+row: it comes back when it was written, as psycopg's ``rowcount`` does not say), built once each."""
+
+
+def _insert_once_statement(dialect: str, table: sa.Table, key: str, *, returning: bool) -> Any:
+    found = _INSERT_ONCE.get((dialect, table.name, key, returning))
+    if found is None:
+        if dialect == "postgresql":
+            from sqlalchemy.dialects import postgresql  # noqa: PLC0415 - the engine's own dialect only
+
+            found = postgresql.insert(table).on_conflict_do_nothing(index_elements=[key])
+        elif dialect == "sqlite":
+            from sqlalchemy.dialects import sqlite  # noqa: PLC0415
+
+            found = sqlite.insert(table).on_conflict_do_nothing(index_elements=[key])
+        else:
+            raise JournalError("insert", f"the journal supports SQLite and PostgreSQL, not {dialect}")
+        if returning:
+            found = found.returning(table.c[key])
+        _INSERT_ONCE[(dialect, table.name, key, returning)] = found
+    return found
+
+
 class Journal:
     """Durable runner state. Every method is one short transaction."""
 
@@ -663,6 +728,29 @@ class Journal:
     def close(self) -> None:
         self.engine.dispose()
 
+    def insert_once(
+        self, c: Connection, table: sa.Table, rows: Mapping[str, Any] | Sequence[Mapping[str, Any]], *, key: str
+    ) -> None:
+        """Insert ``rows`` into ``table`` within ``c``'s transaction, each exactly once by its ``key`` column (the
+        primary key, or a ``write_key`` chosen before the first attempt). On a retry (``journaled``), a row already
+        there with that key and the same values is this very write's, committed by an earlier attempt whose
+        acknowledgement was lost with the connection, and is left as it is.
+
+        Raises:
+            sqlalchemy.exc.IntegrityError: the key is held already, on a first attempt, or on a retry by a row with
+                other values (not this write's); the journaled method raises it as ``JournalError``, never retried.
+        """
+        dialect = self.engine.dialect.name
+        if not isinstance(rows, Mapping):  # keyed by fresh write keys, so a row found is surely this write's
+            c.execute(_insert_once_statement(dialect, table, key, returning=False), list(rows))
+            return
+        if c.execute(_insert_once_statement(dialect, table, key, returning=True), dict(rows)).first() is not None:
+            return
+        found = c.execute(sa.select(table).where(table.c[key] == rows[key])).mappings().first()
+        if not _RETRYING.get() or found is None or any(found[k] != v for k, v in rows.items()):
+            held = ValueError(f"UNIQUE constraint: {table.name}.{key} {rows[key]!r} is held by another row")
+            raise sa_exc.IntegrityError(f"INSERT INTO {table.name}", None, held)  # ``journaled`` types it
+
     # runs ---------------------------------------------------------------------------------
 
     @journaled("start_run")
@@ -679,21 +767,20 @@ class Journal:
         owner_boot: str | None = None,
         story: dict[str, Any] | None = None,
     ) -> None:
+        row = {
+            "run_id": run_id,
+            "runner_tag": runner_tag,
+            "target": target.model_dump_json(),
+            "profile_digest": profile_digest,
+            "command": json.dumps(list(command)) if command is not None else None,
+            "status": "running",
+            "created_at": now,
+            "owner": owner,
+            "owner_boot": owner_boot,
+            "story": json.dumps(story) if story is not None else None,
+        }
         with self.tx() as c:
-            c.execute(
-                runs.insert().values(
-                    run_id=run_id,
-                    runner_tag=runner_tag,
-                    target=target.model_dump_json(),
-                    profile_digest=profile_digest,
-                    command=json.dumps(list(command)) if command is not None else None,
-                    status="running",
-                    created_at=now,
-                    owner=owner,
-                    owner_boot=owner_boot,
-                    story=json.dumps(story) if story is not None else None,
-                )
-            )
+            self.insert_once(c, runs, row, key="run_id")
 
     @journaled("finish_run")
     def finish_run(
@@ -811,16 +898,26 @@ class Journal:
 
     # output -------------------------------------------------------------------------------
 
-    @journaled("append_output")
-    def append_output(self, run_id: str, chunks: Sequence[tuple[str, bytes]], *, now: float, attempt: int = 0) -> None:
+    @journaled("append_output", keyed=True)
+    def append_output(
+        self,
+        run_id: str,
+        chunks: Sequence[tuple[str, bytes]],
+        *,
+        now: float,
+        attempt: int = 0,
+        write_key: str | None = None,
+    ) -> None:
         """Keep ``chunks`` (``out``/``err``, bytes) of a Run started in place, in order, in one transaction."""
         if not chunks:
             return
+        rows = [
+            {"run_id": run_id, "attempt": attempt, "stream": stream, "data": data, "at": now}
+            | {"write_key": f"{write_key}.{n}"}
+            for n, (stream, data) in enumerate(chunks)
+        ]
         with self.tx() as c:
-            c.execute(
-                run_output.insert(),
-                [{"run_id": run_id, "attempt": attempt, "stream": st, "data": data, "at": now} for st, data in chunks],
-            )
+            self.insert_once(c, run_output, rows, key="write_key")
 
     @journaled("output_since")
     def output_since(self, run_id: str, after: int = 0, limit: int = 1000) -> list[OutputRow]:
@@ -876,8 +973,9 @@ class Journal:
         with self.tx(durable=True) as c:
             if fence is not None:
                 hold_lease(c, fence)
-            c.execute(
-                _INSERT_ALLOCATION,
+            self.insert_once(
+                c,
+                allocations,
                 {
                     "allocation_key": key,
                     "run_id": run_id,
@@ -893,6 +991,7 @@ class Journal:
                     "site": site,
                     "lease_epoch": fence.lease_epoch if fence is not None else None,
                 },
+                key="allocation_key",
             )
 
     @journaled("set_allocation")
@@ -1015,7 +1114,7 @@ class Journal:
 
     # events -------------------------------------------------------------------------------
 
-    @journaled("record_event")
+    @journaled("record_event", keyed=True)
     def record_event(
         self,
         run_id: str,
@@ -1027,10 +1126,12 @@ class Journal:
         allocation_key: str | None = None,
         error_code: str | None = None,
         detail: str | None = None,
+        write_key: str | None = None,
     ) -> None:
         with self.tx() as c:
-            c.execute(
-                _INSERT_EVENT,
+            self.insert_once(
+                c,
+                events,
                 {
                     "run_id": run_id,
                     "member": member,
@@ -1040,7 +1141,9 @@ class Journal:
                     "outcome": outcome,
                     "error_code": error_code,
                     "detail": detail,
+                    "write_key": write_key,
                 },
+                key="write_key",
             )
 
     def record_call(self, call: CallRecord) -> None:

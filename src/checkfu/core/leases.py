@@ -111,21 +111,24 @@ class LeaseStore:
     def _span(self, ttl: float | None) -> float:
         return self.ttl if self.heartbeat or ttl is None else ttl
 
-    @journaled("lease acquire")
     def acquire(self, run_id: str, *, owner: str | None = None, ttl: float | None = None) -> Lease:
+        """A new lease on ``run_id``, at epoch 1, held by ``owner`` (this process by default) for ``ttl``."""
         lease = Lease(lease_id=f"lease-{uuid.uuid4().hex}", lease_epoch=1)
-        with self.journal.tx() as c:
-            c.execute(
-                leases.insert().values(
-                    lease_id=lease.lease_id,
-                    run_id=run_id,
-                    owner=owner or current_owner(),
-                    epoch=1,
-                    expires_at=self.clock.now() + (ttl or self.ttl),
-                    ended=False,
-                )
-            )
+        row = {
+            "lease_id": lease.lease_id,
+            "run_id": run_id,
+            "owner": owner or current_owner(),
+            "epoch": 1,
+            "expires_at": self.clock.now() + (ttl or self.ttl),
+            "ended": False,
+        }
+        self._insert(row)  # its values are chosen once: a retry finds the row its first attempt committed
         return lease
+
+    @journaled("lease acquire")
+    def _insert(self, row: dict[str, object]) -> None:
+        with self.journal.tx() as c:
+            self.journal.insert_once(c, leases, row, key="lease_id")
 
     @journaled("lease renew")
     def renew(self, lease: Lease, *, ttl: float | None = None) -> None:

@@ -291,7 +291,7 @@ class SandboxBook:
     @journaled("sandbox insert")
     def insert(self, **values: Any) -> None:
         with self.journal.tx() as c:
-            c.execute(sandboxes.insert().values(**values))
+            self.journal.insert_once(c, sandboxes, values, key="sandbox_id")
 
     @journaled("sandbox update")
     def update(self, sandbox_id: str, *, only_if: Sequence[str] | None = None, **values: Any) -> bool:
@@ -332,7 +332,7 @@ class SandboxBook:
     @journaled("snapshot insert")
     def insert_snapshot(self, **values: Any) -> None:
         with self.journal.tx() as c:
-            c.execute(sandbox_snapshots.insert().values(**values))
+            self.journal.insert_once(c, sandbox_snapshots, values, key="snapshot_ref")
 
     @journaled("snapshot read")
     def snapshot(self, ref: str) -> SnapshotRecord | None:
