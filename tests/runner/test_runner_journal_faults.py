@@ -6,8 +6,10 @@ Run ``running``.
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -270,3 +272,44 @@ def test_a_write_retried_after_its_commit_was_acknowledged_to_nobody_is_kept_onc
         assert broke == ["commit"]  # the commit's acknowledgement was lost once, and the write was retried
     finally:
         journal.close()
+
+
+# Waiting out a locked journal never stalls the event loop -----------------------------------------
+
+
+async def test_a_member_call_waiting_out_a_locked_journal_lets_other_tasks_run(tmp_path: Path) -> None:
+    """While a member call's journal writes wait for a lock (retried with backoff), a task beside it keeps ticking:
+    the waiting happens off the event loop. Before, the retries slept on the loop and the ticks stopped for as long
+    as the lock was held."""
+    with rig(tmp_path, deadline=20.0) as (memory, _journal, runner, lock, _):
+        attempt = runner.start(memory.target, PROFILE, platform=AMD64)
+        session = attempt.session
+        image = (await session.materialize(PROFILE, AMD64)).image
+        inst = await session.provision(PROFILE, AMD64, image)
+        await session.activate(inst)
+        gaps: list[float] = []
+        stop = asyncio.Event()
+
+        async def tick() -> None:
+            loop = asyncio.get_running_loop()
+            last = loop.time()
+            while not stop.is_set():
+                await asyncio.sleep(0.005)
+                now = loop.time()
+                gaps.append(now - last)
+                last = now
+
+        ticker = asyncio.create_task(tick())
+        await asyncio.sleep(0.05)
+        lock.take()
+        threading.Timer(0.8, lock.give_back).start()
+        t0 = time.monotonic()
+        result = await session.exec(inst, ["echo", "hi"])
+        waited = time.monotonic() - t0
+        stop.set()
+        await ticker
+        assert result.exit_code == 0
+        assert waited >= 0.7  # the call did wait the lock out
+        assert max(gaps) < 0.25, f"the event loop stalled for {max(gaps):.3f} s while the journal was locked"
+        await session.release_all()
+        runner.finish(attempt, status="succeeded")

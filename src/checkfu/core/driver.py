@@ -180,8 +180,8 @@ class RunSession:
         self.core.take(held.allocation_key, instance=instance, snapshot=snapshot)
 
     def detach(self, inst: Instance) -> None:
-        """Let go of ``inst`` without releasing it: later calls on it are refused by the core, and this session's
-        wind-up (``release_all``) leaves it and its journal row as they are, for whoever attaches next."""
+        """Let go of ``inst`` without releasing it: this session's wind-up (``release_all``) leaves it and its journal
+        row as they are, for whoever attaches next."""
         self.core.let_go(inst.allocation_key)
         self.detached.add(inst.allocation_key)
 
@@ -199,7 +199,7 @@ class RunSession:
         """Carry out ``plan``. ``winding_up`` (a release or compensation on the way out): a journal that
         cannot be written does not stop the call; what it could not record is kept in ``unjournaled``."""
         try:
-            self._apply_now(plan.before)
+            await self._apply_now(plan.before)
         except SandboxLeaseFenced as exc:  # taken over before even journaling: nothing to ask, nothing to undo
             self.door.refused(plan.member, exc, run_id=self.run_id, recorder=self.journal, key=plan.allocation_key)
             raise
@@ -216,10 +216,10 @@ class RunSession:
         except BaseException:
             await self._apply(plan.on_abandon())
             raise
-        self._apply_now(accepted.effects, winding_up=winding_up)
+        await self._apply_now(accepted.effects, winding_up=winding_up)
         return accepted.value
 
-    def _fence(self, deadline: float, *, winding_up: bool = False) -> None:
+    async def _fence(self, deadline: float, *, winding_up: bool = False) -> None:
         """Renew the lease for the whole call; a runner whose lease was taken over stops here.
 
         Winding up, a journal that cannot be written does not stop the call: releasing or compensating this
@@ -228,18 +228,20 @@ class RunSession:
         still stops it.
         """
         try:
-            self.leases.renew(self.lease, ttl=max(self.leases.ttl, deadline + 60))
+            await self.journal.call(self.leases.renew, self.lease, ttl=max(self.leases.ttl, deadline + 60))
         except JournalError as exc:
             if not winding_up:
                 raise
             self.unjournaled.setdefault("lease", f"not renewed: {exc}")
 
-    def _apply_now(self, effects: Sequence[Effect], *, winding_up: bool = False) -> None:
-        """Journal what the core says, fenced by the lease: a runner whose attempt was taken over writes nothing."""
+    async def _apply_now(self, effects: Sequence[Effect], *, winding_up: bool = False) -> None:
+        """Journal what the core says, fenced by the lease: a runner whose attempt was taken over writes nothing.
+        Each write waits out a locked journal off the event loop (``Journal.call``)."""
         for effect in effects:
             if isinstance(effect, SettleRow) and winding_up:
                 try:
-                    self.journal.set_allocation(
+                    await self.journal.call(
+                        self.journal.set_allocation,
                         effect.key,
                         effect.state,
                         now=self.clock.now(),
@@ -251,7 +253,8 @@ class RunSession:
                     self.unjournaled[effect.key] = f"not recorded as {effect.state}: {exc}"
                 continue
             if isinstance(effect, JournalAllocation):
-                self.journal.journal_allocation(
+                await self.journal.call(
+                    self.journal.journal_allocation,
                     effect.key,
                     run_id=self.run_id,
                     kind=effect.kind,
@@ -264,7 +267,8 @@ class RunSession:
                     fence=self.lease,
                 )
             elif isinstance(effect, SettleRow):
-                self.journal.set_allocation(
+                await self.journal.call(
+                    self.journal.set_allocation,
                     effect.key,
                     effect.state,
                     now=self.clock.now(),
@@ -275,7 +279,7 @@ class RunSession:
 
     async def _apply(self, effects: Sequence[Effect]) -> None:
         """Apply effects during another failure: compensations are quiet and finish through cancellation."""
-        self._apply_now(effects)
+        await self._apply_now(effects)
         for effect in effects:
             if isinstance(effect, Compensate):
                 await self._compensate_quietly(effect.key)
@@ -500,7 +504,7 @@ class RunSession:
             if failed is not None:
                 left[inst.allocation_key] = f"{failed.code}: {failed.message}"
         try:
-            rows = self.journal.open_allocations(run_id=self.run_id)
+            rows = await self.journal.call(self.journal.open_allocations, run_id=self.run_id)
         except JournalError as exc:
             self.unjournaled.setdefault("rows", f"the Run's open rows could not be read: {exc}")
             rows = []

@@ -26,6 +26,7 @@ comes with a new revision in ``migrations/versions``.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import contextvars
 import functools
@@ -147,10 +148,10 @@ events = sa.Table(
     sa.Column("error_code", sa.String(64), nullable=True),
     sa.Column("detail", sa.Text, nullable=True),
     sa.Column("write_key", sa.String(40), nullable=True),
-    sa.Index("ux_events_write_key", "write_key", unique=True),
 )
 """``write_key``: chosen once per write before its first attempt, so a retry whose first attempt did commit (its
-acknowledgement was lost with the connection) finds its own row instead of writing a second (``insert_once``)."""
+acknowledgement was lost with the connection) finds its own row, by its Run and this key, instead of writing a
+second (``insert_once``). Not indexed: only a retry looks for it, through ``run_id``'s index."""
 
 enrollments = sa.Table(
     "enrollments",
@@ -203,7 +204,6 @@ run_output = sa.Table(
     sa.Column("at", sa.Float, nullable=False),
     sa.Column("write_key", sa.String(48), nullable=True),
     sa.Index("ix_run_output_run_id", "run_id", "id"),
-    sa.Index("ux_run_output_write_key", "write_key", unique=True),
 )
 """A submitted Run's output as its runner streamed it (``out`` or ``err``), by attempt, for ``checkfu runs wait``."""
 
@@ -459,8 +459,11 @@ FAILING_DEADLINE = 1.0
 """Once an operation has run out of its deadline, later ones try this long until one succeeds again,
 so a Run winding up against a dead journal is not held up for the whole deadline at every step."""
 _BACKOFF = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5)
+BUSY_WAIT_MS = 1000
+"""SQLite's own wait for a lock, per attempt (its busy timeout); off for an attempt on the event loop."""
 
 F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
 
 
 def _transient(exc: sa_exc.SQLAlchemyError) -> bool:
@@ -491,6 +494,21 @@ class _WriteKeys:
 
 _RETRYING: contextvars.ContextVar[bool] = contextvars.ContextVar("journal_retrying", default=False)
 """Set while a journaled method runs again after a transient failure (which may have committed)."""
+_INLINE: contextvars.ContextVar[bool] = contextvars.ContextVar("journal_inline", default=False)
+"""Set while ``Journal.call`` makes an operation's first attempt on the event loop: a transient failure is not
+waited out there (no backoff sleep; SQLite's busy wait off) but handed to a worker thread (``_RetryElsewhere``)."""
+_RESUMED: contextvars.ContextVar[bool] = contextvars.ContextVar("journal_resumed", default=False)
+"""Set in the worker thread that carries on an operation whose first attempt failed on the event loop: its next
+attempt is a retry (that first attempt may have committed)."""
+
+
+class _RetryElsewhere(Exception):
+    """An operation's first attempt on the event loop failed transiently; ``resume`` carries it on, as a retry."""
+
+    def __init__(self, resume: Callable[[], Any]) -> None:
+        super().__init__("retry in a worker thread")
+        self.resume = resume
+
 
 new_write_key = _WriteKeys()
 """A key no other write of any process has: ``events.write_key``, ``run_output.write_key``."""
@@ -518,14 +536,21 @@ def journaled(operation: str, *, keyed: bool = False) -> Callable[[F], F]:
                 kwargs["write_key"] = new_write_key()
             journal: Journal = getattr(self, "journal", self)
             deadline = FAILING_DEADLINE if journal.failing else journal.deadline
+            resumed = _RESUMED.get()
+            if resumed:
+                _RESUMED.set(False)  # the operations it makes in turn start afresh
             t0 = time.monotonic()
             for attempt in itertools.count():
-                token = _RETRYING.set(attempt > 0)
+                token = _RETRYING.set(attempt > 0 or resumed)
                 try:
                     result = method(self, *args, **kwargs)
+                except _RetryElsewhere:  # an operation it made failed on the event loop: all of this one goes
+                    raise _RetryElsewhere(functools.partial(retried, self, *args, **kwargs)) from None
                 except sa_exc.SQLAlchemyError as exc:
                     if not _transient(exc):
                         raise JournalError(operation, _reason(exc)) from None
+                    if _INLINE.get():  # on the event loop: waited out in a worker thread, never here
+                        raise _RetryElsewhere(functools.partial(retried, self, *args, **kwargs)) from None
                     waited = time.monotonic() - t0
                     if waited >= deadline:
                         journal.failing = True
@@ -540,9 +565,16 @@ def journaled(operation: str, *, keyed: bool = False) -> Callable[[F], F]:
                 return result
             raise AssertionError("unreachable")
 
+        retried.journaled = True  # type: ignore[attr-defined]
         return retried  # type: ignore[return-value]
 
     return wrap
+
+
+def _resumed(resume: Callable[[], T]) -> T:
+    """In a worker thread: carry on an operation whose first attempt failed on the event loop, as a retry."""
+    _RESUMED.set(True)
+    return resume()
 
 
 def sqlite_url(path: Path) -> str:
@@ -562,7 +594,7 @@ def make_engine(url: str) -> Engine:
                 "sqlite+pysqlite://", connect_args={"check_same_thread": False}, poolclass=StaticPool
             )
         # A short busy wait per attempt: ``journaled`` retries within the journal's own deadline.
-        engine = sa.create_engine(url, connect_args={"check_same_thread": False, "timeout": 1})
+        engine = sa.create_engine(url, connect_args={"check_same_thread": False, "timeout": BUSY_WAIT_MS / 1000})
         if _sqlite_file(engine) and not engine.url.query.get("uri"):  # a file: URI is SQLite's to open
             with contextlib.suppress(OSError):  # it exists (kept as it is), or SQLite says why it cannot be made
                 owner_only.create_file(Path(str(engine.url.database)), b"")
@@ -638,27 +670,14 @@ def _share_compiled(engine: Engine) -> None:
         engine._compiled_cache = cache
 
 
-_INSERT_ONCE: dict[tuple[str, str, str, bool], Any] = {}
-"""``INSERT ... ON CONFLICT (key) DO NOTHING`` by dialect, table, key column and whether it returns the key (a single
-row: it comes back when it was written, as psycopg's ``rowcount`` does not say), built once each."""
+_INSERTS: dict[str, sa.Insert] = {}
+"""Each table's insert, built once."""
 
 
-def _insert_once_statement(dialect: str, table: sa.Table, key: str, *, returning: bool) -> Any:
-    found = _INSERT_ONCE.get((dialect, table.name, key, returning))
+def _insert(table: sa.Table) -> sa.Insert:
+    found = _INSERTS.get(table.name)
     if found is None:
-        if dialect == "postgresql":
-            from sqlalchemy.dialects import postgresql  # noqa: PLC0415 - the engine's own dialect only
-
-            found = postgresql.insert(table).on_conflict_do_nothing(index_elements=[key])
-        elif dialect == "sqlite":
-            from sqlalchemy.dialects import sqlite  # noqa: PLC0415
-
-            found = sqlite.insert(table).on_conflict_do_nothing(index_elements=[key])
-        else:
-            raise JournalError("insert", f"the journal supports SQLite and PostgreSQL, not {dialect}")
-        if returning:
-            found = found.returning(table.c[key])
-        _INSERT_ONCE[(dialect, table.name, key, returning)] = found
+        found = _INSERTS[table.name] = table.insert()
     return found
 
 
@@ -706,50 +725,125 @@ class Journal:
         to the log, which the kernel syncs to disk later (a process that dies loses nothing; a machine that loses
         power may lose the last commits). A durable transaction is committed with ``synchronous=FULL``, which syncs
         the log first (measured here: 0.4 ms, against 0.03 ms). Every other database this journal supports
-        commits durably already."""
-        if not (durable and self._sqlite_file):
+        commits durably already.
+
+        An attempt on the event loop (``Journal.call``) does not wait for a SQLite lock (busy timeout 0): it fails at
+        once, and the operation waits in a worker thread instead."""
+        if not self._sqlite_file:
             with self.engine.begin() as conn:
                 yield conn
             return
         with self.engine.connect() as conn:
-            sqlite, dbapi = conn.connection.driver_connection, self.engine.dialect.dbapi
+            fairy = conn.connection
+            sqlite, dbapi = fairy.driver_connection, self.engine.dialect.dbapi
             assert sqlite is not None and dbapi is not None
+            wait = 0 if _INLINE.get() else BUSY_WAIT_MS
+            pragmas = [
+                *([f"PRAGMA busy_timeout={wait}"] if fairy.info.get("busy_timeout", BUSY_WAIT_MS) != wait else []),
+                *(["PRAGMA synchronous=FULL"] if durable else []),
+            ]
             try:
-                sqlite.execute("PRAGMA synchronous=FULL")  # outside any transaction: the driver begins one at a write
+                for pragma in pragmas:  # outside any transaction: the driver begins one at a write
+                    sqlite.execute(pragma)
             except dbapi.Error as exc:  # raised as SQLAlchemy raises the driver's errors, for ``journaled`` to judge
-                raise sa_exc.DBAPIError.instance("PRAGMA synchronous=FULL", None, exc, dbapi.Error) from None
+                raise sa_exc.DBAPIError.instance(pragmas[0], None, exc, dbapi.Error) from None
+            fairy.info["busy_timeout"] = wait  # set only when it changes: on the loop, every attempt is one
             try:
                 with conn.begin():
                     yield conn
             finally:
-                with contextlib.suppress(Exception):  # a connection that broke is not pooled again
-                    sqlite.execute("PRAGMA synchronous=NORMAL")
+                if durable:
+                    with contextlib.suppress(Exception):  # a connection that broke is not pooled again
+                        sqlite.execute("PRAGMA synchronous=NORMAL")
 
     def close(self) -> None:
         self.engine.dispose()
 
+    async def call(self, operation: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+        """Make a journal operation from async code without ever stalling the event loop on it.
+
+        Its first attempt runs inline: one short transaction, the path every member call takes (a thread hop each
+        would cost more than the write). If that attempt fails transiently (a lock, a dropped connection), it is
+        not waited out on the loop (SQLite's busy wait is off for it, and no backoff sleeps there): the operation
+        is carried on in a worker thread, as a retry (its first attempt may have committed: ``insert_once``),
+        with backoff within the journal's deadline, while other tasks run.
+
+        ``operation`` is best a ``journaled`` method: it is resumed from its own arguments (the write key chosen
+        for its first attempt kept). Anything else is run again whole in the thread.
+
+        Raises:
+            JournalError: as ``operation`` does (``JournalUnavailable`` once the deadline passed).
+        """
+        token = _INLINE.set(True)
+        try:
+            return operation(*args, **kwargs)
+        except _RetryElsewhere as again:
+            resume = (
+                again.resume
+                if getattr(operation, "journaled", False)
+                else functools.partial(operation, *args, **kwargs)
+            )
+        finally:
+            _INLINE.reset(token)
+        return await asyncio.to_thread(_resumed, resume)
+
+    async def record_call_async(self, call: CallRecord) -> None:
+        """``record_call`` from async code, through ``call``: never raises, never stalls the event loop."""
+        try:
+            await self.call(
+                self.record_event,
+                NO_RUN if call.run_id is None else call.run_id,
+                call.member,
+                started_at=call.started_at,
+                duration_ms=call.duration_ms,
+                outcome=call.outcome,
+                allocation_key=call.allocation_key,
+                error_code=call.error_code,
+                detail=call.detail,
+            )
+        except JournalError:
+            self.unrecorded += 1
+
     def insert_once(
-        self, c: Connection, table: sa.Table, rows: Mapping[str, Any] | Sequence[Mapping[str, Any]], *, key: str
+        self,
+        c: Connection,
+        table: sa.Table,
+        rows: Mapping[str, Any] | Sequence[Mapping[str, Any]],
+        *,
+        key: str,
+        scope: str | None = None,
     ) -> None:
-        """Insert ``rows`` into ``table`` within ``c``'s transaction, each exactly once by its ``key`` column (the
-        primary key, or a ``write_key`` chosen before the first attempt). On a retry (``journaled``), a row already
-        there with that key and the same values is this very write's, committed by an earlier attempt whose
-        acknowledgement was lost with the connection, and is left as it is.
+        """Insert ``rows`` into ``table`` within ``c``'s transaction, exactly once by their ``key`` column: the
+        primary key, or a ``write_key`` chosen before the first attempt (found within ``scope``, an indexed column
+        all the rows share, such as ``run_id``).
+
+        A first attempt is a plain insert: nothing is looked for (the fast path). A retry (``journaled``, after a
+        transient failure, which may have committed and lost only its acknowledgement) first looks: rows already
+        there under the key are this very write's, committed by that earlier attempt, and nothing is written again
+        (one transaction wrote them all, or none).
 
         Raises:
             sqlalchemy.exc.IntegrityError: the key is held already, on a first attempt, or on a retry by a row with
                 other values (not this write's); the journaled method raises it as ``JournalError``, never retried.
         """
-        dialect = self.engine.dialect.name
-        if not isinstance(rows, Mapping):  # keyed by fresh write keys, so a row found is surely this write's
-            c.execute(_insert_once_statement(dialect, table, key, returning=False), list(rows))
+        many = [rows] if isinstance(rows, Mapping) else list(rows)
+        if not many:
             return
-        if c.execute(_insert_once_statement(dialect, table, key, returning=True), dict(rows)).first() is not None:
-            return
-        found = c.execute(sa.select(table).where(table.c[key] == rows[key])).mappings().first()
-        if not _RETRYING.get() or found is None or any(found[k] != v for k, v in rows.items()):
-            held = ValueError(f"UNIQUE constraint: {table.name}.{key} {rows[key]!r} is held by another row")
-            raise sa_exc.IntegrityError(f"INSERT INTO {table.name}", None, held)  # ``journaled`` types it
+        if _RETRYING.get():
+            first = many[0]
+            where = [table.c[key].in_([r[key] for r in many])]
+            if scope is not None:
+                where.append(table.c[scope] == first[scope])
+            found = c.execute(sa.select(table).where(*where)).mappings().all()
+            if found:
+                mine = {r[key]: r for r in many}
+                if len(found) != len(many) or any(
+                    any(row[k] != v for k, v in mine.get(row[key], {}).items()) for row in found
+                ):
+                    held = ValueError(f"UNIQUE constraint: {table.name}.{key} {first[key]!r} is held by another row")
+                    raise sa_exc.IntegrityError(f"INSERT INTO {table.name}", None, held)  # ``journaled`` types it
+                return
+        c.execute(_insert(table), many[0] if len(many) == 1 else many)
 
     # runs ---------------------------------------------------------------------------------
 
@@ -917,7 +1011,7 @@ class Journal:
             for n, (stream, data) in enumerate(chunks)
         ]
         with self.tx() as c:
-            self.insert_once(c, run_output, rows, key="write_key")
+            self.insert_once(c, run_output, rows, key="write_key", scope="run_id")
 
     @journaled("output_since")
     def output_since(self, run_id: str, after: int = 0, limit: int = 1000) -> list[OutputRow]:
@@ -1144,6 +1238,7 @@ class Journal:
                     "write_key": write_key,
                 },
                 key="write_key",
+                scope="run_id",
             )
 
     def record_call(self, call: CallRecord) -> None:

@@ -508,7 +508,7 @@ class LiveSandbox:
 
     def detach(self) -> None:
         """Let go of the sandbox without releasing it: it stays live for whoever attaches next (or until its
-        time-to-live passes); calls through this object are refused from now on."""
+        time-to-live passes), whatever this session winds up."""
         self.session.detach(self.inst)
 
     async def release(self, *, status: str = "released") -> None:

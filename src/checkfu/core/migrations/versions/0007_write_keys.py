@@ -4,9 +4,9 @@ A retried journal write after a dropped connection could repeat an insert that d
 acknowledgement was lost with the connection). Rows keyed by their primary key (Runs, allocations,
 leases, sandboxes) find their own row on a retry; events and output rows have no key of their own:
 
-- ``events.write_key``, ``run_output.write_key``: chosen once per write before its first attempt;
-  unique (NULL for rows written before this revision, and for a few written inside a compare-and-set,
-  which a retry never repeats).
+- ``events.write_key``, ``run_output.write_key``: chosen once per write before its first attempt
+  (NULL for rows written before this revision, and for a few written inside a compare-and-set, which
+  a retry never repeats). Not indexed: only a retry looks for one, through ``run_id``'s index.
 
 Revision ID: 0007
 Revises: 0006
@@ -25,13 +25,10 @@ depends_on: str | None = None
 
 def upgrade() -> None:
     op.add_column("events", sa.Column("write_key", sa.String(40), nullable=True))
-    op.create_index("ux_events_write_key", "events", ["write_key"], unique=True)
     op.add_column("run_output", sa.Column("write_key", sa.String(48), nullable=True))
-    op.create_index("ux_run_output_write_key", "run_output", ["write_key"], unique=True)
 
 
 def downgrade() -> None:
     for table in ("run_output", "events"):
-        op.drop_index(f"ux_{table}_write_key", table_name=table)
         with op.batch_alter_table(table) as batch:
             batch.drop_column("write_key")
