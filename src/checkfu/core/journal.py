@@ -790,17 +790,7 @@ class Journal:
     async def record_call_async(self, call: CallRecord) -> None:
         """``record_call`` from async code, through ``call``: never raises, never stalls the event loop."""
         try:
-            await self.call(
-                self.record_event,
-                NO_RUN if call.run_id is None else call.run_id,
-                call.member,
-                started_at=call.started_at,
-                duration_ms=call.duration_ms,
-                outcome=call.outcome,
-                allocation_key=call.allocation_key,
-                error_code=call.error_code,
-                detail=call.detail,
-            )
+            await self.call(self.record_event, **_event_of(call))
         except JournalError:
             self.unrecorded += 1
 
@@ -1245,21 +1235,9 @@ class Journal:
         """Record one provider call (the door's ``Recorder``). Never raises: a call that cannot be recorded
         (the journal is unavailable) still happened, and is counted in ``unrecorded``."""
         try:
-            self._record_call(call)
+            self.record_event(**_event_of(call))
         except JournalError:
             self.unrecorded += 1
-
-    def _record_call(self, call: CallRecord) -> None:
-        self.record_event(
-            NO_RUN if call.run_id is None else call.run_id,
-            call.member,
-            started_at=call.started_at,
-            duration_ms=call.duration_ms,
-            outcome=call.outcome,
-            allocation_key=call.allocation_key,
-            error_code=call.error_code,
-            detail=call.detail,
-        )
 
     # enrollments --------------------------------------------------------------------------------
 
@@ -1340,6 +1318,20 @@ class Journal:
         with self.tx() as c:
             rows = c.execute(events.select().where(events.c.run_id == run_id).order_by(events.c.id)).mappings().all()
         return [EventRow(**{k: r[k] for k in EventRow.__dataclass_fields__}) for r in rows]
+
+
+def _event_of(call: CallRecord) -> dict[str, Any]:
+    """``record_event``'s arguments for one provider call."""
+    return {
+        "run_id": NO_RUN if call.run_id is None else call.run_id,
+        "member": call.member,
+        "started_at": call.started_at,
+        "duration_ms": call.duration_ms,
+        "outcome": call.outcome,
+        "allocation_key": call.allocation_key,
+        "error_code": call.error_code,
+        "detail": call.detail,
+    }
 
 
 def target_text(target: ExecutionTarget) -> str:
