@@ -472,7 +472,8 @@ class LiveSandbox:
         expires = snap.expires_at
         ref = new_snapshot_ref()
         rec = self.record
-        self.host.book.insert_snapshot(
+        await self.host.journal.call(
+            self.host.book.insert_snapshot,
             snapshot_ref=ref,
             sandbox_id=rec.sandbox_id,
             run_id=rec.run_id,
@@ -488,7 +489,7 @@ class LiveSandbox:
             created_at=now,
             expires_at=float(expires) if isinstance(expires, int | float) else None,
         )
-        got = self.host.book.snapshot(ref)
+        got = await self.host.journal.call(self.host.book.snapshot, ref)
         assert got is not None
         return got
 
@@ -499,11 +500,12 @@ class LiveSandbox:
             SandboxLeaseFenced: the sandbox was reclaimed or released, or its time-to-live passed already.
         """
         check_ttl(ttl)
-        self.session.leases.renew(self.session.lease)  # refuses a lease gone or past its deadline
+        # refuses a lease gone or past its deadline
+        await self.host.journal.call(self.session.leases.renew, self.session.lease)
         until = self.host.clock.now() + ttl
-        if not self.session.leases.extend(self.session.lease, until=until):
+        if not await self.host.journal.call(self.session.leases.extend, self.session.lease, until=until):
             raise SandboxLeaseFenced(f"sandbox {self.sandbox_id} was reclaimed meanwhile", field="sandbox_id")
-        self.host.book.update(self.sandbox_id, expires_at=until)
+        await self.host.journal.call(self.host.book.update, self.sandbox_id, expires_at=until)
         return until
 
     def detach(self) -> None:
@@ -514,7 +516,7 @@ class LiveSandbox:
     async def release(self, *, status: str = "released") -> None:
         """Release the sandbox (idempotent across processes: a sandbox already released or reclaimed is left as
         it is; one whose time-to-live passed is reclaimed now, as the next command would)."""
-        rec = self.host.book.get(self.sandbox_id)
+        rec = await self.host.journal.call(self.host.book.get, self.sandbox_id)
         if rec is None or rec.state not in ("live", "provisioning"):
             return
         try:
@@ -526,7 +528,7 @@ class LiveSandbox:
                 return registry
 
             await sweep(self.host.journal, self.host.runner_tag, same, self.host.clock)
-            after = self.host.book.get(self.sandbox_id)
+            after = await self.host.journal.call(self.host.book.get, self.sandbox_id)
             if after is None or after.state not in ("live", "provisioning"):
                 return
             raise
@@ -534,7 +536,7 @@ class LiveSandbox:
             left = await self.session.release_all()
             if left:
                 raise
-        self.host.finish(self.record, self.session.lease, status=status, state="released", reason=status)
+        await self.host.finish(self.record, self.session.lease, status=status, state="released", reason=status)
 
 
 class SandboxHost:
@@ -787,7 +789,9 @@ class SandboxHost:
         session = attempt.session
         sandbox_id = new_sandbox_id()
         now = self.clock.now()
-        self.book.insert(
+        call = self.journal.call
+        await call(
+            self.book.insert,
             sandbox_id=sandbox_id,
             run_id=session.run_id,
             runner_tag=self.runner_tag,
@@ -808,12 +812,13 @@ class SandboxHost:
         try:
             image = (await session.materialize(profile, platform)).image
             inst = await make(session, image)
-            self.book.update(sandbox_id, allocation_key=inst.allocation_key)
+            await call(self.book.update, sandbox_id, allocation_key=inst.allocation_key)
             await session.activate(inst)
             until = self.clock.now() + ttl
             owner = detached_owner(sandbox_id) if detached else current_owner()
-            runner.leases.hand_over(session.lease, owner=owner, until=until, what=f"sandbox {sandbox_id}")
-            self.book.update(
+            await call(runner.leases.hand_over, session.lease, owner=owner, until=until, what=f"sandbox {sandbox_id}")
+            await call(
+                self.book.update,
                 sandbox_id,
                 allocation_key=inst.allocation_key,
                 instance_id=inst.instance_id,
@@ -829,9 +834,9 @@ class SandboxHost:
             if status != "live":
                 await _wind_up(session)
                 try:
-                    self.journal.finish_run(session.run_id, status=status, now=self.clock.now())
-                    runner.leases.end(session.lease)
-                    self.book.update(sandbox_id, state="failed", reason=status, ended_at=self.clock.now())
+                    await call(self.journal.finish_run, session.run_id, status=status, now=self.clock.now())
+                    await call(runner.leases.end, session.lease)
+                    await call(self.book.update, sandbox_id, state="failed", reason=status, ended_at=self.clock.now())
                 except JournalError:
                     pass  # reconciliation settles the Run; its allocations were released above
         session.leases = SandboxLeases(self.journal, self.clock)
@@ -865,11 +870,14 @@ class SandboxHost:
         session.attach(instance=inst)
         return LiveSandbox(self, rec, session, inst)
 
-    def finish(self, rec: SandboxRecord, lease: Lease, *, status: str, state: SandboxState, reason: str) -> None:
+    async def finish(self, rec: SandboxRecord, lease: Lease, *, status: str, state: SandboxState, reason: str) -> None:
         now = self.clock.now()
-        self.journal.finish_run(rec.run_id, status=status, now=now, summary={"sandbox": rec.sandbox_id})
-        LeaseStore(self.journal, self.clock).end(lease)
-        self.book.update(rec.sandbox_id, only_if=["live", "provisioning"], state=state, reason=reason, ended_at=now)
+        call = self.journal.call
+        await call(self.journal.finish_run, rec.run_id, status=status, now=now, summary={"sandbox": rec.sandbox_id})
+        await call(LeaseStore(self.journal, self.clock).end, lease)
+        await call(
+            self.book.update, rec.sandbox_id, only_if=["live", "provisioning"], state=state, reason=reason, ended_at=now
+        )
 
 
 async def _again(specs: Sequence[MountSpec], plans: Sequence[MountPlan]) -> list[ResolvedMount]:
@@ -954,11 +962,11 @@ async def sweep(
         why = rec.orphaned(now)
         reason = "expired" if why == "its time-to-live passed" else "orphaned" if why else "ended"
         try:
-            lease = store.takeover(rec.lease_id, only_if_reclaimable=True, ttl=300)
+            lease = await journal.call(store.takeover, rec.lease_id, only_if_reclaimable=True, ttl=300)
         except (SandboxLeaseFenced, SandboxNotFound):
             continue  # its holder extended it meanwhile: not ours to take
         try:
-            for row in journal.open_allocations(run_id=rec.run_id):
+            for row in await journal.call(journal.open_allocations, run_id=rec.run_id):
                 if row.kind == "snapshot" and row.state == "live":
                     continue  # a snapshot outlives its sandbox
                 adapter = _find(registry, row.target, row.site)
@@ -974,9 +982,11 @@ async def sweep(
                     )
                 except ProviderFault as fault:
                     raise fault.error from None
-                journal.set_allocation(row.allocation_key, row_transition(row.state, "compensate"), now=clock.now())
+                await journal.call(
+                    journal.set_allocation, row.allocation_key, row_transition(row.state, "compensate"), now=clock.now()
+                )
         except SandboxError as exc:
-            store.end(lease)
+            await journal.call(store.end, lease)
             out.append(Reclaimed(rec.sandbox_id, rec.run_id, reason, f"{exc.code}: {exc.message}"))
             continue
         status = "expired" if reason == "expired" else "abandoned"
@@ -985,15 +995,21 @@ async def sweep(
             "orphaned": "its owner process is gone",
             "ended": "its lease ended",
         }[reason]
-        journal.finish_run(
+        await journal.call(
+            journal.finish_run,
             rec.run_id,
             status=status,
             now=clock.now(),
             summary={"sandbox": rec.sandbox_id, "settled_by": "sandbox sweep", "reason": said},
         )
-        store.end(lease)
-        book.update(
-            rec.sandbox_id, only_if=["live", "provisioning"], state="reclaimed", reason=reason, ended_at=clock.now()
+        await journal.call(store.end, lease)
+        await journal.call(
+            book.update,
+            rec.sandbox_id,
+            only_if=["live", "provisioning"],
+            state="reclaimed",
+            reason=reason,
+            ended_at=clock.now(),
         )
         out.append(Reclaimed(rec.sandbox_id, rec.run_id, reason))
     return out
