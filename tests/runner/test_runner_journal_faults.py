@@ -6,13 +6,17 @@ Run ``running``.
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
+import sqlalchemy as sa
 
 from checkfu.contract.vocabulary import Platform
 from checkfu.core.clock import ManualClock
@@ -192,3 +196,120 @@ def test_every_journal_operation_is_retried_and_typed() -> None:
             uses_db = "tx()" in __import__("inspect").getsource(member) or hasattr(member, "__wrapped__")
             if uses_db:
                 assert hasattr(member, "__wrapped__"), f"{cls.__name__}.{name} is not @journaled"
+
+
+# A commit whose acknowledgement is lost ----------------------------------------------------------
+
+
+def _lose_the_next_commit_ack(journal: Journal, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Make the journal's next commit land in the database and then fail as a dropped connection does: the
+    PostgreSQL backend is terminated from another connection right after it committed (SQLite: the commit is
+    followed by an I/O error). Returns a list that records each commit it broke."""
+    dialect = journal.engine.dialect
+    real = dialect.do_commit
+    broke: list[str] = []
+
+    def do_commit(dbapi_conn: Any) -> None:
+        real(dbapi_conn)
+        if broke:
+            return
+        broke.append("commit")
+        if dialect.name == "postgresql":
+            import psycopg  # noqa: PLC0415
+
+            pid = getattr(dbapi_conn, "driver_connection", dbapi_conn).info.backend_pid
+            with psycopg.connect(journal.url.replace("postgresql+psycopg://", "postgresql://"), autocommit=True) as c:
+                c.execute("SELECT pg_terminate_backend(%s)", (pid,))
+            raise psycopg.OperationalError("server closed the connection unexpectedly")
+        raise sqlite3.OperationalError("disk I/O error")
+
+    monkeypatch.setattr(dialect, "do_commit", do_commit)
+    return broke
+
+
+def _count(journal: Journal, table: sa.Table, *where: Any) -> int:
+    with journal.tx() as c:
+        return int(c.execute(sa.select(sa.func.count()).select_from(table).where(*where)).scalar_one())
+
+
+WRITES = ["event", "run", "allocation", "output", "lease"]
+
+
+@pytest.mark.parametrize("write", WRITES)
+def test_a_write_retried_after_its_commit_was_acknowledged_to_nobody_is_kept_once(
+    journal_url: str, write: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first attempt commits, then the connection drops before the client hears so: ``journaled`` retries, and
+    the retry finds its own row (by primary key, or the write key chosen before the first attempt) instead of
+    writing a second one, or failing on the key the first attempt took."""
+    from checkfu.core.journal import allocations, events, leases, run_output, runs  # noqa: PLC0415
+    from checkfu.core.leases import LeaseStore  # noqa: PLC0415
+
+    journal = Journal(journal_url)
+    try:
+        target = MemoryProvider().target
+        journal.start_run("run-0", runner_tag="rt", target=target, now=1.0)
+        broke = _lose_the_next_commit_ack(journal, monkeypatch)
+        if write == "event":
+            journal.record_event("run-0", "exec", started_at=2.0, duration_ms=1.0, outcome="ok")
+            assert _count(journal, events, events.c.run_id == "run-0") == 1
+        elif write == "run":
+            journal.start_run("run-1", runner_tag="rt", target=target, now=2.0)
+            assert _count(journal, runs, runs.c.run_id == "run-1") == 1
+        elif write == "allocation":
+            journal.journal_allocation(
+                "ak-1", run_id="run-0", kind="instance", target=target, runner_tag="rt", lease_id="l", now=2.0
+            )
+            assert _count(journal, allocations, allocations.c.allocation_key == "ak-1") == 1
+        elif write == "output":
+            journal.append_output("run-0", [("out", b"a"), ("err", b"b")], now=2.0)
+            assert [r.data for r in journal.output_since("run-0")] == [b"a", b"b"]
+            assert _count(journal, run_output, run_output.c.run_id == "run-0") == 2
+        else:
+            lease = LeaseStore(journal, ManualClock()).acquire("run-0")
+            assert _count(journal, leases, leases.c.run_id == "run-0") == 1
+            assert LeaseStore(journal, ManualClock()).record(lease.lease_id).epoch == 1
+        assert broke == ["commit"]  # the commit's acknowledgement was lost once, and the write was retried
+    finally:
+        journal.close()
+
+
+# Waiting out a locked journal never stalls the event loop -----------------------------------------
+
+
+async def test_a_member_call_waiting_out_a_locked_journal_lets_other_tasks_run(tmp_path: Path) -> None:
+    """While a member call's journal writes wait for a lock (retried with backoff), a task beside it keeps ticking:
+    the waiting happens off the event loop. Before, the retries slept on the loop and the ticks stopped for as long
+    as the lock was held."""
+    with rig(tmp_path, deadline=20.0) as (memory, _journal, runner, lock, _):
+        attempt = runner.start(memory.target, PROFILE, platform=AMD64)
+        session = attempt.session
+        image = (await session.materialize(PROFILE, AMD64)).image
+        inst = await session.provision(PROFILE, AMD64, image)
+        await session.activate(inst)
+        gaps: list[float] = []
+        stop = asyncio.Event()
+
+        async def tick() -> None:
+            loop = asyncio.get_running_loop()
+            last = loop.time()
+            while not stop.is_set():
+                await asyncio.sleep(0.005)
+                now = loop.time()
+                gaps.append(now - last)
+                last = now
+
+        ticker = asyncio.create_task(tick())
+        await asyncio.sleep(0.05)
+        lock.take()
+        threading.Timer(0.8, lock.give_back).start()
+        t0 = time.monotonic()
+        result = await session.exec(inst, ["echo", "hi"])
+        waited = time.monotonic() - t0
+        stop.set()
+        await ticker
+        assert result.exit_code == 0
+        assert waited >= 0.7  # the call did wait the lock out
+        assert max(gaps) < 0.25, f"the event loop stalled for {max(gaps):.3f} s while the journal was locked"
+        await session.release_all()
+        runner.finish(attempt, status="succeeded")

@@ -65,6 +65,9 @@ class CallRecord:
 
 
 class Recorder(Protocol):
+    """Keeps the door's call records. One that also has ``async record_call_async(call)`` (the journal's: never
+    stalls the event loop) is awaited through it instead."""
+
     def record_call(self, call: CallRecord) -> None: ...
 
 
@@ -121,7 +124,7 @@ class ProviderDoor:
         *,
         run_id: str | None = None,
         recorder: Recorder | None = None,
-        fence: Callable[[], None] | None = None,
+        fence: Callable[[], Awaitable[None] | None] | None = None,
     ) -> Accepted[V]:
         """Make the call ``plan`` describes, judge the answer, record the call.
 
@@ -135,8 +138,8 @@ class ProviderDoor:
         error: SandboxError | None = None
         cancelled = False
         try:
-            if fence is not None:
-                fence()
+            if fence is not None and (fenced := fence()) is not None:
+                await fenced
             raw = await self._invoke(plan)
             try:
                 return plan.accept(raw)
@@ -159,7 +162,12 @@ class ProviderDoor:
             raise
         finally:
             if recorder is not None:
-                recorder.record_call(_record(run_id, plan.member, plan.allocation_key, started, t0, error, cancelled))
+                record = _record(run_id, plan.member, plan.allocation_key, started, t0, error, cancelled)
+                keep = getattr(recorder, "record_call_async", None)
+                if keep is not None:
+                    await keep(record)
+                else:
+                    recorder.record_call(record)
 
     async def _invoke(self, plan: Plan[Any]) -> object:
         """The provider's raw answer, under the plan's deadline; anything it raises is a fault."""

@@ -39,6 +39,7 @@ from checkfu.contract.members import (
     ReleaseResult,
     WriteFileResult,
 )
+from checkfu.contract.mounts import MountPlan
 from checkfu.contract.process import ProcessEvent, ProcessExit
 from checkfu.contract.profile import SandboxProfile
 from checkfu.contract.provider import ProcessStream, Provider
@@ -102,7 +103,9 @@ class RunSession:
         self.unjournaled: dict[str, str] = {}
         """What the journal could not record while winding up (its row stays open for reconciliation), by key."""
         self.adopted: str | None = None
-        """The allocation key of the pooled sandbox this attempt adopted (``checkfu.core.pool.adopt``), if any."""
+        """The allocation key of the pooled sandbox this attempt adopted (``adopt``), if any."""
+        self.detached: set[str] = set()
+        """Allocation keys this session let go of (``detach``): its wind-up leaves them as they are."""
 
     @property
     def envelope(self) -> SandboxProviderCapabilities:
@@ -133,6 +136,55 @@ class RunSession:
     def snapshots(self) -> dict[str, Snapshot]:
         return self.core.snapshots
 
+    # taking over what another attempt journaled ---------------------------------------------
+
+    def adopt(
+        self,
+        key: str,
+        *,
+        from_run: str,
+        from_lease: Lease,
+        from_owner: str,
+        instance: Instance | None = None,
+    ) -> bool:
+        """Take the ``live`` allocation ``key`` over from ``from_run``, whose lease ``from_lease`` no process holds
+        (``from_owner``: a pooled sandbox waiting for a Run): the row moves to this attempt's Run and lease and the
+        old lease is ended, in one compare-and-set (``Journal.adopt_allocation``); then this attempt holds it, with
+        ``instance`` as the runner's record of it. Returns ``False`` when another adopter won (nothing changed).
+
+        Raises:
+            SandboxLeaseFenced: this attempt's own lease was taken over; nothing was written.
+        """
+        won = self.journal.adopt_allocation(
+            key,
+            from_run=from_run,
+            from_lease=from_lease,
+            from_owner=from_owner,
+            to_run=self.run_id,
+            to_lease=self.lease,
+            now=self.clock.now(),
+        )
+        if won:
+            self.core.take(key, instance=instance)
+            self.adopted = key
+        return won
+
+    def attach(self, *, instance: Instance | None = None, snapshot: Snapshot | None = None) -> None:
+        """Hold an instance or snapshot this session's Run journaled ``live`` in an earlier process (a long-lived
+        sandbox, a snapshot of one), under the Run's lease as it is now (``lease``: every holder of a long-lived
+        sandbox shares its lease; a reclaim takes it over and fences them all). Writes nothing."""
+        held = instance if instance is not None else snapshot
+        if held is None:
+            raise ValueError("attach: give the instance or the snapshot to hold")
+        self.detached.discard(held.allocation_key)
+        self.core.take(held.allocation_key, instance=instance, snapshot=snapshot)
+
+    def detach(self, inst: Instance) -> None:
+        """Let go of ``inst`` without releasing it: this session's wind-up (``release_all``) leaves it and its journal
+        row as they are, for whoever attaches next."""
+        self.core.let_go(inst.allocation_key)
+        self.detached.add(inst.allocation_key)
+
     # carrying out a plan ----------------------------------------------------------------------
 
     def _plan(self, member: Member, make: Callable[[], Plan[V]]) -> Plan[V]:
@@ -147,7 +199,7 @@ class RunSession:
         """Carry out ``plan``. ``winding_up`` (a release or compensation on the way out): a journal that
         cannot be written does not stop the call; what it could not record is kept in ``unjournaled``."""
         try:
-            self._apply_now(plan.before)
+            await self._apply_now(plan.before)
         except SandboxLeaseFenced as exc:  # taken over before even journaling: nothing to ask, nothing to undo
             self.door.refused(plan.member, exc, run_id=self.run_id, recorder=self.journal, key=plan.allocation_key)
             raise
@@ -164,10 +216,10 @@ class RunSession:
         except BaseException:
             await self._apply(plan.on_abandon())
             raise
-        self._apply_now(accepted.effects, winding_up=winding_up)
+        await self._apply_now(accepted.effects, winding_up=winding_up)
         return accepted.value
 
-    def _fence(self, deadline: float, *, winding_up: bool = False) -> None:
+    async def _fence(self, deadline: float, *, winding_up: bool = False) -> None:
         """Renew the lease for the whole call; a runner whose lease was taken over stops here.
 
         Winding up, a journal that cannot be written does not stop the call: releasing or compensating this
@@ -176,18 +228,20 @@ class RunSession:
         still stops it.
         """
         try:
-            self.leases.renew(self.lease, ttl=max(self.leases.ttl, deadline + 60))
+            await self.journal.call(self.leases.renew, self.lease, ttl=max(self.leases.ttl, deadline + 60))
         except JournalError as exc:
             if not winding_up:
                 raise
             self.unjournaled.setdefault("lease", f"not renewed: {exc}")
 
-    def _apply_now(self, effects: Sequence[Effect], *, winding_up: bool = False) -> None:
-        """Journal what the core says, fenced by the lease: a runner whose attempt was taken over writes nothing."""
+    async def _apply_now(self, effects: Sequence[Effect], *, winding_up: bool = False) -> None:
+        """Journal what the core says, fenced by the lease: a runner whose attempt was taken over writes nothing.
+        Each write waits out a locked journal off the event loop (``Journal.call``)."""
         for effect in effects:
             if isinstance(effect, SettleRow) and winding_up:
                 try:
-                    self.journal.set_allocation(
+                    await self.journal.call(
+                        self.journal.set_allocation,
                         effect.key,
                         effect.state,
                         now=self.clock.now(),
@@ -199,7 +253,8 @@ class RunSession:
                     self.unjournaled[effect.key] = f"not recorded as {effect.state}: {exc}"
                 continue
             if isinstance(effect, JournalAllocation):
-                self.journal.journal_allocation(
+                await self.journal.call(
+                    self.journal.journal_allocation,
                     effect.key,
                     run_id=self.run_id,
                     kind=effect.kind,
@@ -212,7 +267,8 @@ class RunSession:
                     fence=self.lease,
                 )
             elif isinstance(effect, SettleRow):
-                self.journal.set_allocation(
+                await self.journal.call(
+                    self.journal.set_allocation,
                     effect.key,
                     effect.state,
                     now=self.clock.now(),
@@ -223,7 +279,7 @@ class RunSession:
 
     async def _apply(self, effects: Sequence[Effect]) -> None:
         """Apply effects during another failure: compensations are quiet and finish through cancellation."""
-        self._apply_now(effects)
+        await self._apply_now(effects)
         for effect in effects:
             if isinstance(effect, Compensate):
                 await self._compensate_quietly(effect.key)
@@ -250,14 +306,19 @@ class RunSession:
         return await self._run(self._plan("materialize", lambda: self.core.materialize(profile, platform)))
 
     async def provision(
-        self, profile: SandboxProfile, platform: Platform, root_image: str, mounts: Sequence[ResolvedMount] = ()
+        self,
+        profile: SandboxProfile,
+        platform: Platform,
+        root_image: str,
+        mounts: Sequence[ResolvedMount | MountPlan] = (),
     ) -> Instance:
-        """Journal an allocation, then ask for it; compensate it if anything fails.
+        """Journal an allocation, then ask for it; compensate it if anything fails. ``mounts``: resolved, or only
+        their plans (a pooled sandbox's empty sealed mounts, staged by the Run that adopts it).
 
         Raises:
             SandboxError: whatever check failed; the allocation has been compensated.
         """
-        plans = [m.plan for m in mounts]
+        plans = [m if isinstance(m, MountPlan) else m.plan for m in mounts]
         return await self._run(
             self._plan("provision", lambda: self.core.provision(profile, platform, root_image, plans))
         )
@@ -443,13 +504,13 @@ class RunSession:
             if failed is not None:
                 left[inst.allocation_key] = f"{failed.code}: {failed.message}"
         try:
-            rows = self.journal.open_allocations(run_id=self.run_id)
+            rows = await self.journal.call(self.journal.open_allocations, run_id=self.run_id)
         except JournalError as exc:
             self.unjournaled.setdefault("rows", f"the Run's open rows could not be read: {exc}")
             rows = []
         for row in rows:
             key = row.allocation_key
-            if (row.kind == "snapshot" and row.state == "live") or key in left:
+            if (row.kind == "snapshot" and row.state == "live") or key in left or key in self.detached:
                 continue  # durable snapshots outlive the Run by design
             if self.core.rows.get(key) in ("released", "compensated"):
                 continue  # reclaimed in the provider; only the journal could not say so

@@ -26,12 +26,16 @@ comes with a new revision in ``migrations/versions``.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import contextvars
 import functools
 import itertools
 import json
+import os
 import time
-from collections.abc import Callable, Iterator, Sequence
+import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -143,7 +147,11 @@ events = sa.Table(
     sa.Column("outcome", sa.String(16), nullable=False),
     sa.Column("error_code", sa.String(64), nullable=True),
     sa.Column("detail", sa.Text, nullable=True),
+    sa.Column("write_key", sa.String(40), nullable=True),
 )
+"""``write_key``: chosen once per write before its first attempt, so a retry whose first attempt did commit (its
+acknowledgement was lost with the connection) finds its own row, by its Run and this key, instead of writing a
+second (``insert_once``). Not indexed: only a retry looks for it, through ``run_id``'s index."""
 
 enrollments = sa.Table(
     "enrollments",
@@ -194,6 +202,7 @@ run_output = sa.Table(
     sa.Column("stream", sa.String(8), nullable=False),
     sa.Column("data", sa.LargeBinary, nullable=False),
     sa.Column("at", sa.Float, nullable=False),
+    sa.Column("write_key", sa.String(48), nullable=True),
     sa.Index("ix_run_output_run_id", "run_id", "id"),
 )
 """A submitted Run's output as its runner streamed it (``out`` or ``err``), by attempt, for ``checkfu runs wait``."""
@@ -249,7 +258,6 @@ is the provider's word on when it expires (NULL: kept until deleted); ``keep_sec
 
 # Statements built once: executing a prebuilt statement with parameters skips the per-call
 # construction and cache-key work of ``.values(...)``, the larger part of a small write's cost.
-_INSERT_ALLOCATION = allocations.insert()
 _UPDATE_ALLOCATION = (
     allocations.update()
     .where(allocations.c.allocation_key == sa.bindparam("key"))
@@ -262,31 +270,65 @@ _SET_EXPIRY = (
     .values(expires_at=sa.bindparam("expires_at"))
 )
 _INSERT_EVENT = events.insert()
-_HOLD_LEASE = (
-    leases.update()
-    .where(
-        leases.c.lease_id == sa.bindparam("held_id"),
-        leases.c.epoch == sa.bindparam("held_epoch"),
-        leases.c.ended.is_(False),
-    )
-    .values(epoch=leases.c.epoch)
+LEASE_CURRENT = (
+    leases.c.lease_id == sa.bindparam("held_id"),
+    leases.c.epoch == sa.bindparam("held_epoch"),
+    leases.c.ended.is_(False),
 )
+"""The one lease fence: the lease ``held_id`` is still at epoch ``held_epoch`` and not ended. Every statement that
+writes (or reads) under a lease is built from it (``fenced``), with the lease as ``lease_params``."""
+
+
+def fenced(**values: Any) -> sa.Update:
+    """An update of the lease row that applies only while the lease is current (``LEASE_CURRENT``)."""
+    return leases.update().where(*LEASE_CURRENT).values(**values)
+
+
+def lease_params(lease: Lease, **more: Any) -> dict[str, Any]:
+    """The parameters of a statement built on ``LEASE_CURRENT``, for ``lease``."""
+    return {"held_id": lease.lease_id, "held_epoch": lease.lease_epoch, **more}
+
+
+_HOLD_LEASE = fenced(epoch=leases.c.epoch)
 """Touch a lease only if it is still current: the row lock it takes (PostgreSQL) or the write lock
 (SQLite) holds it current until the transaction that wrote under it commits."""
+_ADOPT_LEASE = fenced(epoch=leases.c.epoch + 1, ended=True).where(
+    leases.c.owner == sa.bindparam("from_owner"), leases.c.expires_at > sa.bindparam("now")
+)
+"""End a lease no process holds (a pooled sandbox's), bumping its epoch so a straggler is fenced."""
+_ADOPT_ALLOCATION = (
+    allocations.update()
+    .where(
+        allocations.c.allocation_key == sa.bindparam("key"),
+        allocations.c.run_id == sa.bindparam("from_run"),
+        allocations.c.lease_id == sa.bindparam("held_id"),
+        allocations.c.state == "live",
+    )
+    .values(
+        run_id=sa.bindparam("to_run"),
+        lease_id=sa.bindparam("to_lease"),
+        lease_epoch=sa.bindparam("to_epoch"),
+        updated_at=sa.bindparam("now"),
+    )
+)
 
 
-def _hold(c: Connection, lease: Lease) -> None:
+def hold_lease(c: Connection, lease: Lease) -> None:
     """Within ``c``'s transaction: make sure ``lease`` is current and keep it so until commit.
 
     Raises:
         SandboxLeaseFenced: the lease was taken over (another epoch) or ended.
     """
-    if c.execute(_HOLD_LEASE, {"held_id": lease.lease_id, "held_epoch": lease.lease_epoch}).rowcount != 1:
+    if c.execute(_HOLD_LEASE, lease_params(lease)).rowcount != 1:
         raise SandboxLeaseFenced(
             f"lease {lease.lease_id} at epoch {lease.lease_epoch} is no longer current: another attempt took the Run "
             "over, or it ended; nothing was written under it",
             field="lease.lease_epoch",
         )
+
+
+class _Lost(Exception):
+    """A compare-and-set found the row changed: the transaction is rolled back."""
 
 
 @dataclass(frozen=True)
@@ -417,8 +459,11 @@ FAILING_DEADLINE = 1.0
 """Once an operation has run out of its deadline, later ones try this long until one succeeds again,
 so a Run winding up against a dead journal is not held up for the whole deadline at every step."""
 _BACKOFF = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5)
+BUSY_WAIT_MS = 1000
+"""SQLite's own wait for a lock, per attempt (its busy timeout); off for an attempt on the event loop."""
 
 F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
 
 
 def _transient(exc: sa_exc.SQLAlchemyError) -> bool:
@@ -433,26 +478,79 @@ def _reason(exc: BaseException) -> str:
     return text[0][:300] if text else type(exc).__name__
 
 
-def journaled(operation: str) -> Callable[[F], F]:
+class _WriteKeys:
+    """Fresh write keys, cheaply: a random prefix per process (drawn again in a forked child) and a counter."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.prefix = uuid.uuid4().hex[:20]
+        self.counter = itertools.count()
+
+    def __call__(self) -> str:
+        return f"{self.prefix}{next(self.counter):x}"
+
+
+_RETRYING: contextvars.ContextVar[bool] = contextvars.ContextVar("journal_retrying", default=False)
+"""Set while a journaled method runs again after a transient failure (which may have committed)."""
+_INLINE: contextvars.ContextVar[bool] = contextvars.ContextVar("journal_inline", default=False)
+"""Set while ``Journal.call`` makes an operation's first attempt on the event loop: a transient failure is not
+waited out there (no backoff sleep; SQLite's busy wait off) but handed to a worker thread (``_RetryElsewhere``)."""
+_RESUMED: contextvars.ContextVar[bool] = contextvars.ContextVar("journal_resumed", default=False)
+"""Set in the worker thread that carries on an operation whose first attempt failed on the event loop: its next
+attempt is a retry (that first attempt may have committed)."""
+
+
+class _RetryElsewhere(Exception):
+    """An operation's first attempt on the event loop failed transiently; ``resume`` carries it on, as a retry."""
+
+    def __init__(self, resume: Callable[[], Any]) -> None:
+        super().__init__("retry in a worker thread")
+        self.resume = resume
+
+
+new_write_key = _WriteKeys()
+"""A key no other write of any process has: ``events.write_key``, ``run_output.write_key``."""
+os.register_at_fork(after_in_child=new_write_key.reset)
+
+
+def journaled(operation: str, *, keyed: bool = False) -> Callable[[F], F]:
     """Make a method one retried journal operation (its object is a ``Journal`` or has ``.journal``).
 
     The method must be one transaction, so a failed attempt changed nothing and running it again is safe.
     A lock or a dropped connection is retried with backoff within the journal's deadline, then raised as
     ``JournalUnavailable``; any other database error is raised as ``JournalError`` at once.
+
+    A dropped connection is ambiguous about a commit: the first attempt may have committed and lost only its
+    acknowledgement. So a retried insert must find its own row rather than write a second: every insert of a
+    journaled method goes through ``Journal.insert_once``, keyed by the row's primary key or, for a table whose
+    rows have none of their own (events, output), a ``write_key``; with ``keyed``, the method takes a keyword
+    ``write_key``, chosen here once (``new_write_key``) before the first attempt when the caller gives none.
     """
 
     def wrap(method: F) -> F:
         @functools.wraps(method)
         def retried(self: Any, *args: Any, **kwargs: Any) -> Any:
+            if keyed and kwargs.get("write_key") is None:
+                kwargs["write_key"] = new_write_key()
             journal: Journal = getattr(self, "journal", self)
             deadline = FAILING_DEADLINE if journal.failing else journal.deadline
+            resumed = _RESUMED.get()
+            if resumed:
+                _RESUMED.set(False)  # the operations it makes in turn start afresh
             t0 = time.monotonic()
             for attempt in itertools.count():
+                token = _RETRYING.set(attempt > 0 or resumed)
                 try:
                     result = method(self, *args, **kwargs)
+                except _RetryElsewhere:  # an operation it made failed on the event loop: all of this one goes
+                    raise _RetryElsewhere(functools.partial(retried, self, *args, **kwargs)) from None
                 except sa_exc.SQLAlchemyError as exc:
                     if not _transient(exc):
                         raise JournalError(operation, _reason(exc)) from None
+                    if _INLINE.get():  # on the event loop: waited out in a worker thread, never here
+                        raise _RetryElsewhere(functools.partial(retried, self, *args, **kwargs)) from None
                     waited = time.monotonic() - t0
                     if waited >= deadline:
                         journal.failing = True
@@ -461,13 +559,22 @@ def journaled(operation: str) -> Callable[[F], F]:
                         ) from None
                     time.sleep(min(_BACKOFF[min(attempt, len(_BACKOFF) - 1)], max(0.0, deadline - waited)))
                     continue
+                finally:
+                    _RETRYING.reset(token)
                 journal.failing = False
                 return result
             raise AssertionError("unreachable")
 
+        retried.journaled = True  # type: ignore[attr-defined]
         return retried  # type: ignore[return-value]
 
     return wrap
+
+
+def _resumed(resume: Callable[[], T]) -> T:
+    """In a worker thread: carry on an operation whose first attempt failed on the event loop, as a retry."""
+    _RESUMED.set(True)
+    return resume()
 
 
 def sqlite_url(path: Path) -> str:
@@ -487,7 +594,7 @@ def make_engine(url: str) -> Engine:
                 "sqlite+pysqlite://", connect_args={"check_same_thread": False}, poolclass=StaticPool
             )
         # A short busy wait per attempt: ``journaled`` retries within the journal's own deadline.
-        engine = sa.create_engine(url, connect_args={"check_same_thread": False, "timeout": 1})
+        engine = sa.create_engine(url, connect_args={"check_same_thread": False, "timeout": BUSY_WAIT_MS / 1000})
         if _sqlite_file(engine) and not engine.url.query.get("uri"):  # a file: URI is SQLite's to open
             with contextlib.suppress(OSError):  # it exists (kept as it is), or SQLite says why it cannot be made
                 owner_only.create_file(Path(str(engine.url.database)), b"")
@@ -563,6 +670,17 @@ def _share_compiled(engine: Engine) -> None:
         engine._compiled_cache = cache
 
 
+_INSERTS: dict[str, sa.Insert] = {}
+"""Each table's insert, built once."""
+
+
+def _insert(table: sa.Table) -> sa.Insert:
+    found = _INSERTS.get(table.name)
+    if found is None:
+        found = _INSERTS[table.name] = table.insert()
+    return found
+
+
 class Journal:
     """Durable runner state. Every method is one short transaction."""
 
@@ -607,27 +725,115 @@ class Journal:
         to the log, which the kernel syncs to disk later (a process that dies loses nothing; a machine that loses
         power may lose the last commits). A durable transaction is committed with ``synchronous=FULL``, which syncs
         the log first (measured here: 0.4 ms, against 0.03 ms). Every other database this journal supports
-        commits durably already."""
-        if not (durable and self._sqlite_file):
+        commits durably already.
+
+        An attempt on the event loop (``Journal.call``) does not wait for a SQLite lock (busy timeout 0): it fails at
+        once, and the operation waits in a worker thread instead."""
+        if not self._sqlite_file:
             with self.engine.begin() as conn:
                 yield conn
             return
         with self.engine.connect() as conn:
-            sqlite, dbapi = conn.connection.driver_connection, self.engine.dialect.dbapi
+            fairy = conn.connection
+            sqlite, dbapi = fairy.driver_connection, self.engine.dialect.dbapi
             assert sqlite is not None and dbapi is not None
+            wait = 0 if _INLINE.get() else BUSY_WAIT_MS
+            pragmas = [
+                *([f"PRAGMA busy_timeout={wait}"] if fairy.info.get("busy_timeout", BUSY_WAIT_MS) != wait else []),
+                *(["PRAGMA synchronous=FULL"] if durable else []),
+            ]
             try:
-                sqlite.execute("PRAGMA synchronous=FULL")  # outside any transaction: the driver begins one at a write
+                for pragma in pragmas:  # outside any transaction: the driver begins one at a write
+                    sqlite.execute(pragma)
             except dbapi.Error as exc:  # raised as SQLAlchemy raises the driver's errors, for ``journaled`` to judge
-                raise sa_exc.DBAPIError.instance("PRAGMA synchronous=FULL", None, exc, dbapi.Error) from None
+                raise sa_exc.DBAPIError.instance(pragmas[0], None, exc, dbapi.Error) from None
+            fairy.info["busy_timeout"] = wait  # set only when it changes: on the loop, every attempt is one
             try:
                 with conn.begin():
                     yield conn
             finally:
-                with contextlib.suppress(Exception):  # a connection that broke is not pooled again
-                    sqlite.execute("PRAGMA synchronous=NORMAL")
+                if durable:
+                    with contextlib.suppress(Exception):  # a connection that broke is not pooled again
+                        sqlite.execute("PRAGMA synchronous=NORMAL")
 
     def close(self) -> None:
         self.engine.dispose()
+
+    async def call(self, operation: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+        """Make a journal operation from async code without ever stalling the event loop on it.
+
+        Its first attempt runs inline: one short transaction, the path every member call takes (a thread hop each
+        would cost more than the write). If that attempt fails transiently (a lock, a dropped connection), it is
+        not waited out on the loop (SQLite's busy wait is off for it, and no backoff sleeps there): the operation
+        is carried on in a worker thread, as a retry (its first attempt may have committed: ``insert_once``),
+        with backoff within the journal's deadline, while other tasks run.
+
+        ``operation`` is best a ``journaled`` method: it is resumed from its own arguments (the write key chosen
+        for its first attempt kept). Anything else is run again whole in the thread.
+
+        Raises:
+            JournalError: as ``operation`` does (``JournalUnavailable`` once the deadline passed).
+        """
+        token = _INLINE.set(True)
+        try:
+            return operation(*args, **kwargs)
+        except _RetryElsewhere as again:
+            resume = (
+                again.resume
+                if getattr(operation, "journaled", False)
+                else functools.partial(operation, *args, **kwargs)
+            )
+        finally:
+            _INLINE.reset(token)
+        return await asyncio.to_thread(_resumed, resume)
+
+    async def record_call_async(self, call: CallRecord) -> None:
+        """``record_call`` from async code, through ``call``: never raises, never stalls the event loop."""
+        try:
+            await self.call(self.record_event, **_event_of(call))
+        except JournalError:
+            self.unrecorded += 1
+
+    def insert_once(
+        self,
+        c: Connection,
+        table: sa.Table,
+        rows: Mapping[str, Any] | Sequence[Mapping[str, Any]],
+        *,
+        key: str,
+        scope: str | None = None,
+    ) -> None:
+        """Insert ``rows`` into ``table`` within ``c``'s transaction, exactly once by their ``key`` column: the
+        primary key, or a ``write_key`` chosen before the first attempt (found within ``scope``, an indexed column
+        all the rows share, such as ``run_id``).
+
+        A first attempt is a plain insert: nothing is looked for (the fast path). A retry (``journaled``, after a
+        transient failure, which may have committed and lost only its acknowledgement) first looks: rows already
+        there under the key are this very write's, committed by that earlier attempt, and nothing is written again
+        (one transaction wrote them all, or none).
+
+        Raises:
+            sqlalchemy.exc.IntegrityError: the key is held already, on a first attempt, or on a retry by a row with
+                other values (not this write's); the journaled method raises it as ``JournalError``, never retried.
+        """
+        many = [rows] if isinstance(rows, Mapping) else list(rows)
+        if not many:
+            return
+        if _RETRYING.get():
+            first = many[0]
+            where = [table.c[key].in_([r[key] for r in many])]
+            if scope is not None:
+                where.append(table.c[scope] == first[scope])
+            found = c.execute(sa.select(table).where(*where)).mappings().all()
+            if found:
+                mine = {r[key]: r for r in many}
+                if len(found) != len(many) or any(
+                    any(row[k] != v for k, v in mine.get(row[key], {}).items()) for row in found
+                ):
+                    held = ValueError(f"UNIQUE constraint: {table.name}.{key} {first[key]!r} is held by another row")
+                    raise sa_exc.IntegrityError(f"INSERT INTO {table.name}", None, held)  # ``journaled`` types it
+                return
+        c.execute(_insert(table), many[0] if len(many) == 1 else many)
 
     # runs ---------------------------------------------------------------------------------
 
@@ -645,21 +851,20 @@ class Journal:
         owner_boot: str | None = None,
         story: dict[str, Any] | None = None,
     ) -> None:
+        row = {
+            "run_id": run_id,
+            "runner_tag": runner_tag,
+            "target": target.model_dump_json(),
+            "profile_digest": profile_digest,
+            "command": json.dumps(list(command)) if command is not None else None,
+            "status": "running",
+            "created_at": now,
+            "owner": owner,
+            "owner_boot": owner_boot,
+            "story": json.dumps(story) if story is not None else None,
+        }
         with self.tx() as c:
-            c.execute(
-                runs.insert().values(
-                    run_id=run_id,
-                    runner_tag=runner_tag,
-                    target=target.model_dump_json(),
-                    profile_digest=profile_digest,
-                    command=json.dumps(list(command)) if command is not None else None,
-                    status="running",
-                    created_at=now,
-                    owner=owner,
-                    owner_boot=owner_boot,
-                    story=json.dumps(story) if story is not None else None,
-                )
-            )
+            self.insert_once(c, runs, row, key="run_id")
 
     @journaled("finish_run")
     def finish_run(
@@ -777,16 +982,26 @@ class Journal:
 
     # output -------------------------------------------------------------------------------
 
-    @journaled("append_output")
-    def append_output(self, run_id: str, chunks: Sequence[tuple[str, bytes]], *, now: float, attempt: int = 0) -> None:
+    @journaled("append_output", keyed=True)
+    def append_output(
+        self,
+        run_id: str,
+        chunks: Sequence[tuple[str, bytes]],
+        *,
+        now: float,
+        attempt: int = 0,
+        write_key: str | None = None,
+    ) -> None:
         """Keep ``chunks`` (``out``/``err``, bytes) of a Run started in place, in order, in one transaction."""
         if not chunks:
             return
+        rows = [
+            {"run_id": run_id, "attempt": attempt, "stream": stream, "data": data, "at": now}
+            | {"write_key": f"{write_key}.{n}"}
+            for n, (stream, data) in enumerate(chunks)
+        ]
         with self.tx() as c:
-            c.execute(
-                run_output.insert(),
-                [{"run_id": run_id, "attempt": attempt, "stream": st, "data": data, "at": now} for st, data in chunks],
-            )
+            self.insert_once(c, run_output, rows, key="write_key", scope="run_id")
 
     @journaled("output_since")
     def output_since(self, run_id: str, after: int = 0, limit: int = 1000) -> list[OutputRow]:
@@ -841,9 +1056,10 @@ class Journal:
         """
         with self.tx(durable=True) as c:
             if fence is not None:
-                _hold(c, fence)
-            c.execute(
-                _INSERT_ALLOCATION,
+                hold_lease(c, fence)
+            self.insert_once(
+                c,
+                allocations,
                 {
                     "allocation_key": key,
                     "run_id": run_id,
@@ -859,6 +1075,7 @@ class Journal:
                     "site": site,
                     "lease_epoch": fence.lease_epoch if fence is not None else None,
                 },
+                key="allocation_key",
             )
 
     @journaled("set_allocation")
@@ -883,10 +1100,56 @@ class Journal:
             params["object_id"] = object_id
         with self.tx() as c:
             if fence is not None:
-                _hold(c, fence)
+                hold_lease(c, fence)
             c.execute(_UPDATE_ALLOCATION if object_id is None else _UPDATE_ALLOCATION_OBJECT, params)
             if expires_at is not None:
                 c.execute(_SET_EXPIRY, {"key": key, "expires_at": expires_at})
+
+    @journaled("adopt_allocation")
+    def adopt_allocation(
+        self,
+        key: str,
+        *,
+        from_run: str,
+        from_lease: Lease,
+        from_owner: str,
+        to_run: str,
+        to_lease: Lease,
+        now: float,
+    ) -> bool:
+        """Move the ``live`` allocation ``key`` from ``from_run`` (under ``from_lease``, held by ``from_owner``, no
+        process: a pooled sandbox waiting for a Run) to ``to_run`` under ``to_lease``: one compare-and-set, all or
+        nothing, in one transaction.
+
+        ``to_lease`` must be current; ``from_lease`` is ended at the epoch read, bumped (a straggler under it is
+        fenced), and only while it is current, still held by ``from_owner`` and not expired at ``now``; the row moves
+        only if it is still ``from_run``'s and live. Returns whether this caller won; a loser changed nothing.
+
+        Raises:
+            SandboxLeaseFenced: ``to_lease`` was taken over or ended; nothing was written.
+        """
+        try:
+            with self.tx() as c:
+                hold_lease(c, to_lease)
+                if c.execute(_ADOPT_LEASE, lease_params(from_lease, from_owner=from_owner, now=now)).rowcount != 1:
+                    raise _Lost
+                moved = c.execute(
+                    _ADOPT_ALLOCATION,
+                    lease_params(
+                        from_lease,
+                        key=key,
+                        from_run=from_run,
+                        to_run=to_run,
+                        to_lease=to_lease.lease_id,
+                        to_epoch=to_lease.lease_epoch,
+                        now=now,
+                    ),
+                ).rowcount
+                if moved != 1:
+                    raise _Lost
+        except _Lost:
+            return False
+        return True
 
     @journaled("expired_snapshots")
     def expired_snapshots(self, *, now: float, runner_tag: str | None = None) -> list[AllocationRow]:
@@ -935,7 +1198,7 @@ class Journal:
 
     # events -------------------------------------------------------------------------------
 
-    @journaled("record_event")
+    @journaled("record_event", keyed=True)
     def record_event(
         self,
         run_id: str,
@@ -947,10 +1210,12 @@ class Journal:
         allocation_key: str | None = None,
         error_code: str | None = None,
         detail: str | None = None,
+        write_key: str | None = None,
     ) -> None:
         with self.tx() as c:
-            c.execute(
-                _INSERT_EVENT,
+            self.insert_once(
+                c,
+                events,
                 {
                     "run_id": run_id,
                     "member": member,
@@ -960,28 +1225,19 @@ class Journal:
                     "outcome": outcome,
                     "error_code": error_code,
                     "detail": detail,
+                    "write_key": write_key,
                 },
+                key="write_key",
+                scope="run_id",
             )
 
     def record_call(self, call: CallRecord) -> None:
         """Record one provider call (the door's ``Recorder``). Never raises: a call that cannot be recorded
         (the journal is unavailable) still happened, and is counted in ``unrecorded``."""
         try:
-            self._record_call(call)
+            self.record_event(**_event_of(call))
         except JournalError:
             self.unrecorded += 1
-
-    def _record_call(self, call: CallRecord) -> None:
-        self.record_event(
-            NO_RUN if call.run_id is None else call.run_id,
-            call.member,
-            started_at=call.started_at,
-            duration_ms=call.duration_ms,
-            outcome=call.outcome,
-            allocation_key=call.allocation_key,
-            error_code=call.error_code,
-            detail=call.detail,
-        )
 
     # enrollments --------------------------------------------------------------------------------
 
@@ -1062,6 +1318,20 @@ class Journal:
         with self.tx() as c:
             rows = c.execute(events.select().where(events.c.run_id == run_id).order_by(events.c.id)).mappings().all()
         return [EventRow(**{k: r[k] for k in EventRow.__dataclass_fields__}) for r in rows]
+
+
+def _event_of(call: CallRecord) -> dict[str, Any]:
+    """``record_event``'s arguments for one provider call."""
+    return {
+        "run_id": NO_RUN if call.run_id is None else call.run_id,
+        "member": call.member,
+        "started_at": call.started_at,
+        "duration_ms": call.duration_ms,
+        "outcome": call.outcome,
+        "allocation_key": call.allocation_key,
+        "error_code": call.error_code,
+        "detail": call.detail,
+    }
 
 
 def target_text(target: ExecutionTarget) -> str:

@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from checkfu.contract.errors import SandboxLeaseFenced, SandboxNotFound
 from checkfu.contract.target import Lease
 from checkfu.core.clock import Clock
-from checkfu.core.journal import Journal, journaled, leases
+from checkfu.core.journal import LEASE_CURRENT, Journal, fenced, journaled, lease_params, leases
 
 DEFAULT_TTL = 600.0
 
@@ -75,16 +75,12 @@ def owner_gone(owner: str, boot: str | None) -> bool:
     return owner_alive(owner) is False
 
 
-_RENEW = (
-    leases.update()
-    .where(
-        leases.c.lease_id == sa.bindparam("held_id"),
-        leases.c.epoch == sa.bindparam("held_epoch"),
-        leases.c.ended.is_(False),
-    )
-    .values(expires_at=sa.bindparam("until"))
-)
+_RENEW = fenced(expires_at=sa.bindparam("until"))
 """Built once: renewal runs before every provider call."""
+_HAND_OVER = fenced(owner=sa.bindparam("new_owner"), expires_at=sa.bindparam("until"))
+_END = fenced(ended=True)
+_CURRENT = sa.select(leases.c.expires_at).where(*LEASE_CURRENT)
+"""A current lease's deadline (no row: taken over or ended)."""
 
 
 @dataclass(frozen=True)
@@ -115,21 +111,24 @@ class LeaseStore:
     def _span(self, ttl: float | None) -> float:
         return self.ttl if self.heartbeat or ttl is None else ttl
 
-    @journaled("lease acquire")
     def acquire(self, run_id: str, *, owner: str | None = None, ttl: float | None = None) -> Lease:
+        """A new lease on ``run_id``, at epoch 1, held by ``owner`` (this process by default) for ``ttl``."""
         lease = Lease(lease_id=f"lease-{uuid.uuid4().hex}", lease_epoch=1)
-        with self.journal.tx() as c:
-            c.execute(
-                leases.insert().values(
-                    lease_id=lease.lease_id,
-                    run_id=run_id,
-                    owner=owner or current_owner(),
-                    epoch=1,
-                    expires_at=self.clock.now() + (ttl or self.ttl),
-                    ended=False,
-                )
-            )
+        row = {
+            "lease_id": lease.lease_id,
+            "run_id": run_id,
+            "owner": owner or current_owner(),
+            "epoch": 1,
+            "expires_at": self.clock.now() + (ttl or self.ttl),
+            "ended": False,
+        }
+        self._insert(row)  # its values are chosen once: a retry finds the row its first attempt committed
         return lease
+
+    @journaled("lease acquire")
+    def _insert(self, row: dict[str, object]) -> None:
+        with self.journal.tx() as c:
+            self.journal.insert_once(c, leases, row, key="lease_id")
 
     @journaled("lease renew")
     def renew(self, lease: Lease, *, ttl: float | None = None) -> None:
@@ -138,13 +137,8 @@ class LeaseStore:
         Raises:
             SandboxLeaseFenced: the lease was taken over (another epoch) or ended.
         """
-        params = {
-            "held_id": lease.lease_id,
-            "held_epoch": lease.lease_epoch,
-            "until": self.clock.now() + self._span(ttl),
-        }
         with self.journal.tx() as c:
-            done = c.execute(_RENEW, params).rowcount
+            done = c.execute(_RENEW, lease_params(lease, until=self.clock.now() + self._span(ttl))).rowcount
         if done != 1:
             raise self._fenced(lease)
 
@@ -193,27 +187,29 @@ class LeaseStore:
             SandboxLeaseFenced: the lease was taken over or ended while ``what`` was being made.
         """
         with self.journal.tx() as c:
-            done = c.execute(
-                leases.update()
-                .where(
-                    leases.c.lease_id == lease.lease_id,
-                    leases.c.epoch == lease.lease_epoch,
-                    leases.c.ended.is_(False),
-                )
-                .values(owner=owner, expires_at=until)
-            ).rowcount
+            done = c.execute(_HAND_OVER, lease_params(lease, new_owner=owner, until=until)).rowcount
         if done != 1:
             raise SandboxLeaseFenced(f"{what} was taken over while it was made", field="lease")
+
+    @journaled("lease extend")
+    def extend(self, lease: Lease, *, until: float) -> bool:
+        """Move ``lease``'s deadline to ``until`` (seconds since the epoch), whoever holds it, while it is current;
+        returns whether it was (``False``: taken over or ended, nothing written)."""
+        with self.journal.tx() as c:
+            return bool(c.execute(_RENEW, lease_params(lease, until=until)).rowcount == 1)
+
+    @journaled("lease deadline")
+    def deadline(self, lease: Lease) -> float | None:
+        """``lease``'s deadline while it is current (at its epoch, not ended); ``None`` once it is not."""
+        with self.journal.tx() as c:
+            found = c.execute(_CURRENT, lease_params(lease)).scalar_one_or_none()
+        return None if found is None else float(found)
 
     @journaled("lease end")
     def end(self, lease: Lease) -> None:
         """Give the lease up; later calls under it are fenced. Ending a fenced lease does nothing."""
         with self.journal.tx() as c:
-            c.execute(
-                leases.update()
-                .where(leases.c.lease_id == lease.lease_id, leases.c.epoch == lease.lease_epoch)
-                .values(ended=True)
-            )
+            c.execute(_END, lease_params(lease))
 
     @journaled("lease record")
     def record(self, lease_id: str) -> LeaseRecord:

@@ -12,11 +12,12 @@ does, as any expired lease. A filler killed before that point leaves a lease who
 is gone: reconciliation reclaims it by allocation key like any other.
 
 A Run adopts a ready sandbox whose adapter, site, profile digest and sealed mount targets are its
-own (``adopt``). Adoption is one compare-and-set in one transaction: the pool lease is ended at the
-epoch that was read (and only while it is current), and the allocation row moves to the adopting
-Run and its lease. Two adopters of one sandbox: one wins, the other finds nothing changed and tries
-the next (or provisions). The adopting Run then stages its own mounts into the sealed mount
-volumes and activates, exactly as after its own ``provision``; it releases the sandbox at its end.
+own (``adopt``). Adoption is one compare-and-set in one transaction (``RunSession.adopt``, through
+``Journal.adopt_allocation``): the pool lease is ended at the epoch that was read (and only while it is
+current), and the allocation row moves to the adopting Run and its lease. Two adopters of one sandbox:
+one wins, the other finds nothing changed and tries the next (or provisions). The adopting Run then
+stages its own mounts into the sealed mount volumes and activates, exactly as after its own
+``provision``; it releases the sandbox at its end.
 A pooled sandbox is used by one Run only, so nothing one Run wrote ever reaches another.
 
 Only sealed mounts are pooled: a writable mount (``:rw``) is a writable area sized by its files at
@@ -40,7 +41,7 @@ from checkfu.contract.profile import SandboxProfile
 from checkfu.contract.target import ExecutionTarget, Lease
 from checkfu.contract.vocabulary import Platform
 from checkfu.core.driver import Instance, RunSession
-from checkfu.core.journal import Journal, _hold, allocations, leases, runs
+from checkfu.core.journal import Journal, allocations, leases, runs
 from checkfu.core.leases import LeaseStore
 from checkfu.core.registry import Adapter, Registry, target_key
 from checkfu.core.runner import Needs, Runner
@@ -163,50 +164,6 @@ def ready(journal: Journal, runner_tag: str, *, now: float | None = None) -> lis
     return out
 
 
-def _claim(journal: Journal, entry: Pooled, *, run_id: str, lease: Lease, now: float) -> bool:
-    """Move ``entry``'s allocation row to ``run_id`` under ``lease``: one compare-and-set, all or nothing.
-
-    The pool lease is ended at the epoch read (bumped, so a straggler is fenced), and only while it is still
-    current and held by no process; the row moves only if it is still the pool Run's and live. Returns whether
-    this caller won; a loser changed nothing.
-    """
-
-    class _Lost(Exception):
-        pass
-
-    try:
-        with journal.tx() as c:
-            _hold(c, lease)
-            took = c.execute(
-                leases.update()
-                .where(
-                    leases.c.lease_id == entry.lease_id,
-                    leases.c.epoch == entry.lease_epoch,
-                    leases.c.owner == entry.owner,
-                    leases.c.ended.is_(False),
-                    leases.c.expires_at > now,
-                )
-                .values(epoch=entry.lease_epoch + 1, ended=True)
-            ).rowcount
-            if took != 1:
-                raise _Lost
-            moved = c.execute(
-                allocations.update()
-                .where(
-                    allocations.c.allocation_key == entry.allocation_key,
-                    allocations.c.run_id == entry.run_id,
-                    allocations.c.lease_id == entry.lease_id,
-                    allocations.c.state == "live",
-                )
-                .values(run_id=run_id, lease_id=lease.lease_id, lease_epoch=lease.lease_epoch, updated_at=now)
-            ).rowcount
-            if moved != 1:
-                raise _Lost
-    except _Lost:
-        return False
-    return True
-
-
 def _matches(entry: Pooled, session: RunSession, profile: SandboxProfile, shape: list[str], engine: str | None) -> bool:
     return (
         entry.engine == engine
@@ -234,9 +191,23 @@ def adopt(
     for entry in ready(journal, session.core.runner_tag, now=session.clock.now()):
         if not _matches(entry, session, profile, shape, engine):
             continue
-        now = session.clock.now()
-        if not _claim(journal, entry, run_id=session.run_id, lease=session.lease, now=now):
+        inst = Instance(
+            allocation_key=entry.allocation_key,
+            instance_id=entry.instance_id,
+            state="provisioning",
+            mount_roots=tuple(shape),
+            kind="instance",
+            retention=profile.retention_mode,
+        )
+        if not session.adopt(
+            entry.allocation_key,
+            from_run=entry.run_id,
+            from_lease=Lease(lease_id=entry.lease_id, lease_epoch=entry.lease_epoch),
+            from_owner=entry.owner,
+            instance=inst,
+        ):
             continue  # another Run adopted it (or it expired) meanwhile
+        now = session.clock.now()
         journal.finish_run(entry.run_id, status="adopted", now=now, summary={"adopted_by": session.run_id})
         journal.record_event(
             session.run_id,
@@ -246,17 +217,6 @@ def adopt(
             outcome="ok",
             detail=f"pooled sandbox {entry.instance_id} of pool Run {entry.run_id}",
         )
-        inst = Instance(
-            allocation_key=entry.allocation_key,
-            instance_id=entry.instance_id,
-            state="provisioning",
-            mount_roots=tuple(shape),
-            kind="instance",
-            retention=profile.retention_mode,
-        )
-        session.core.instances[entry.allocation_key] = inst
-        session.core.rows[entry.allocation_key] = "live"
-        session.adopted = entry.allocation_key
         return inst
     return None
 
@@ -289,9 +249,7 @@ async def fill_one(
     status = "failed"
     try:
         image = (await session.materialize(profile, platform)).image
-        inst = await session._run(
-            session._plan("provision", lambda: session.core.provision(profile, platform, image, plans))
-        )
+        inst = await session.provision(profile, platform, image, plans)
         now = runner.clock.now()
         runner.leases.hand_over(
             session.lease, owner=f"{OWNER_PREFIX}{session.run_id}", until=now + ttl, what=f"pool Run {session.run_id}"
@@ -377,9 +335,6 @@ async def drain(journal: Journal, registry: Registry, runner_tag: str, runner: R
             )
             continue
         lease = store.acquire(entry.run_id)
-        if not _claim(journal, entry, run_id=entry.run_id, lease=lease, now=runner.clock.now()):
-            store.end(lease)
-            continue  # adopted meanwhile: the Run releases it
         session = RunSession(
             provider=adapter.provider,
             envelope=adapter.envelope,
@@ -393,7 +348,14 @@ async def drain(journal: Journal, registry: Registry, runner_tag: str, runner: R
             door=adapter.door,
             site=adapter.site or None,
         )
-        session.core.rows[entry.allocation_key] = "live"
+        if not session.adopt(
+            entry.allocation_key,
+            from_run=entry.run_id,
+            from_lease=Lease(lease_id=entry.lease_id, lease_epoch=entry.lease_epoch),
+            from_owner=entry.owner,
+        ):
+            store.end(lease)
+            continue  # adopted meanwhile: the Run releases it
         error: str | None = None
         try:
             await session.compensate(entry.allocation_key)

@@ -35,7 +35,7 @@ from checkfu.contract.errors import SandboxLeaseFenced, SandboxNotFound
 from checkfu.contract.model import Model
 from checkfu.contract.target import Lease
 from checkfu.core.clock import Clock
-from checkfu.core.journal import Journal, events, leases, run_output, runners, runs
+from checkfu.core.journal import Journal, events, fenced, hold_lease, lease_params, leases, run_output, runners, runs
 
 QUEUED = "queued"
 RUNNING = "running"
@@ -153,15 +153,7 @@ _CLAIM_QUEUED = (
 """One statement: the oldest queued Run, row-locked skipping any another runner holds (PostgreSQL), made this
 runner's. Built once."""
 
-_HOLD = (
-    leases.update()
-    .where(
-        leases.c.lease_id == sa.bindparam("held_id"),
-        leases.c.epoch == sa.bindparam("held_epoch"),
-        leases.c.ended.is_(False),
-    )
-    .values(epoch=leases.c.epoch)
-)
+_END = fenced(ended=True)
 
 
 def new_runner_id() -> str:
@@ -337,7 +329,7 @@ class RunQueue:
             SandboxLeaseFenced: the attempt was taken over.
         """
         with self.journal.tx() as c:
-            _hold(c, claim.lease)
+            hold_lease(c, claim.lease)
             c.execute(
                 runs.update()
                 .where(runs.c.run_id == claim.run_id)
@@ -359,7 +351,7 @@ class RunQueue:
             return
         now = self.clock.now()
         with self.journal.tx() as c:
-            _hold(c, claim.lease)
+            hold_lease(c, claim.lease)
             c.execute(
                 run_output.insert(),
                 [
@@ -421,7 +413,7 @@ class RunQueue:
         """
         now = self.clock.now()
         with self.journal.tx() as c:
-            _hold(c, claim.lease)
+            hold_lease(c, claim.lease)
             c.execute(
                 leases.update()
                 .where(leases.c.lease_id == claim.lease.lease_id)
@@ -512,18 +504,8 @@ def _request(raw: str) -> RunRequest:
         raise SandboxNotFound(f"the queued Run's request does not decode: {exc}", field="request") from None
 
 
-def _hold(c: sa.Connection, lease: Lease) -> None:
-    if c.execute(_HOLD, {"held_id": lease.lease_id, "held_epoch": lease.lease_epoch}).rowcount != 1:
-        raise _fenced(lease)
-
-
 def _end(c: sa.Connection, lease: Lease) -> None:
-    done = c.execute(
-        leases.update()
-        .where(leases.c.lease_id == lease.lease_id, leases.c.epoch == lease.lease_epoch, leases.c.ended.is_(False))
-        .values(ended=True)
-    ).rowcount
-    if done != 1:
+    if c.execute(_END, lease_params(lease)).rowcount != 1:
         raise _fenced(lease)
 
 

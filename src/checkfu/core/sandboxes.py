@@ -291,7 +291,7 @@ class SandboxBook:
     @journaled("sandbox insert")
     def insert(self, **values: Any) -> None:
         with self.journal.tx() as c:
-            c.execute(sandboxes.insert().values(**values))
+            self.journal.insert_once(c, sandboxes, values, key="sandbox_id")
 
     @journaled("sandbox update")
     def update(self, sandbox_id: str, *, only_if: Sequence[str] | None = None, **values: Any) -> bool:
@@ -332,7 +332,7 @@ class SandboxBook:
     @journaled("snapshot insert")
     def insert_snapshot(self, **values: Any) -> None:
         with self.journal.tx() as c:
-            c.execute(sandbox_snapshots.insert().values(**values))
+            self.journal.insert_once(c, sandbox_snapshots, values, key="snapshot_ref")
 
     @journaled("snapshot read")
     def snapshot(self, ref: str) -> SnapshotRecord | None:
@@ -366,12 +366,6 @@ class SandboxBook:
             )
 
 
-_HOLD = sa.select(leases.c.epoch, leases.c.ended, leases.c.expires_at).where(
-    leases.c.lease_id == sa.bindparam("held_id")
-)
-"""Built once: it runs before every call on a sandbox."""
-
-
 class SandboxLeases(LeaseStore):
     """The lease of a live sandbox: its deadline is the time-to-live, which no call moves.
 
@@ -379,16 +373,14 @@ class SandboxLeases(LeaseStore):
     the time-to-live has not passed; ``extend`` is what moves the deadline.
     """
 
-    @journaled("sandbox lease hold")
     def renew(self, lease: Lease, *, ttl: float | None = None) -> None:
         now = self.clock.now()
-        with self.journal.tx() as c:
-            row = c.execute(_HOLD, {"held_id": lease.lease_id}).mappings().first()
-        if row is None or row["epoch"] != lease.lease_epoch or row["ended"]:
+        until = self.deadline(lease)
+        if until is None:
             raise self._fenced(lease)
-        if row["expires_at"] < now:
+        if until < now:
             raise SandboxLeaseFenced(
-                f"the sandbox's time-to-live passed {now - row['expires_at']:.0f} s ago: it is reclaimed by the next "
+                f"the sandbox's time-to-live passed {now - until:.0f} s ago: it is reclaimed by the next "
                 "checkfu command (extend a sandbox before its time is up)",
                 field="ttl",
             )
@@ -480,7 +472,8 @@ class LiveSandbox:
         expires = snap.expires_at
         ref = new_snapshot_ref()
         rec = self.record
-        self.host.book.insert_snapshot(
+        await self.host.journal.call(
+            self.host.book.insert_snapshot,
             snapshot_ref=ref,
             sandbox_id=rec.sandbox_id,
             run_id=rec.run_id,
@@ -496,7 +489,7 @@ class LiveSandbox:
             created_at=now,
             expires_at=float(expires) if isinstance(expires, int | float) else None,
         )
-        got = self.host.book.snapshot(ref)
+        got = await self.host.journal.call(self.host.book.snapshot, ref)
         assert got is not None
         return got
 
@@ -507,27 +500,23 @@ class LiveSandbox:
             SandboxLeaseFenced: the sandbox was reclaimed or released, or its time-to-live passed already.
         """
         check_ttl(ttl)
-        self.session.leases.renew(self.session.lease)  # refuses a lease gone or past its deadline
+        # refuses a lease gone or past its deadline
+        await self.host.journal.call(self.session.leases.renew, self.session.lease)
         until = self.host.clock.now() + ttl
-        with self.host.journal.tx() as c:
-            done = c.execute(
-                leases.update()
-                .where(
-                    leases.c.lease_id == self.session.lease.lease_id,
-                    leases.c.epoch == self.session.lease.lease_epoch,
-                    leases.c.ended.is_(False),
-                )
-                .values(expires_at=until)
-            ).rowcount
-        if done != 1:
+        if not await self.host.journal.call(self.session.leases.extend, self.session.lease, until=until):
             raise SandboxLeaseFenced(f"sandbox {self.sandbox_id} was reclaimed meanwhile", field="sandbox_id")
-        self.host.book.update(self.sandbox_id, expires_at=until)
+        await self.host.journal.call(self.host.book.update, self.sandbox_id, expires_at=until)
         return until
+
+    def detach(self) -> None:
+        """Let go of the sandbox without releasing it: it stays live for whoever attaches next (or until its
+        time-to-live passes), whatever this session winds up."""
+        self.session.detach(self.inst)
 
     async def release(self, *, status: str = "released") -> None:
         """Release the sandbox (idempotent across processes: a sandbox already released or reclaimed is left as
         it is; one whose time-to-live passed is reclaimed now, as the next command would)."""
-        rec = self.host.book.get(self.sandbox_id)
+        rec = await self.host.journal.call(self.host.book.get, self.sandbox_id)
         if rec is None or rec.state not in ("live", "provisioning"):
             return
         try:
@@ -539,7 +528,7 @@ class LiveSandbox:
                 return registry
 
             await sweep(self.host.journal, self.host.runner_tag, same, self.host.clock)
-            after = self.host.book.get(self.sandbox_id)
+            after = await self.host.journal.call(self.host.book.get, self.sandbox_id)
             if after is None or after.state not in ("live", "provisioning"):
                 return
             raise
@@ -547,7 +536,7 @@ class LiveSandbox:
             left = await self.session.release_all()
             if left:
                 raise
-        self.host.finish(self.record, self.session.lease, status=status, state="released", reason=status)
+        await self.host.finish(self.record, self.session.lease, status=status, state="released", reason=status)
 
 
 class SandboxHost:
@@ -653,10 +642,7 @@ class SandboxHost:
         resolved = await _again(rec.specs, rec.mounts)
 
         async def make(session: RunSession, image: str) -> Instance:
-            plans = [r.plan for r in resolved]
-            inst = await session._run(
-                session._plan("clone", lambda: session.core.clone(source.inst, rec.profile, platform, image, plans))
-            )
+            inst = await session.clone(source.inst, rec.profile, platform, image, resolved)
             await session.stage(inst, resolved)
             return inst
 
@@ -712,10 +698,7 @@ class SandboxHost:
         resolved = await _again(snap.specs, snap.mounts)
 
         async def make(session: RunSession, image: str) -> Instance:
-            plans = [r.plan for r in resolved]
-            inst = await session._run(
-                session._plan("resume", lambda: session.core.resume(record, snap.profile, platform, image, plans))
-            )
+            inst = await session.resume(record, snap.profile, platform, image, resolved)
             await session.stage(inst, resolved)
             return inst
 
@@ -757,8 +740,7 @@ class SandboxHost:
             kind="instance",
         )
         record = Snapshot(allocation_key=snap.allocation_key, snapshot_id=snap.snapshot_id, source=source)
-        session.core.snapshots[snap.allocation_key] = record
-        session.core.rows[snap.allocation_key] = "live"
+        session.attach(snapshot=record)
         try:
             if session.envelope.declares("deleteSnapshot"):
                 await session.delete_snapshot(record)
@@ -807,7 +789,9 @@ class SandboxHost:
         session = attempt.session
         sandbox_id = new_sandbox_id()
         now = self.clock.now()
-        self.book.insert(
+        call = self.journal.call
+        await call(
+            self.book.insert,
             sandbox_id=sandbox_id,
             run_id=session.run_id,
             runner_tag=self.runner_tag,
@@ -828,12 +812,13 @@ class SandboxHost:
         try:
             image = (await session.materialize(profile, platform)).image
             inst = await make(session, image)
-            self.book.update(sandbox_id, allocation_key=inst.allocation_key)
+            await call(self.book.update, sandbox_id, allocation_key=inst.allocation_key)
             await session.activate(inst)
             until = self.clock.now() + ttl
             owner = detached_owner(sandbox_id) if detached else current_owner()
-            runner.leases.hand_over(session.lease, owner=owner, until=until, what=f"sandbox {sandbox_id}")
-            self.book.update(
+            await call(runner.leases.hand_over, session.lease, owner=owner, until=until, what=f"sandbox {sandbox_id}")
+            await call(
+                self.book.update,
                 sandbox_id,
                 allocation_key=inst.allocation_key,
                 instance_id=inst.instance_id,
@@ -849,9 +834,9 @@ class SandboxHost:
             if status != "live":
                 await _wind_up(session)
                 try:
-                    self.journal.finish_run(session.run_id, status=status, now=self.clock.now())
-                    runner.leases.end(session.lease)
-                    self.book.update(sandbox_id, state="failed", reason=status, ended_at=self.clock.now())
+                    await call(self.journal.finish_run, session.run_id, status=status, now=self.clock.now())
+                    await call(runner.leases.end, session.lease)
+                    await call(self.book.update, sandbox_id, state="failed", reason=status, ended_at=self.clock.now())
                 except JournalError:
                     pass  # reconciliation settles the Run; its allocations were released above
         session.leases = SandboxLeases(self.journal, self.clock)
@@ -882,15 +867,17 @@ class SandboxHost:
             kind=rec.kind,
             retention=rec.profile.retention_mode,
         )
-        session.core.instances[rec.allocation_key] = inst
-        session.core.rows[rec.allocation_key] = "live"
+        session.attach(instance=inst)
         return LiveSandbox(self, rec, session, inst)
 
-    def finish(self, rec: SandboxRecord, lease: Lease, *, status: str, state: SandboxState, reason: str) -> None:
+    async def finish(self, rec: SandboxRecord, lease: Lease, *, status: str, state: SandboxState, reason: str) -> None:
         now = self.clock.now()
-        self.journal.finish_run(rec.run_id, status=status, now=now, summary={"sandbox": rec.sandbox_id})
-        LeaseStore(self.journal, self.clock).end(lease)
-        self.book.update(rec.sandbox_id, only_if=["live", "provisioning"], state=state, reason=reason, ended_at=now)
+        call = self.journal.call
+        await call(self.journal.finish_run, rec.run_id, status=status, now=now, summary={"sandbox": rec.sandbox_id})
+        await call(LeaseStore(self.journal, self.clock).end, lease)
+        await call(
+            self.book.update, rec.sandbox_id, only_if=["live", "provisioning"], state=state, reason=reason, ended_at=now
+        )
 
 
 async def _again(specs: Sequence[MountSpec], plans: Sequence[MountPlan]) -> list[ResolvedMount]:
@@ -975,11 +962,11 @@ async def sweep(
         why = rec.orphaned(now)
         reason = "expired" if why == "its time-to-live passed" else "orphaned" if why else "ended"
         try:
-            lease = store.takeover(rec.lease_id, only_if_reclaimable=True, ttl=300)
+            lease = await journal.call(store.takeover, rec.lease_id, only_if_reclaimable=True, ttl=300)
         except (SandboxLeaseFenced, SandboxNotFound):
             continue  # its holder extended it meanwhile: not ours to take
         try:
-            for row in journal.open_allocations(run_id=rec.run_id):
+            for row in await journal.call(journal.open_allocations, run_id=rec.run_id):
                 if row.kind == "snapshot" and row.state == "live":
                     continue  # a snapshot outlives its sandbox
                 adapter = _find(registry, row.target, row.site)
@@ -995,9 +982,11 @@ async def sweep(
                     )
                 except ProviderFault as fault:
                     raise fault.error from None
-                journal.set_allocation(row.allocation_key, row_transition(row.state, "compensate"), now=clock.now())
+                await journal.call(
+                    journal.set_allocation, row.allocation_key, row_transition(row.state, "compensate"), now=clock.now()
+                )
         except SandboxError as exc:
-            store.end(lease)
+            await journal.call(store.end, lease)
             out.append(Reclaimed(rec.sandbox_id, rec.run_id, reason, f"{exc.code}: {exc.message}"))
             continue
         status = "expired" if reason == "expired" else "abandoned"
@@ -1006,15 +995,21 @@ async def sweep(
             "orphaned": "its owner process is gone",
             "ended": "its lease ended",
         }[reason]
-        journal.finish_run(
+        await journal.call(
+            journal.finish_run,
             rec.run_id,
             status=status,
             now=clock.now(),
             summary={"sandbox": rec.sandbox_id, "settled_by": "sandbox sweep", "reason": said},
         )
-        store.end(lease)
-        book.update(
-            rec.sandbox_id, only_if=["live", "provisioning"], state="reclaimed", reason=reason, ended_at=clock.now()
+        await journal.call(store.end, lease)
+        await journal.call(
+            book.update,
+            rec.sandbox_id,
+            only_if=["live", "provisioning"],
+            state="reclaimed",
+            reason=reason,
+            ended_at=clock.now(),
         )
         out.append(Reclaimed(rec.sandbox_id, rec.run_id, reason))
     return out

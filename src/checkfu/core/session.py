@@ -380,6 +380,27 @@ class SessionCore:
 
         return on_fault
 
+    def take(self, key: str, *, instance: Instance | None = None, snapshot: Snapshot | None = None) -> None:
+        """Hold ``key``, journaled ``live`` before this attempt (a pooled sandbox adopted, a live sandbox attached, a
+        snapshot to delete), with the runner's record of its instance or snapshot when there is one: its row is
+        ``live``, and the attempt's plans cross-check against that record from now on."""
+        if instance is not None and instance.allocation_key != key:
+            raise ValueError(f"instance {instance.instance_id!r} is not allocation {key!r}")
+        if snapshot is not None and snapshot.allocation_key != key:
+            raise ValueError(f"snapshot {snapshot.snapshot_id!r} is not allocation {key!r}")
+        if instance is not None:
+            self.instances[key] = instance
+        if snapshot is not None:
+            self.snapshots[key] = snapshot
+        self.rows[key] = "live"
+
+    def let_go(self, key: str) -> None:
+        """Stop holding ``key`` without releasing it (a long-lived sandbox detached from): the attempt's wind-up
+        releases nothing of it, and its row stays as the journal has it."""
+        self.instances.pop(key, None)
+        self.snapshots.pop(key, None)
+        self.rows.pop(key, None)
+
     def held_ids(self) -> set[str]:
         return {i.instance_id for i in self.instances.values()} | {s.snapshot_id for s in self.snapshots.values()}
 
