@@ -46,7 +46,6 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
-import hashlib
 import os
 import shutil
 import tempfile
@@ -60,7 +59,6 @@ from typing import IO, Any, NoReturn, TypeVar
 from checkfu.contract.envelope import Member
 from checkfu.contract.errors import (
     SandboxCapabilityUnavailable,
-    SandboxDigestMismatch,
     SandboxError,
     SandboxNotFound,
     SandboxPathRejected,
@@ -107,29 +105,21 @@ from checkfu.contract.members import (
     echo,
 )
 from checkfu.contract.model import format_timestamp, parse_timestamp
-from checkfu.contract.mounts import link_problem
 from checkfu.contract.paths import is_within
 from checkfu.providers.docker import egress, files, snapshots, spec
 from checkfu.providers.docker import labels as L
-from checkfu.providers.docker.engine import DEFAULT_WORKERS, Engine, translate
+from checkfu.providers.docker.engine import DEFAULT_WORKERS, Engine
 from checkfu.providers.docker.envelope import HostFacts, build_envelope, check_target, host_facts, require_served
 from checkfu.providers.docker.materialize import BuildLine, Materializer
 from checkfu.providers.docker.process import DockerProcess, ExecOutcome, hijack, resize_exec, run_exec
 from checkfu.providers.docker.record import Handle, Instance, Records
 from checkfu.providers.docker.staging import (
-    DIRECT_BYTES,
-    INLINE_BYTES,
-    SEGMENT_BYTES,
-    SLICE_BYTES,
-    FileArchive,
-    Spool,
-    SpooledArchive,
     Spools,
     discard_writable,
     make_private_dirs,
     open_private,
-    writable_spool_name,
 )
+from checkfu.providers.docker.writes import StagedWrites
 
 T = TypeVar("T")
 
@@ -144,18 +134,6 @@ def default_state_dir() -> Path:
     """``$XDG_STATE_HOME/checkfu-docker`` (``~/.local/state/checkfu-docker``)."""
     base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
     return Path(base) / "checkfu-docker"
-
-
-def _sha256(data: bytes) -> str:
-    return "sha256:" + hashlib.sha256(data).hexdigest()
-
-
-def _check_digest(request: WriteFileRequest, actual: str) -> None:
-    """Raises ``SandboxDigestMismatch`` when ``actual`` is not the digest ``request`` states."""
-    if actual != request.digest:
-        raise SandboxDigestMismatch(
-            f"digest: the bytes are {actual}, the request states {request.digest}", field="digest"
-        )
 
 
 class _RootImageMissing(Exception):
@@ -233,6 +211,15 @@ class DockerProvider:
         self._fanout = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="checkfu-docker-fanout")
         self._records = Records()
         """What this object keeps about each instance, by instance id (``record.py``)."""
+        self._writes = StagedWrites(
+            engine=self.engine,
+            user=self.user,
+            spools=self.spools,
+            rw_spools=self.rw_spools,
+            fanout=self._fanout,
+            records=self._records,
+            in_background=self._in_background,
+        )
         self._guard = threading.Lock()
         self._swept: dict[str, float] = {}  # runner tag -> when its expired snapshots were last swept in passing
         self._groups: spec.ProcessGroups | None = None  # made at the first process, once the engine says if remapped
@@ -709,203 +696,6 @@ class DockerProvider:
 
     # writeFile, activate ----------------------------------------------------------------------
 
-    def _upload_segment(self, stager: str, segment: Path) -> None:
-        """Extract one sealed spool segment into ``stager``'s mount volumes (with a stated length, not chunked)."""
-        self.engine.api.put_archive(stager, "/", SpooledArchive(segment))
-
-    def _drain(self, spool: Spool, stager: str, member: Member) -> None:
-        """Upload ``spool``'s sealed segments now, in order, on this thread.
-
-        Raises:
-            SandboxProviderFailed: an upload (this one or an earlier one in the background) failed.
-        """
-        try:
-            spool.drain(functools.partial(self._upload_segment, stager))
-        except Exception as exc:
-            raise self._staging_failed(member, exc) from exc
-
-    @staticmethod
-    def _staging_failed(member: Member, exc: BaseException) -> SandboxError:
-        reason = translate(exc, "put_archive").message
-        return SandboxProviderFailed(
-            f"{member}: uploading staged files into the instance's mount volumes failed ({reason}); "
-            "the instance cannot be activated: release it and provision again"
-        )
-
-    def _drain_in_background(self, instance: Instance, spool: Spool, stager: str) -> None:
-        """Upload the spool's sealed segments in the pool while writes go on; a failure is kept on the spool, for
-        the next ``writeFile`` or ``activate`` to report (``release`` and ``compensate`` wait for it first).
-
-        Once the queue is empty the uploader takes what the open segment gathered meanwhile (when it holds at
-        least ``SEGMENT_BYTES`` and no writer holds the spool): a slow writer's files go up as they come, a
-        fast writer's in few requests (each request costs the engine a mount of the stager and a fresh
-        extraction process, measured at about 60 ms).
-        """
-
-        def drain() -> None:
-            upload = functools.partial(self._upload_segment, stager)
-            while True:
-                try:
-                    spool.drain(upload)
-                except Exception:
-                    return
-                if not spool.lock.acquire(blocking=False):
-                    return  # a writer holds it: its next full segment is sealed and scheduled by that writer
-                try:
-                    if spool.size() < SEGMENT_BYTES or not spool.seal():
-                        return
-                finally:
-                    spool.lock.release()
-
-        self._in_background(instance.name, drain)
-
-    def _check_spool(self, spool: Spool) -> None:
-        failure = spool.failure
-        if failure is not None:
-            raise self._staging_failed("writeFile", failure)
-
-    @staticmethod
-    def _verify(
-        instance: Instance, request: WriteFileRequest, data: bytes, target: str, *, hash_now: bool = True
-    ) -> str:
-        """The stager of ``instance``, once ``data`` has the stated length and SHA-256 (and, for a symlink, a
-        UTF-8 target that stays inside the mount). With ``hash_now`` false the digest is left to the caller
-        (an upload that hashes beside itself and checks before its last slice).
-
-        Raises:
-            SandboxDigestMismatch: the length or the digest differs.
-            SandboxPathRejected: a symlink's target leads outside its mount, or is not UTF-8.
-            SandboxProviderFailed: the instance has no stager.
-        """
-        if len(data) != request.size:
-            raise SandboxDigestMismatch(
-                f"size: {len(data)} bytes arrived, the request states {request.size}", field="size"
-            )
-        if hash_now:
-            _check_digest(request, _sha256(data))
-        if request.symlink:
-            try:
-                why = link_problem(request.path[len(target) + 1 :], data.decode("utf-8"))
-            except UnicodeDecodeError:
-                why = "has a target that is not UTF-8"
-            if why is not None:
-                raise SandboxPathRejected(f"path: the symlink {request.path!r} {why}", field="path")
-        if target in instance.writable:
-            return ""  # a writable mount is spooled for its own area, filled after start: no stager
-        if instance.stager is None:
-            raise SandboxProviderFailed(f"instance {instance.name!r} has mounts but no stager")
-        return instance.stager
-
-    def _spool_for(self, instance: Instance, target: str) -> Spool:
-        if target in instance.writable:
-            index = instance.mounts.index(target)
-            return self.rw_spools.get(writable_spool_name(instance.name, index), instance.runner_tag)
-        return self.spools.get(instance.name, instance.runner_tag)
-
-    def _stage_blocking(self, instance: Instance, request: WriteFileRequest, target: str, data: bytes) -> None:
-        spool = self._spool_for(instance, target)
-        rw = target in instance.writable
-        large = not rw and not request.symlink and len(data) >= DIRECT_BYTES  # hashed beside its upload
-        stager = self._verify(instance, request, data, target, hash_now=not large)
-        self._check_spool(spool)
-        with spool.lock:
-            self._refuse_if_releasing(instance)
-            if large or (not rw and request.path in spool.partial):  # a marked path goes up on its own
-                self._put_direct(spool, stager, request, target, data, hashed=not large)
-            else:
-                self._append(instance, spool, stager, request, target, data)
-
-    def _put_direct(
-        self, spool: Spool, stager: str, request: WriteFileRequest, target: str, data: bytes, *, hashed: bool
-    ) -> None:
-        """Upload one file on its own, after what was written before it (call with the spool's lock held).
-
-        Unless ``hashed``, its SHA-256 is computed in the pool while the upload streams ``data`` (never copied),
-        and checked before the last slice goes: a mismatch stops the upload short. The path is marked on disk
-        for the upload's length, so a file left partly written (a mismatch, a failed upload, a crash) keeps
-        ``activate`` from starting the sandbox until a later write of the path succeeds.
-
-        Raises:
-            SandboxDigestMismatch: the bytes do not have the stated SHA-256.
-        """
-        spool.seal()
-        self._drain(spool, stager, "writeFile")  # what was written before goes first
-        digest = None if hashed else self._fanout.submit(_sha256, data)
-
-        def before_tail() -> None:
-            if digest is not None:
-                _check_digest(request, digest.result())
-
-        body = FileArchive(
-            request.path,
-            target,
-            data,
-            mode=request.mode,
-            uid=self.user.uid,
-            gid=self.user.gid,
-            symlink=request.symlink,
-            before_tail=before_tail,
-            slice_bytes=SLICE_BYTES,
-        )
-        spool.mark(request.path)
-        try:
-            self.engine.api.put_archive(stager, "/", body)
-        except BaseException:
-            if body.failure is not None:
-                raise body.failure from None
-            raise
-        spool.unmark(request.path)
-
-    def _append(
-        self, instance: Instance, spool: Spool, stager: str, request: WriteFileRequest, target: str, data: bytes
-    ) -> None:
-        """Append to the spool (call with its lock held); a full segment of a sealed mount's spool goes to the
-        uploader."""
-        rw = target in instance.writable
-        spool.append(
-            request.path,
-            target,
-            data,
-            mode=request.mode,
-            uid=self.user.uid,
-            gid=self.user.gid,
-            symlink=request.symlink,
-            from_root=not rw,
-        )
-        if not rw and spool.size() >= SEGMENT_BYTES and not spool.uploading() and spool.seal():
-            self._drain_in_background(instance, spool, stager)
-
-    def _refuse_if_releasing(self, instance: Instance) -> None:
-        """Raises ``SandboxStateConflict`` once ``instance``'s release began: a write whose call was cancelled but
-        whose thread went on must not make spool files (or uploads) again after the release removed them. Call
-        with the spool's lock held (the release discards the spool under it)."""
-        record = self._records.get(instance.name)
-        if record is None or record.refuses_writes(instance.container_id):
-            transition("released", "writeFile")
-
-    def _stage_inline(self, instance: Instance, request: WriteFileRequest, target: str, data: bytes) -> bool:
-        """Stage a small file on the calling thread when that takes no engine call and no wait: verified, then
-        appended to the spool while its lock is free (a full segment is sealed and handed to the uploader, in the
-        pool). Whether it did; when not, ``_stage_blocking`` (in the pool) does it all, the checks included.
-
-        Raises:
-            SandboxDigestMismatch: the length or the digest differs.
-            SandboxProviderFailed: an earlier upload of the spool failed.
-        """
-        spool = self._spool_for(instance, target)
-        if len(data) >= INLINE_BYTES or request.path in spool.partial:
-            return False
-        stager = self._verify(instance, request, data, target)
-        self._check_spool(spool)
-        if not spool.lock.acquire(blocking=False):
-            return False
-        try:
-            self._refuse_if_releasing(instance)
-            self._append(instance, spool, stager, request, target, data)
-            return True
-        finally:
-            spool.lock.release()
-
     async def write_file(self, request: WriteFileRequest, data: bytes) -> WriteFileResult:
         """Stage ``data`` at ``request.path`` for the mount that contains it, after checking its length and digest.
 
@@ -927,8 +717,8 @@ class DockerProvider:
                 f"({', '.join(instance.mounts) or 'it has none'})",
                 field="path",
             )
-        if not self._stage_inline(instance, request, target, data):
-            await self.engine.run("writeFile", self._stage_blocking, instance, request, target, data)
+        if not self._writes.stage_inline(instance, request, target, data):
+            await self.engine.run("writeFile", self._writes.stage, instance, request, target, data)
         return WriteFileResult(**echo(request, path=request.path, size=request.size, digest=request.digest))
 
     def _activate_blocking(self, instance: Instance) -> None:
@@ -969,7 +759,7 @@ class DockerProvider:
             # every other image operation on the host holds at times); release and compensate wait for it.
             self._in_background(instance.name, self._gone, functools.partial(api.remove_image, instance.restore))
         for target in instance.writable:
-            self._fill_writable(instance, target)
+            self._writes.fill_writable(instance, target)
 
     def _start_blocking(self, instance: Instance) -> None:
         """Flush the staged files into the mount volumes and start the sandbox meanwhile, drop the stager, and
@@ -995,7 +785,7 @@ class DockerProvider:
                     )
                 started = self._fanout.submit(self._start_or_thaw, instance)
                 try:
-                    self._drain(spool, instance.stager, "activate")
+                    self._writes.drain(spool, instance.stager, "activate")
                 except BaseException:
                     if started.exception() is None:
                         self._stop_again(instance)
@@ -1031,7 +821,7 @@ class DockerProvider:
             self._in_background(instance.name, self._gone, functools.partial(api.remove_container, door, force=True))
         if instance.restore is None:
             for target in instance.writable:
-                self._fill_writable(instance, target)
+                self._writes.fill_writable(instance, target)
 
     def _start_or_thaw(self, instance: Instance) -> None:
         """Start the sandbox; thaw it when held (marked thawed first)."""
@@ -1055,17 +845,6 @@ class DockerProvider:
             else:
                 api.kill(instance.container_id)
                 api.wait(instance.container_id, timeout=10)
-
-    def _fill_writable(self, instance: Instance, target: str) -> None:
-        """Extract a writable mount's spool into its area of the started sandbox (the engine writes into the
-        running container's own volume at ``target``; the root file system stays read-only)."""
-        spool = self._spool_for(instance, target)
-        with spool.lock:
-            if spool.size() == 0:
-                return
-            spool.close()
-            self.engine.api.put_archive(instance.container_id, target, SpooledArchive(spool.path))
-            spool.discard()
 
     def _verify_proxy(self, instance: Instance) -> None:
         """The egress proxy runs as it was built, allowing the sandbox's own list; otherwise the sandbox is stopped
