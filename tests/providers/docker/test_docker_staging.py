@@ -28,6 +28,7 @@ from checkfu.contract.members import (
 from checkfu.contract.mounts import MountFile, MountPlan
 from checkfu.providers.docker import labels as L
 from checkfu.providers.docker import provider as provider_module
+from checkfu.providers.docker import writes
 from checkfu.providers.docker.staging import PARTIAL, Spools, _header
 
 pytestmark = [pytest.mark.docker, pytest.mark.anyio]
@@ -37,7 +38,7 @@ SEGMENT = 16 << 10
 
 @pytest.fixture
 def small_segments(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(provider_module, "SEGMENT_BYTES", SEGMENT)
+    monkeypatch.setattr(writes, "SEGMENT_BYTES", SEGMENT)
 
 
 def _plan(target: str, files: dict[str, bytes]) -> MountPlan:
@@ -198,8 +199,8 @@ async def test_a_cold_provider_uploads_sealed_segments_in_order(kit: Kit, small_
 
 @pytest.fixture
 def small_direct(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(provider_module, "DIRECT_BYTES", 128 << 10)
-    monkeypatch.setattr(provider_module, "SLICE_BYTES", 64 << 10)
+    monkeypatch.setattr(writes, "DIRECT_BYTES", 128 << 10)
+    monkeypatch.setattr(writes, "SLICE_BYTES", 64 << 10)
 
 
 async def _cat(kit: Kit, call: dict[str, Any], script: str) -> bytes:
@@ -266,13 +267,13 @@ async def test_the_sandbox_starts_while_the_last_files_go_up_and_an_upload_that_
     key, inst = await kit.provision("start-beside", mounts=(_plan("/workspace", files),))
     call = {"target": kit.target, "lease": LEASE, "allocation_key": key, "instance_id": inst.instance_id}
     seen: list[str] = []
-    upload = provider_module.DockerProvider._upload_segment
+    upload = writes.StagedWrites._upload_segment
 
-    def watched(self: provider_module.DockerProvider, stager: str, segment: Path) -> None:
+    def watched(self: writes.StagedWrites, stager: str, segment: Path) -> None:
         seen.append(segment.name)
         upload(self, stager, segment)
 
-    monkeypatch.setattr(provider_module.DockerProvider, "_upload_segment", watched)
+    monkeypatch.setattr(writes.StagedWrites, "_upload_segment", watched)
     try:
         await _write(kit, call, "/workspace/a.txt", files["a.txt"])
         await _write(kit, call, "/workspace/b.txt", files["b.txt"])

@@ -31,12 +31,13 @@ engine), so the runner deletes it too (``checkfu.core.expiry``); whichever comes
 first, the other finds nothing.
 State is the container's real state: ``created`` is ``provisioning``, started is
 ``active``, gone is ``released`` (when this object released it) or not found.
-The only in-memory state is a cache of verified container ids, of the instances
-this object provisioned or activated (so ``writeFile``, ``activate`` and
-``release`` need not ask the engine first; the engine's answer to the call
-itself still decides, and every other member reads the real state), the handles
-it made, and the set of names this object released. A freshly built provider (cold) finds everything again by name
-and label.
+The only in-memory state is one record per instance (``record.py``), moved through
+its own small state table: the verified container id, the view of an instance this
+object provisioned or activated (so ``writeFile``, ``activate`` and ``release`` need
+not ask the engine first; the engine's answer to the call itself still decides, and
+every other member reads the real state), the handle it made, the work under way
+for it, and whether this object began or finished releasing it. A freshly built
+provider (cold) finds everything again by name and label.
 """
 
 from __future__ import annotations
@@ -45,7 +46,6 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
-import hashlib
 import os
 import shutil
 import tempfile
@@ -53,21 +53,19 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, NoReturn, TypeVar
 
 from checkfu.contract.envelope import Member
 from checkfu.contract.errors import (
     SandboxCapabilityUnavailable,
-    SandboxDigestMismatch,
     SandboxError,
     SandboxNotFound,
     SandboxPathRejected,
     SandboxProviderFailed,
     Unmet,
 )
-from checkfu.contract.lifecycle import State, snapshot_transition, transition
+from checkfu.contract.lifecycle import snapshot_transition, transition
 from checkfu.contract.members import (
     ActivateRequest,
     AllocationEntry,
@@ -107,28 +105,21 @@ from checkfu.contract.members import (
     echo,
 )
 from checkfu.contract.model import format_timestamp, parse_timestamp
-from checkfu.contract.mounts import link_problem
 from checkfu.contract.paths import is_within
 from checkfu.providers.docker import egress, files, snapshots, spec
 from checkfu.providers.docker import labels as L
-from checkfu.providers.docker.engine import DEFAULT_WORKERS, Engine, translate
+from checkfu.providers.docker.engine import DEFAULT_WORKERS, Engine
 from checkfu.providers.docker.envelope import HostFacts, build_envelope, check_target, host_facts, require_served
 from checkfu.providers.docker.materialize import BuildLine, Materializer
 from checkfu.providers.docker.process import DockerProcess, ExecOutcome, hijack, resize_exec, run_exec
+from checkfu.providers.docker.record import Handle, Instance, Records
 from checkfu.providers.docker.staging import (
-    DIRECT_BYTES,
-    INLINE_BYTES,
-    SEGMENT_BYTES,
-    SLICE_BYTES,
-    FileArchive,
-    Spool,
-    SpooledArchive,
     Spools,
     discard_writable,
     make_private_dirs,
     open_private,
-    writable_spool_name,
 )
+from checkfu.providers.docker.writes import StagedWrites
 
 T = TypeVar("T")
 
@@ -143,91 +134,6 @@ def default_state_dir() -> Path:
     """``$XDG_STATE_HOME/checkfu-docker`` (``~/.local/state/checkfu-docker``)."""
     base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
     return Path(base) / "checkfu-docker"
-
-
-@dataclass(frozen=True)
-class Instance:
-    """A sandbox container as the engine reports it."""
-
-    container_id: str
-    name: str
-    state: State
-    running: bool
-    labels: Mapping[str, str]
-    volumes: tuple[str, ...]
-    """The volumes to remove by name after the container: its mount volumes (and, read back from the engine,
-    also its anonymous areas, which the container's removal takes with it, so their removal finds nothing)."""
-
-    # ``mounts``, ``areas`` and ``writable`` are read from the labels once (each ``writeFile`` asks for them)
-
-    @property
-    def runner_tag(self) -> str:
-        return self.labels.get(L.RUNNER_TAG, "")
-
-    @functools.cached_property
-    def mounts(self) -> tuple[str, ...]:
-        return L.json_list(self.labels, L.MOUNTS)
-
-    @functools.cached_property
-    def areas(self) -> tuple[str, ...]:
-        return L.json_list(self.labels, L.AREAS)
-
-    @functools.cached_property
-    def writable(self) -> tuple[str, ...]:
-        """The writable mounts' targets: mount targets that are writable areas of their own."""
-        areas = set(self.areas)
-        return tuple(t for t in self.mounts if t in areas)
-
-    @property
-    def held(self) -> bool:
-        """Provisioned held: started and paused at ``provision``, thawed by ``activate``."""
-        return self.labels.get(L.HOLD) == "1"
-
-    @property
-    def stager(self) -> str | None:
-        return self.labels.get(L.STAGER) or None
-
-    @property
-    def restore(self) -> str | None:
-        return self.labels.get(L.RESTORE) or None
-
-    @property
-    def retention(self) -> str:
-        return self.labels.get(L.RETENTION, "")
-
-    @property
-    def proxy(self) -> str | None:
-        """The egress proxy's name, for an ``allowlist`` instance."""
-        return self.labels.get(L.PROXY) or None
-
-    @property
-    def allowlist(self) -> tuple[str, ...]:
-        return L.json_list(self.labels, L.ALLOWLIST)
-
-
-def _sha256(data: bytes) -> str:
-    return "sha256:" + hashlib.sha256(data).hexdigest()
-
-
-def _check_digest(request: WriteFileRequest, actual: str) -> None:
-    """Raises ``SandboxDigestMismatch`` when ``actual`` is not the digest ``request`` states."""
-    if actual != request.digest:
-        raise SandboxDigestMismatch(
-            f"digest: the bytes are {actual}, the request states {request.digest}", field="digest"
-        )
-
-
-@dataclass(frozen=True)
-class _Handle:
-    """An instance's handle on its area volumes (``snapshots``): its name, the image the instance runs, the
-    area volumes it mounts, and its create configuration."""
-
-    name: str
-    container: str
-    """The id of the instance's container (a later container of the same name is another instance)."""
-    image: str
-    volumes: tuple[str, ...]
-    config: dict[str, Any]
 
 
 class _RootImageMissing(Exception):
@@ -303,15 +209,18 @@ class DockerProvider:
         self._progress = progress
         self._materializer = Materializer(self.engine.api, lambda: self.engine.build_client().api, self.user, cache_tag)
         self._fanout = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="checkfu-docker-fanout")
+        self._records = Records()
+        """What this object keeps about each instance, by instance id (``record.py``)."""
+        self._writes = StagedWrites(
+            engine=self.engine,
+            user=self.user,
+            spools=self.spools,
+            rw_spools=self.rw_spools,
+            fanout=self._fanout,
+            records=self._records,
+            in_background=self._in_background,
+        )
         self._guard = threading.Lock()
-        self._ids: dict[str, str] = {}
-        self._staging: dict[str, Instance] = {}
-        self._active: dict[str, Instance] = {}
-        self._released: set[str] = set()
-        self._releasing: set[str] = set()  # containers whose release began (a late write is refused, not staged)
-        self._background: dict[str, list[Future[Any]]] = {}
-        self._unstarted: dict[str, str] = {}  # a proxy whose background start failed: the engine's reason
-        self._handles: dict[str, _Handle] = {}  # instance name -> its handle, once made (removed with it)
         self._swept: dict[str, float] = {}  # runner tag -> when its expired snapshots were last swept in passing
         self._groups: spec.ProcessGroups | None = None  # made at the first process, once the engine says if remapped
         self.wall: Callable[[], float] = time.time
@@ -325,19 +234,6 @@ class DockerProvider:
         self.engine.close()
 
     # identity and state -------------------------------------------------------------------
-
-    def _remember(self, name: str, container_id: str) -> None:
-        with self._guard:
-            self._ids[name] = container_id
-            self._released.discard(name)
-
-    def _forget(self, name: str) -> None:
-        with self._guard:
-            self._ids.pop(name, None)
-            self._staging.pop(name, None)
-            self._active.pop(name, None)
-            self._handles.pop(name, None)
-            self._released.add(name)
 
     def _check_identity(self, request: InstanceCall) -> str:
         check_target(request, self.target)
@@ -380,8 +276,13 @@ class DockerProvider:
         name = self._check_identity(request)
         found = await self.engine.run("inspect", self._inspect_blocking, name, request.allocation_key)
         if found is not None:
-            self._remember(name, found.container_id)
+            self._records.find(name, found.container_id)
         return name, found
+
+    def _released(self, name: str) -> bool:
+        """This object released ``name`` (or compensated it) and has not found it since."""
+        record = self._records.get(name)
+        return record is not None and record.state == "released"
 
     async def _resolve(self, request: InstanceCall, member: Member) -> Instance:
         """The instance ``request`` addresses, after the lifecycle table allows ``member`` in its real state.
@@ -393,7 +294,7 @@ class DockerProvider:
         """
         name, found = await self._find(request)
         if found is None:
-            if name in self._released:
+            if self._released(name):
                 transition("released", member)
             raise SandboxNotFound(f"instance_id: {name!r} does not exist", field="instance_id")
         transition(found.state, member)
@@ -408,9 +309,8 @@ class DockerProvider:
 
     async def _running_id(self, request: InstanceCall, member: Member) -> str:
         """The container id of a running instance; from the cache when this object already verified it."""
-        name = self._check_identity(request)
-        with self._guard:
-            cached = self._ids.get(name)
+        record = self._records.get(self._check_identity(request))
+        cached = record.running_id if record is not None else None
         if cached is not None:
             return cached
         instance = await self._resolve(request, member)
@@ -419,8 +319,6 @@ class DockerProvider:
 
     async def _explain(self, request: InstanceCall, member: Member, exc: SandboxError) -> NoReturn:
         """Raise the error the instance's real state calls for after a call on a cached id failed."""
-        with self._guard:
-            self._ids.pop(L.instance_name(request.allocation_key), None)
         instance = await self._resolve(request, member)
         self._require_running(instance)
         raise exc
@@ -516,16 +414,17 @@ class DockerProvider:
 
     def _create_blocking(
         self, request: _Allocating, areas: tuple[spec.Area, ...], restore: str | None, hold: bool = False
-    ) -> tuple[str, dict[str, str], tuple[str, ...]]:
-        """Create the instance's containers and volumes; for an ``allowlist`` profile its proxy (created meanwhile,
-        in another thread, then started without waiting: the door waits for it at ``activate``) and its door too."""
+    ) -> None:
+        """Create the instance's containers and volumes, and its record (``staging``); for an ``allowlist`` profile
+        its proxy (created meanwhile, in another thread, then started without waiting: the door waits for it at
+        ``activate``) and its door too."""
         api = self.engine.api
         key, tag = request.allocation_key, request.runner_tag
         name = L.instance_name(key)
         image = self._require_egress_image() if egress.wants_egress(request.profile) else None
         proxy = self._fanout.submit(self._create_proxy, request, image) if image is not None else None
         try:
-            created = self._create_sandbox(request, areas, restore, hold)
+            container_id, labels, volumes = self._create_sandbox(request, areas, restore, hold)
             if image is not None:
                 self._create_if_absent(egress.door_spec(api, instance=name, image=image, key=key, tag=tag))
         except _RootImageMissing as exc:
@@ -543,36 +442,24 @@ class DockerProvider:
             raise
         if proxy is not None:
             proxy.result()
-            self._in_background(name, self._start_proxy, egress.proxy_name(name))
-        return created
+        self._records.create(
+            Instance(container_id, name, "provisioning", running=False, labels=labels, volumes=volumes)
+        )
+        if proxy is not None:
+            self._in_background(name, self._start_proxy, name)
 
     def _in_background(self, instance: str, fn: Callable[..., Any], *args: Any) -> None:
         """Run ``fn`` in the pool without waiting for it; ``release`` and ``compensate`` of ``instance`` wait for it
-        first (so a removal never races a start or another removal of the same object)."""
-        future = self._fanout.submit(fn, *args)
-        with self._guard:
-            self._background.setdefault(instance, []).append(future)
+        first (``Records.settle``: a removal never races a start or another removal of the same object)."""
+        self._records.add_background(instance, self._fanout.submit(fn, *args))
 
-    def _settle(self, instance: str) -> None:
-        """Wait for what ``_in_background`` started for ``instance`` (and for a capture of its areas still
-        running, ``_through_handle``), and for what those started in turn; its outcome does not matter here."""
-        while True:
-            with self._guard:
-                futures = self._background.pop(instance, [])
-            if not futures:
-                return
-            for future in futures:
-                with contextlib.suppress(BaseException):
-                    future.result()
-
-    def _start_proxy(self, container: str) -> None:
-        """Start the proxy ``container`` in the background; a failure is kept, for ``activate`` to report when the
-        door finds no proxy."""
+    def _start_proxy(self, instance: str) -> None:
+        """Start ``instance``'s proxy in the background; a failure is kept on its record, for ``activate`` to report
+        when the door finds no proxy."""
         try:
-            self.engine.api.start(container)
+            self.engine.api.start(egress.proxy_name(instance))
         except Exception as exc:
-            with self._guard:
-                self._unstarted[container] = _engine_reason(exc)
+            self._records.proxy_failed(instance, _engine_reason(exc))
 
     def _create_if_absent(self, config: dict[str, Any]) -> None:
         """Create a container; one of that name already there (a retried call) is left as it is."""
@@ -665,15 +552,7 @@ class DockerProvider:
             egress.allowlist_of(request.profile)  # every destination readable by the proxy, before any create
         transition("absent", member)
         hold = self.hold and member == "provision" and not egress.wants_egress(request.profile)
-        container_id, labels, volume_names = await self.engine.run(
-            member, self._create_blocking, request, areas, restore, hold
-        )
-        name = L.instance_name(request.allocation_key)
-        self._remember(name, container_id)
-        with self._guard:
-            self._staging[name] = Instance(
-                container_id, name, "provisioning", running=False, labels=labels, volumes=volume_names
-            )
+        await self.engine.run(member, self._create_blocking, request, areas, restore, hold)
 
     @staticmethod
     def _new_instance(request: _Allocating) -> dict[str, Any]:
@@ -743,7 +622,7 @@ class DockerProvider:
                     runner_tag=request.runner_tag,
                     snapshots_of=False,
                 )
-                self._forget(name)
+                self._records.forget(name)
             raise
         return CloneResult(**self._new_instance(request), source_instance_id=request.source_instance_id)
 
@@ -817,204 +696,6 @@ class DockerProvider:
 
     # writeFile, activate ----------------------------------------------------------------------
 
-    def _upload_segment(self, stager: str, segment: Path) -> None:
-        """Extract one sealed spool segment into ``stager``'s mount volumes (with a stated length, not chunked)."""
-        self.engine.api.put_archive(stager, "/", SpooledArchive(segment))
-
-    def _drain(self, spool: Spool, stager: str, member: Member) -> None:
-        """Upload ``spool``'s sealed segments now, in order, on this thread.
-
-        Raises:
-            SandboxProviderFailed: an upload (this one or an earlier one in the background) failed.
-        """
-        try:
-            spool.drain(functools.partial(self._upload_segment, stager))
-        except Exception as exc:
-            raise self._staging_failed(member, exc) from exc
-
-    @staticmethod
-    def _staging_failed(member: Member, exc: BaseException) -> SandboxError:
-        reason = translate(exc, "put_archive").message
-        return SandboxProviderFailed(
-            f"{member}: uploading staged files into the instance's mount volumes failed ({reason}); "
-            "the instance cannot be activated: release it and provision again"
-        )
-
-    def _drain_in_background(self, instance: Instance, spool: Spool, stager: str) -> None:
-        """Upload the spool's sealed segments in the pool while writes go on; a failure is kept on the spool, for
-        the next ``writeFile`` or ``activate`` to report (``release`` and ``compensate`` wait for it first).
-
-        Once the queue is empty the uploader takes what the open segment gathered meanwhile (when it holds at
-        least ``SEGMENT_BYTES`` and no writer holds the spool): a slow writer's files go up as they come, a
-        fast writer's in few requests (each request costs the engine a mount of the stager and a fresh
-        extraction process, measured at about 60 ms).
-        """
-
-        def drain() -> None:
-            upload = functools.partial(self._upload_segment, stager)
-            while True:
-                try:
-                    spool.drain(upload)
-                except Exception:
-                    return
-                if not spool.lock.acquire(blocking=False):
-                    return  # a writer holds it: its next full segment is sealed and scheduled by that writer
-                try:
-                    if spool.size() < SEGMENT_BYTES or not spool.seal():
-                        return
-                finally:
-                    spool.lock.release()
-
-        self._in_background(instance.name, drain)
-
-    def _check_spool(self, spool: Spool) -> None:
-        failure = spool.failure
-        if failure is not None:
-            raise self._staging_failed("writeFile", failure)
-
-    @staticmethod
-    def _verify(
-        instance: Instance, request: WriteFileRequest, data: bytes, target: str, *, hash_now: bool = True
-    ) -> str:
-        """The stager of ``instance``, once ``data`` has the stated length and SHA-256 (and, for a symlink, a
-        UTF-8 target that stays inside the mount). With ``hash_now`` false the digest is left to the caller
-        (an upload that hashes beside itself and checks before its last slice).
-
-        Raises:
-            SandboxDigestMismatch: the length or the digest differs.
-            SandboxPathRejected: a symlink's target leads outside its mount, or is not UTF-8.
-            SandboxProviderFailed: the instance has no stager.
-        """
-        if len(data) != request.size:
-            raise SandboxDigestMismatch(
-                f"size: {len(data)} bytes arrived, the request states {request.size}", field="size"
-            )
-        if hash_now:
-            _check_digest(request, _sha256(data))
-        if request.symlink:
-            try:
-                why = link_problem(request.path[len(target) + 1 :], data.decode("utf-8"))
-            except UnicodeDecodeError:
-                why = "has a target that is not UTF-8"
-            if why is not None:
-                raise SandboxPathRejected(f"path: the symlink {request.path!r} {why}", field="path")
-        if target in instance.writable:
-            return ""  # a writable mount is spooled for its own area, filled after start: no stager
-        if instance.stager is None:
-            raise SandboxProviderFailed(f"instance {instance.name!r} has mounts but no stager")
-        return instance.stager
-
-    def _spool_for(self, instance: Instance, target: str) -> Spool:
-        if target in instance.writable:
-            index = instance.mounts.index(target)
-            return self.rw_spools.get(writable_spool_name(instance.name, index), instance.runner_tag)
-        return self.spools.get(instance.name, instance.runner_tag)
-
-    def _stage_blocking(self, instance: Instance, request: WriteFileRequest, target: str, data: bytes) -> None:
-        spool = self._spool_for(instance, target)
-        rw = target in instance.writable
-        large = not rw and not request.symlink and len(data) >= DIRECT_BYTES  # hashed beside its upload
-        stager = self._verify(instance, request, data, target, hash_now=not large)
-        self._check_spool(spool)
-        with spool.lock:
-            self._refuse_if_releasing(instance)
-            if large or (not rw and request.path in spool.partial):  # a marked path goes up on its own
-                self._put_direct(spool, stager, request, target, data, hashed=not large)
-            else:
-                self._append(instance, spool, stager, request, target, data)
-
-    def _put_direct(
-        self, spool: Spool, stager: str, request: WriteFileRequest, target: str, data: bytes, *, hashed: bool
-    ) -> None:
-        """Upload one file on its own, after what was written before it (call with the spool's lock held).
-
-        Unless ``hashed``, its SHA-256 is computed in the pool while the upload streams ``data`` (never copied),
-        and checked before the last slice goes: a mismatch stops the upload short. The path is marked on disk
-        for the upload's length, so a file left partly written (a mismatch, a failed upload, a crash) keeps
-        ``activate`` from starting the sandbox until a later write of the path succeeds.
-
-        Raises:
-            SandboxDigestMismatch: the bytes do not have the stated SHA-256.
-        """
-        spool.seal()
-        self._drain(spool, stager, "writeFile")  # what was written before goes first
-        digest = None if hashed else self._fanout.submit(_sha256, data)
-
-        def before_tail() -> None:
-            if digest is not None:
-                _check_digest(request, digest.result())
-
-        body = FileArchive(
-            request.path,
-            target,
-            data,
-            mode=request.mode,
-            uid=self.user.uid,
-            gid=self.user.gid,
-            symlink=request.symlink,
-            before_tail=before_tail,
-            slice_bytes=SLICE_BYTES,
-        )
-        spool.mark(request.path)
-        try:
-            self.engine.api.put_archive(stager, "/", body)
-        except BaseException:
-            if body.failure is not None:
-                raise body.failure from None
-            raise
-        spool.unmark(request.path)
-
-    def _append(
-        self, instance: Instance, spool: Spool, stager: str, request: WriteFileRequest, target: str, data: bytes
-    ) -> None:
-        """Append to the spool (call with its lock held); a full segment of a sealed mount's spool goes to the
-        uploader."""
-        rw = target in instance.writable
-        spool.append(
-            request.path,
-            target,
-            data,
-            mode=request.mode,
-            uid=self.user.uid,
-            gid=self.user.gid,
-            symlink=request.symlink,
-            from_root=not rw,
-        )
-        if not rw and spool.size() >= SEGMENT_BYTES and not spool.uploading() and spool.seal():
-            self._drain_in_background(instance, spool, stager)
-
-    def _refuse_if_releasing(self, instance: Instance) -> None:
-        """Raises ``SandboxStateConflict`` once ``instance``'s release began: a write whose call was cancelled but
-        whose thread went on must not make spool files (or uploads) again after the release removed them. Call
-        with the spool's lock held (the release discards the spool under it)."""
-        with self._guard:
-            releasing = instance.container_id in self._releasing
-        if releasing:
-            transition("released", "writeFile")
-
-    def _stage_inline(self, instance: Instance, request: WriteFileRequest, target: str, data: bytes) -> bool:
-        """Stage a small file on the calling thread when that takes no engine call and no wait: verified, then
-        appended to the spool while its lock is free (a full segment is sealed and handed to the uploader, in the
-        pool). Whether it did; when not, ``_stage_blocking`` (in the pool) does it all, the checks included.
-
-        Raises:
-            SandboxDigestMismatch: the length or the digest differs.
-            SandboxProviderFailed: an earlier upload of the spool failed.
-        """
-        spool = self._spool_for(instance, target)
-        if len(data) >= INLINE_BYTES or request.path in spool.partial:
-            return False
-        stager = self._verify(instance, request, data, target)
-        self._check_spool(spool)
-        if not spool.lock.acquire(blocking=False):
-            return False
-        try:
-            self._refuse_if_releasing(instance)
-            self._append(instance, spool, stager, request, target, data)
-            return True
-        finally:
-            spool.lock.release()
-
     async def write_file(self, request: WriteFileRequest, data: bytes) -> WriteFileResult:
         """Stage ``data`` at ``request.path`` for the mount that contains it, after checking its length and digest.
 
@@ -1023,13 +704,11 @@ class DockerProvider:
             SandboxPathRejected: the path is not strictly below one of the instance's mount targets.
             SandboxDigestMismatch: the bytes do not have the stated length or SHA-256.
         """
-        name = self._check_identity(request)
-        with self._guard:
-            staged = self._staging.get(name)
+        record = self._records.get(self._check_identity(request))
+        staged = record.staged if record is not None else None
         instance = staged if staged is not None else await self._resolve(request, "writeFile")
         if staged is None:
-            with self._guard:
-                self._staging[name] = instance
+            self._records.move(instance.name, instance.container_id, "stage", instance)
         transition(instance.state, "writeFile")
         target = next((t for t in instance.mounts if is_within(request.path, t) and request.path != t), None)
         if target is None:
@@ -1038,8 +717,8 @@ class DockerProvider:
                 f"({', '.join(instance.mounts) or 'it has none'})",
                 field="path",
             )
-        if not self._stage_inline(instance, request, target, data):
-            await self.engine.run("writeFile", self._stage_blocking, instance, request, target, data)
+        if not self._writes.stage_inline(instance, request, target, data):
+            await self.engine.run("writeFile", self._writes.stage, instance, request, target, data)
         return WriteFileResult(**echo(request, path=request.path, size=request.size, digest=request.digest))
 
     def _activate_blocking(self, instance: Instance) -> None:
@@ -1072,8 +751,7 @@ class DockerProvider:
             with contextlib.suppress(BaseException):
                 loaded.result()[0].close()
             raise
-        with self._guard:
-            self._handles[instance.name] = handle
+        self._records.keep_handle(instance.name, handle)
         carrier.discard()  # consumed (a clone's carrier file)
         labels = kind.result() or {}
         if L.kind_of(labels) == "carrier" and labels.get(L.ALLOCATION_KEY) == instance.labels.get(L.ALLOCATION_KEY):
@@ -1081,7 +759,7 @@ class DockerProvider:
             # every other image operation on the host holds at times); release and compensate wait for it.
             self._in_background(instance.name, self._gone, functools.partial(api.remove_image, instance.restore))
         for target in instance.writable:
-            self._fill_writable(instance, target)
+            self._writes.fill_writable(instance, target)
 
     def _start_blocking(self, instance: Instance) -> None:
         """Flush the staged files into the mount volumes and start the sandbox meanwhile, drop the stager, and
@@ -1107,7 +785,7 @@ class DockerProvider:
                     )
                 started = self._fanout.submit(self._start_or_thaw, instance)
                 try:
-                    self._drain(spool, instance.stager, "activate")
+                    self._writes.drain(spool, instance.stager, "activate")
                 except BaseException:
                     if started.exception() is None:
                         self._stop_again(instance)
@@ -1132,8 +810,7 @@ class DockerProvider:
             except SandboxProviderFailed as exc:
                 with contextlib.suppress(Exception):  # a sandbox whose door did not open is not left running
                     api.kill(instance.container_id)
-                with self._guard:
-                    reason = self._unstarted.pop(instance.proxy, None)
+                reason = self._records.take_proxy_failure(instance.name)
                 if reason is not None:
                     raise SandboxProviderFailed(
                         f"activate: the egress proxy did not start: {reason} (is the engine's default bridge up?)"
@@ -1144,7 +821,7 @@ class DockerProvider:
             self._in_background(instance.name, self._gone, functools.partial(api.remove_container, door, force=True))
         if instance.restore is None:
             for target in instance.writable:
-                self._fill_writable(instance, target)
+                self._writes.fill_writable(instance, target)
 
     def _start_or_thaw(self, instance: Instance) -> None:
         """Start the sandbox; thaw it when held (marked thawed first)."""
@@ -1168,17 +845,6 @@ class DockerProvider:
             else:
                 api.kill(instance.container_id)
                 api.wait(instance.container_id, timeout=10)
-
-    def _fill_writable(self, instance: Instance, target: str) -> None:
-        """Extract a writable mount's spool into its area of the started sandbox (the engine writes into the
-        running container's own volume at ``target``; the root file system stays read-only)."""
-        spool = self._spool_for(instance, target)
-        with spool.lock:
-            if spool.size() == 0:
-                return
-            spool.close()
-            self.engine.api.put_archive(instance.container_id, target, SpooledArchive(spool.path))
-            spool.discard()
 
     def _verify_proxy(self, instance: Instance) -> None:
         """The egress proxy runs as it was built, allowing the sandbox's own list; otherwise the sandbox is stopped
@@ -1223,14 +889,18 @@ class DockerProvider:
             SandboxNotFound: the snapshot or clone data it restores from is gone.
             SandboxProviderFailed: the engine failed to start it or did not apply every flag.
         """
-        name = self._check_identity(request)
-        with self._guard:
-            staged = self._staging.pop(name, None)
+        record = self._records.get(self._check_identity(request))
+        staged = record.staged if record is not None else None
         instance = staged if staged is not None else await self._resolve(request, "activate")
         transition(instance.state, "activate")
-        await self.engine.run("activate", self._activate_blocking, instance)
-        with self._guard:
-            self._active[name] = dataclasses.replace(instance, state="active", running=True)
+        name, container_id = instance.name, instance.container_id
+        self._records.move(name, container_id, "activate")
+        try:
+            await self.engine.run("activate", self._activate_blocking, instance)
+        except BaseException:
+            self._records.move(name, container_id, "fail")
+            raise
+        self._records.move(name, container_id, "activated", dataclasses.replace(instance, state="active", running=True))
         return InstanceResult(**echo(request, state="active"))
 
     # exec, openProcess ----------------------------------------------------------------------
@@ -1402,7 +1072,7 @@ class DockerProvider:
             )
         )
 
-    def _plan_handle(self, instance: Instance) -> _Handle:
+    def _plan_handle(self, instance: Instance) -> Handle:
         """The handle ``instance`` would have (``snapshots.handle_spec``), from the engine's inspect of it."""
         api = self.engine.api
         info = api.inspect_container(instance.container_id)
@@ -1411,24 +1081,23 @@ class DockerProvider:
         name = snapshots.handle_name(instance.name)
         labels = L.object_labels(instance.labels.get(L.ALLOCATION_KEY, ""), instance.runner_tag, "handle")
         config = snapshots.handle_spec(api, name=name, image=image, volumes=volumes, labels=labels, read_only=False)
-        return _Handle(name=name, container=instance.container_id, image=image, volumes=volumes, config=config)
+        return Handle(name=name, container=instance.container_id, image=image, volumes=volumes, config=config)
 
     def _drop_handle(self, instance: Instance) -> None:
         """Forget ``instance``'s handle and remove it in the background (``release`` and ``compensate`` wait)."""
-        with self._guard:
-            self._handles.pop(instance.name, None)
+        self._records.drop_handle(instance.name)
         remove = functools.partial(snapshots.remove_handle, self.engine.api, snapshots.handle_name(instance.name))
         self._in_background(instance.name, remove)
 
-    def _through_handle(self, instance: Instance, capture: Callable[[_Handle, bool], T]) -> T:
+    def _through_handle(self, instance: Instance, capture: Callable[[Handle, bool], T]) -> T:
         """``capture(handle, fresh)`` through ``instance``'s handle (``fresh``: not made yet, ``capture`` makes
         it while the sandbox is being paused), which is kept for the next capture, or dropped if it failed."""
         # A release waits for this capture (its thread goes on when the caller's deadline cancels the await), so
         # that it finds the handle made here and removes it and the areas it holds.
         running: Future[None] = Future()
-        with self._guard:
-            handle = self._handles.get(instance.name)
-            self._background.setdefault(instance.name, []).append(running)
+        record = self._records.get(instance.name)
+        handle = record.handle if record is not None else None
+        self._records.add_background(instance.name, running)
         try:
             fresh = handle is None or handle.container != instance.container_id
             if handle is None or fresh:
@@ -1438,8 +1107,7 @@ class DockerProvider:
             except BaseException:
                 self._drop_handle(instance)  # made again at the next capture
                 raise
-            with self._guard:
-                self._handles[instance.name] = handle
+            self._records.keep_handle(instance.name, handle)
             return result
         finally:
             running.set_result(None)
@@ -1448,7 +1116,7 @@ class DockerProvider:
         """Capture ``instance``'s areas as a snapshot image labelled ``labels`` and with its root image."""
         api = self.engine.api
 
-        def take(handle: _Handle, fresh: bool) -> str:
+        def take(handle: Handle, fresh: bool) -> str:
             tagged = {**labels, L.ROOT_IMAGE: handle.image} if handle.image else labels
             return snapshots.take(
                 api, instance.container_id, instance.areas, instance.mounts, tagged, handle.config, fresh
@@ -1460,7 +1128,7 @@ class DockerProvider:
         """Capture ``instance``'s areas into a spool (a clone's carrier, before it is kept)."""
         api = self.engine.api
 
-        def capture(handle: _Handle, fresh: bool) -> IO[bytes]:
+        def capture(handle: Handle, fresh: bool) -> IO[bytes]:
             spool = tempfile.SpooledTemporaryFile(max_size=snapshots.SPOOL_BYTES)  # noqa: SIM115 (returned)
             try:
                 snapshots.capture(
@@ -1552,7 +1220,7 @@ class DockerProvider:
         """
         name, found = await self._find(request)
         if found is None:
-            if name in self._released:
+            if self._released(name):
                 return InstanceResult(**echo(request, state=transition("released", "inspect")))
             raise SandboxNotFound(f"instance_id: {name!r} does not exist", field="instance_id")
         return InstanceResult(**echo(request, state=transition(found.state, "inspect")))
@@ -1562,9 +1230,8 @@ class DockerProvider:
         then volumes, then images, then the staging spool; with ``snapshots_of``, also every snapshot taken
         from the allocation. The number of objects removed."""
         api = self.engine.api
-        self._settle(L.instance_name(allocation_key))
-        with self._guard:
-            self._handles.pop(L.instance_name(allocation_key), None)  # a container of the key: removed below
+        self._records.settle(L.instance_name(allocation_key))
+        self._records.drop_handle(L.instance_name(allocation_key))  # a container of the key: removed below
         count = 0
         selector = L.label_filter(allocation_key=allocation_key, runner_tag=runner_tag)
         for container in api.containers(all=True, filters=selector):
@@ -1644,11 +1311,9 @@ class DockerProvider:
         and its areas (among the volumes read back) by name after it.
         """
         api = self.engine.api
-        with self._guard:
-            self._releasing.add(instance.container_id)
-        self._settle(instance.name)
-        with self._guard:
-            handle = self._handles.pop(instance.name, None)
+        self._records.move(instance.name, instance.container_id, "release")
+        self._records.settle(instance.name)
+        handle = self._records.drop_handle(instance.name)
         key = instance.labels.get(L.ALLOCATION_KEY, "")
         stager, restore = instance.stager, instance.restore
         first: list[Callable[[], Any]] = [
@@ -1704,8 +1369,8 @@ class DockerProvider:
             SandboxProviderFailed: retryable, when the engine is busy with an object of it (removing it already).
         """
         name = self._check_identity(request)
-        with self._guard:
-            known = self._staging.get(name) or self._active.get(name)
+        record = self._records.get(name)
+        known = record.view if record is not None else None
         found = known if known is not None else (await self._find(request))[1]
         if found is not None:
             transition(found.state, "release")
@@ -1722,7 +1387,7 @@ class DockerProvider:
                 runner_tag=None,
                 snapshots_of=False,
             )
-        self._forget(name)
+        self._records.forget(name)
         return ReleaseResult(**echo(request, state="released", destroyed=True))
 
     async def compensate(self, request: CompensateRequest) -> CompensateResult:
@@ -1743,7 +1408,7 @@ class DockerProvider:
             runner_tag=request.runner_tag,
             snapshots_of=False,
         )
-        self._forget(L.instance_name(request.allocation_key))
+        self._records.forget(L.instance_name(request.allocation_key))
         return CompensateResult(**echo(request, reclaimed=count))
 
     def _list_blocking(self, runner_tag: str) -> list[AllocationEntry]:
