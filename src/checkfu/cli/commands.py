@@ -97,6 +97,11 @@ COMMANDS: dict[str, Lazy] = {
     "evidence": Lazy("checkfu.cli.evidence", "Signed conformance evidence."),
     "keys": Lazy("checkfu.cli.evidence", "Signing keys for conformance evidence."),
     "sandbox": Lazy("checkfu.cli.sandbox", "Long-lived sandboxes: create, remove, extend."),
+    "mcp": Lazy(
+        "checkfu.cli.mcp_server",
+        "Serve sandboxes as MCP tools (stdio, or streamable HTTP on loopback with a bearer token): run,\n"
+        "sandbox_create, exec, write_file, read_file, list_files, snapshot, resume, remove.",
+    ),
     "server": Lazy(
         "checkfu.cli.server",
         "The start-up server: a warm process each command runs in, so no command pays for importing checkfu.",
@@ -135,6 +140,7 @@ REGISTER: dict[str, Callable[[typer.Typer, Any], None]] = {
     "checkfu.cli.provider": lambda app, m: app.add_typer(m.provider_app, name="provider"),
     "checkfu.cli.evidence": _register_evidence,
     "checkfu.cli.server": lambda app, m: app.add_typer(m.server_app, name="server"),
+    "checkfu.cli.mcp_server": lambda app, m: app.command("mcp")(m.mcp_command),
 }
 """How each module's commands join the tree (as ``app.command``/``app.add_typer`` would add them eagerly)."""
 
