@@ -17,7 +17,7 @@ from checkfu.cli.state import is_url
 from checkfu.contract.errors import SandboxAdapterUnavailable, SandboxError, SandboxProfileInvalid
 from checkfu.contract.profile import SandboxProfile
 from checkfu.contract.tiers import assess
-from checkfu.core.profiles import ReadProfile, pinned
+from checkfu.core.profiles import Overrides, ReadProfile, describe_resolved, parse_network, pinned
 
 if TYPE_CHECKING:
     from rich.progress import Progress, TaskID
@@ -57,6 +57,70 @@ AdaptersOpt = Annotated[
         metavar="FILE",
     ),
 ]
+
+ImageOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--image",
+        help="the base image in place of the profile's (a local tag, as docker names one, or a digest)",
+        show_default=False,
+        metavar="IMAGE",
+    ),
+]
+MemoryOpt = Annotated[
+    str | None,
+    typer.Option("-m", "--memory", help="memory, as docker --memory: 512m, 1g (writable areas count)", metavar="SIZE"),
+]
+CpusOpt = Annotated[str | None, typer.Option("--cpus", help="CPU cores, as docker --cpus: 0.5, 1.5", metavar="N")]
+PidsOpt = Annotated[
+    int | None, typer.Option("--pids", "--pids-limit", help="most processes and threads at once", metavar="N")
+]
+DiskOpt = Annotated[
+    str | None, typer.Option("--disk", help="writable disk, over every writable path: 256m, 1g", metavar="SIZE")
+]
+NetworkOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--network",
+        help="none, or allow:HOST:PORT[,HOST:PORT] (repeatable; as --allow): the sandbox reaches those only",
+        show_default=False,
+        metavar="none|allow:HOST:PORT",
+    ),
+]
+"""The docker-style flags over a profile (``checkfu run``, ``submit``, ``sandbox create``): each one wins over the
+profile's own value; a profile may give any subset of the resource limits, the built-in default the rest."""
+
+
+def overrides_of(
+    image: str | None,
+    memory: str | None,
+    cpus: str | None,
+    pids: int | None,
+    disk: str | None,
+    network: list[str] | None,
+    allow: list[str],
+) -> tuple[Overrides, list[str]]:
+    """The flags as ``Overrides``, and the ``--allow`` list with ``--network allow:...`` folded in (one allowlist
+    path, one summary line).
+
+    Raises:
+        SandboxProfileInvalid: ``--network`` names no network checkfu gives, or says none and an allowlist at once
+            (``--allow`` included).
+    """
+    nets = tuple(network or ())
+    policy = parse_network(nets) if nets else None
+    if policy is not None and policy["mode"] == "none" and allow:
+        raise SandboxProfileInvalid("--network: none and --allow contradict each other; give one", field="--network")
+    allowed = [*list((policy or {}).get("allowlist", ())), *allow]
+    given = Overrides(
+        image=image,
+        memory=memory,
+        cpus=cpus,
+        pids=pids,
+        disk=disk,
+        network=("none",) if policy is not None and policy["mode"] == "none" else (),
+    )
+    return given, list(dict.fromkeys(allowed))
 
 
 def human_bytes(n: int) -> str:
@@ -275,3 +339,30 @@ def refill_in_background(db: str | None) -> None:
         startup.detached(argv)
     except OSError as exc:
         err.print(f"[bold yellow]warning[/]: the pool is not refilled: {escape(str(exc))}")
+
+
+def resolved_profile(prof: SandboxProfile, timeout: float | None, image_name: str | None) -> dict[str, Any]:
+    """What the Run really got, flags and defaults applied: ``--json``'s ``resolved_profile``. ``image`` is the tag
+    named (``image_id`` the image it was pinned to) or the digest given."""
+    out = describe_resolved(prof, timeout)
+    if image_name is not None:
+        out = {"image": image_name, "image_id": prof.base_image, **{k: v for k, v in out.items() if k != "image"}}
+    return out
+
+
+def resolved_text(resolved: dict[str, Any]) -> str:
+    """One line of the resolved profile: ``checkfu/debian:12, 1.5 cpus, 256 MiB memory, ... network none``."""
+    network = resolved["network"]
+    if resolved.get("allowlist"):
+        network += " (" + ", ".join(resolved["allowlist"]) + ")"
+    parts = [
+        str(resolved["image"]),
+        f"{resolved['cpus']:g} cpus",
+        f"{resolved['memory_mib']} MiB memory",
+        f"{resolved['disk_mib']} MiB disk",
+        f"{resolved['pids']} pids",
+        f"network {network}",
+    ]
+    if resolved.get("timeout_seconds") is not None:
+        parts.append(f"timeout {resolved['timeout_seconds']:g} s")
+    return ", ".join(parts)

@@ -66,6 +66,12 @@ SUBMITTED = frozenset(
         "credential_file",
         "allow",
         "adapters",
+        "image",
+        "memory",
+        "cpus",
+        "pids",
+        "disk",
+        "network",
     }
 )
 """The options of ``checkfu run`` a submitted Run carries (``--adapters`` is checked here, not carried: the runner
@@ -106,8 +112,16 @@ def submit_command(**options: Any) -> None:
         )
     name = options["provider"] or "docker"
     remote = is_url(name)
-    allow: list[str] = options["allow"] or []
     warnings: list[str] = []
+    overrides, allow = common.overrides_of(  # a refusal is reported as check_run_inputs' are
+        options["image"],
+        options["memory"],
+        options["cpus"],
+        options["pids"],
+        options["disk"],
+        options["network"],
+        options["allow"] or [],
+    )
     checked = run_cli.check_run_inputs(  # checkfu run's own checks, every problem listed
         command=list(options["command"]),
         profile=options["profile"],
@@ -127,6 +141,7 @@ def submit_command(**options: Any) -> None:
         allow=allow,
         warnings=warnings,
         adapters=adapters_file(options["adapters"]),
+        overrides=overrides,
     )
     # a provider service's profile must name its image pinned: only the Docker tier here pins a tag
     profile = run_cli._allowing(common.pin_image(checked.read, name, quiet=True), allow)
@@ -140,7 +155,7 @@ def submit_command(**options: Any) -> None:
         workdir=options["workdir"],
         captures=tuple(options["capture"] or ()),
         capture_dir=str(capture_dir.resolve()) if capture_dir is not None else None,
-        timeout=options["timeout"],
+        timeout=checked.timeout,
         allowed=tuple(dict.fromkeys(allow)),
     )
     service = open_service(options["db"])

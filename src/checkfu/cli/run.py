@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 import os
 import re
 import shlex
@@ -25,17 +24,26 @@ from checkfu.cli.common import (
     EXIT_REFUSED,
     AdaptersOpt,
     ConsoleObserver,
+    CpusOpt,
     CredentialOpt,
     DbOpt,
+    DiskOpt,
+    ImageOpt,
     JsonOpt,
+    MemoryOpt,
+    NetworkOpt,
+    PidsOpt,
     ask_early,
     choose,
     err,
     human_bytes,
     load_adapters,
+    overrides_of,
     pin_image,
     refill_in_background,
     refused,
+    resolved_profile,
+    resolved_text,
     write_json,
 )
 from checkfu.cli.engines import EngineCertsOpt, EngineOpt, engine_sites
@@ -74,7 +82,7 @@ from checkfu.core.job import JobResult, resolve_mounts
 from checkfu.core.journal import ORPHANED, JournalError
 from checkfu.core.mounts import DirectorySource, MountSpec, parse_mount
 from checkfu.core.output import CAP_ENV, output_cap
-from checkfu.core.profiles import ReadProfile, read_profile
+from checkfu.core.profiles import Overrides, ReadProfile, parse_seconds, read_profile
 from checkfu.core.reconcile import describe_owner, run_status
 from checkfu.core.registry import (
     adapters_file,
@@ -204,6 +212,7 @@ class CheckedRun:
     read: ReadProfile
     specs: list[MountSpec]
     env: dict[str, str]
+    timeout: float = 3600.0
 
 
 def check_run_inputs(
@@ -222,16 +231,18 @@ def check_run_inputs(
     captures: list[str],
     capture_dir: Path | None,
     db: str | None,
-    timeout: float,
+    timeout: float | str,
     allow: list[str],
     warnings: list[str],
     adapters: Path | None = None,
+    overrides: Overrides | None = None,
 ) -> CheckedRun:
     """Every check of ``checkfu run``'s inputs that asks no provider anything, every problem listed.
 
     ``adapters``: an adapters file (already defaulted from ``CHECKFU_ADAPTERS``); it is read and its tables checked
     here, and a provider name it may serve is not refused for not being installed (its factories are called only
-    when the Run loads its registry).
+    when the Run loads its registry). ``overrides``: the docker-style flags over the profile (each wins).
+    ``timeout``: seconds, or a duration (``30s``, ``5m``).
 
     Raises:
         SandboxError: the problems found (nothing was run, nothing allocated).
@@ -256,7 +267,7 @@ def check_run_inputs(
         problems.append(
             Problem(SandboxProfileInvalid("--profile: a provider service needs a profile file", field="profile"))
         )
-    read = read_profile(profile, name)
+    read = read_profile(profile, name, overrides)
     problems.extend(read.problems)
     specs: list[MountSpec] = []
     for i, text in enumerate(mounts):
@@ -287,14 +298,11 @@ def check_run_inputs(
         output_cap()
     except ValueError as exc:
         problems.append(Problem(SandboxProfileInvalid(str(exc), field=CAP_ENV)))
-    if not 0 < timeout < math.inf:  # also refuses nan
-        problems.append(
-            Problem(
-                SandboxProfileInvalid(
-                    f"--timeout: must be a positive number of seconds, not {timeout}", field="timeout"
-                )
-            )
-        )
+    seconds = 3600.0
+    try:
+        seconds = parse_seconds(timeout, "--timeout")
+    except SandboxProfileInvalid as exc:
+        problems.append(Problem(exc))
     if interactive and use_tty and not _terminal().stdin_is_terminal():
         problems.append(
             Problem(
@@ -304,7 +312,7 @@ def check_run_inputs(
             )
         )
     raise_problems(problems)
-    return CheckedRun(read=read, specs=specs, env=env)
+    return CheckedRun(read=read, specs=specs, env=env, timeout=seconds)
 
 
 def run_command(
@@ -398,8 +406,9 @@ def run_command(
     ] = None,
     db: DbOpt = None,
     timeout: Annotated[
-        float, typer.Option("--timeout", help="seconds the command may run", metavar="SECONDS")
-    ] = 3600.0,
+        str,
+        typer.Option("--timeout", help="how long the command may run: 30s, 5m, 2h, or seconds", metavar="DURATION"),
+    ] = "3600",
     credential_file: CredentialOpt = None,
     allow: Annotated[
         list[str] | None,
@@ -419,6 +428,12 @@ def run_command(
             "is one, else provision as always; the pool is refilled in the background",
         ),
     ] = False,
+    image: ImageOpt = None,
+    memory: MemoryOpt = None,
+    cpus: CpusOpt = None,
+    pids: PidsOpt = None,
+    disk: DiskOpt = None,
+    network: NetworkOpt = None,
 ) -> None:
     """Run one command in a fresh sandbox, with mounts staged by the runner.
 
@@ -435,6 +450,7 @@ def run_command(
     warnings: list[str] = []
     summary: dict[str, Any] = {"ok": False}
     try:
+        overrides, allowed = overrides_of(image, memory, cpus, pids, disk, network, allow or [])
         code = _admit_and_run(
             command=command,
             profile=profile,
@@ -454,11 +470,12 @@ def run_command(
             db=db,
             timeout=timeout,
             credential_file=credential_file,
-            allow=allow or [],
+            allow=allowed,
             warnings=warnings,
             summary=summary,
             pool=pool,
             adapters=adapters_file(adapters),
+            overrides=overrides,
         )
     except SandboxError as exc:
         refused(exc, json_file, summary)
@@ -487,13 +504,14 @@ def _admit_and_run(
     captures: list[str],
     capture_dir: Path | None,
     db: str | None,
-    timeout: float,
+    timeout: float | str,
     credential_file: Path | None,
     allow: list[str],
     warnings: list[str],
     summary: dict[str, Any],
     pool: bool = False,
     adapters: Path | None = None,
+    overrides: Overrides | None = None,
 ) -> int:
     """Every input checked (every problem listed), then the Run. Returns the exit status.
 
@@ -519,8 +537,9 @@ def _admit_and_run(
         allow=allow,
         warnings=warnings,
         adapters=adapters,
+        overrides=overrides,
     )
-    read, specs, env = checked.read, checked.specs, checked.env
+    read, specs, env, timeout = checked.read, checked.specs, checked.env, checked.timeout
     for line in warnings:
         if not quiet:
             err.print(f"[bold yellow]warning[/]: {escape(line)}")
@@ -562,6 +581,7 @@ def _admit_and_run(
                 profile_name=read.name,
                 pool=pool,
                 adapters=adapters,
+                image_name=read.tag,
             )
         )
     finally:
@@ -591,6 +611,7 @@ async def _run(
     profile_name: str = "",
     pool: bool = False,
     adapters: Path | None = None,
+    image_name: str | None = None,
 ) -> int:
     observer = ConsoleObserver(quiet=quiet)
     # Mounts are read, bounded and hashed before any provider is asked anything (describe included).
@@ -688,11 +709,12 @@ async def _run(
         capture_dir=str(result.capture_dir) if result.capture_dir is not None else None,
         not_enforced=list(result.not_enforced),
         allowed=list(allowed),
+        resolved_profile=resolved_profile(prof, timeout, image_name),
     )
     if pool:
         summary["adopted"] = result.adopted
     if not quiet:
-        _summary(result, label, allowed, profile_name, env, workdir)
+        _summary(result, label, allowed, profile_name, env, workdir, summary["resolved_profile"])
     if _report_left(observer.attempt, db, f"[bold red]the command exited {result.exit_code:d}, but[/]"):
         summary.update(ok=False, exit_code=LEFT_BEHIND_EXIT, **_left_of(observer.attempt))
         return LEFT_BEHIND_EXIT
@@ -708,12 +730,15 @@ def _summary(
     profile_name: str,
     env: dict[str, str],
     workdir: str | None,
+    resolved: dict[str, Any] | None = None,
 ) -> None:
     err.print()
     err.print(f"[bold]run[/]        {escape(result.run_id)}")
     err.print(f"[bold]adapter[/]    {escape(result.adapter)} — grade: {escape(attempt_label)}")
     if profile_name:
         err.print(f"[bold]profile[/]    {escape(profile_name)}")
+    if resolved is not None:
+        err.print(f"[bold]resolved[/]   {escape(resolved_text(resolved))}")
     err.print("[bold]phases[/]     " + ", ".join(f"{escape(k)} {v * 1000:.0f} ms" for k, v in result.phases.items()))
     if result.staged_bytes:
         err.print(f"[bold]staged[/]     {escape(human_bytes(result.staged_bytes))}")

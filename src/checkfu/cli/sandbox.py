@@ -22,6 +22,16 @@ from typing import Annotated, Any, NoReturn, TypeVar
 import typer
 from rich.markup import escape
 
+from checkfu.cli.common import (
+    CpusOpt,
+    DiskOpt,
+    ImageOpt,
+    MemoryOpt,
+    NetworkOpt,
+    PidsOpt,
+    resolved_profile,
+    resolved_text,
+)
 from checkfu.cli.consoles import console
 from checkfu.cli.state import open_journal, runner_tag
 from checkfu.contract.errors import (
@@ -33,6 +43,7 @@ from checkfu.contract.errors import (
     SandboxStateConflict,
 )
 from checkfu.core.journal import JournalError
+from checkfu.core.profiles import Overrides
 
 err = console(stderr=True, highlight=False, soft_wrap=True)
 out = console(highlight=False, soft_wrap=True)
@@ -190,26 +201,44 @@ def sandbox_create(
             metavar="FILE",
         ),
     ] = None,
+    image: ImageOpt = None,
+    memory: MemoryOpt = None,
+    cpus: CpusOpt = None,
+    pids: PidsOpt = None,
+    disk: DiskOpt = None,
+    network: NetworkOpt = None,
 ) -> None:
     """Make a sandbox that outlives this command; prints its id. Its time-to-live ends it (extend it with
     `checkfu sandbox extend`), or `checkfu sandbox rm`."""
     from checkfu.core.registry import is_endpoint  # noqa: PLC0415
 
+    flags = Overrides(image=image, memory=memory, cpus=cpus, pids=pids, disk=disk, network=tuple(network or ()))
+    tags: list[str | None] = []
+
     async def body() -> Any:
+        from checkfu.core.admission import raise_problems  # noqa: PLC0415
         from checkfu.core.mounts import parse_mount  # noqa: PLC0415
+        from checkfu.core.profiles import read_profile  # noqa: PLC0415
 
         seconds = parse_duration(ttl, "--ttl")
         specs = [parse_mount(m, stage_all=no_ignore) for m in mount or []]
+        given: Any = profile
+        if flags.given():  # the flags over the profile (or the built-in one): each wins
+            read = read_profile(profile, "docker" if "://" in provider else provider, flags)
+            raise_problems(read.problems)
+            given = read.doc
+            tags.append(read.tag)
         service = await _opened(db, adapters)
         try:
             live = await service.create_sandbox(
-                provider, profile=profile, mounts=specs, ttl=seconds, detached=True, credential=_credential()
+                provider, profile=given, mounts=specs, ttl=seconds, detached=True, credential=_credential()
             )
         finally:
             service.close()
         return live.record
 
     rec = _run(body, as_json)
+    resolved = resolved_profile(rec.profile, None, tags[0] if tags else None)
     _emit(
         as_json,
         {
@@ -218,9 +247,12 @@ def sandbox_create(
             "provider": rec.provider,
             "endpoint": rec.site if is_endpoint(rec.site) else None,
             "expires_at": _when(rec.expires_at),
+            "resolved_profile": resolved,
         },
         rec.sandbox_id,
     )
+    if flags.given() and not as_json:
+        err.print(f"[bold]resolved[/]   {escape(resolved_text(resolved))}")
 
 
 @sandbox_app.command("rm")

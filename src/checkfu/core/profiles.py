@@ -147,15 +147,27 @@ def check_document(doc: dict[str, Any], name: str) -> ReadProfile:
     return read
 
 
-def read_profile(path: Path | None, provider: str) -> ReadProfile:
-    """The profile at ``path``, or the built-in default for ``provider``, checked in full."""
+def read_profile(path: Path | None, provider: str, given: Overrides | None = None) -> ReadProfile:
+    """The profile at ``path``, or the built-in default for ``provider``, with docker-style flags ``given`` applied
+    over it (a flag wins), checked in full. A file may give any subset of the four resource limits: the rest come
+    from ``provider``'s built-in default, each one noted."""
+    notes: list[str] = []
+    flag_problems: list[Problem] = []
     if path is None:
         name, text = default_for(provider)
-        return check_document(tomllib.loads(text), name)
-    doc, problems = read_document(path)
-    if doc is None:
-        return ReadProfile(doc=None, name=str(path), problems=problems)
-    return check_document(doc, str(path))
+        doc: dict[str, Any] = tomllib.loads(text)
+    else:
+        read_doc, problems = read_document(path)
+        if read_doc is None:
+            return ReadProfile(doc=None, name=str(path), problems=problems)
+        name = str(path)
+        doc, notes = with_default_limits(read_doc, provider)
+    if given is not None and given.given():
+        doc, flag_problems = override(doc, given)
+    read = check_document(doc, name)
+    read.problems[:0] = flag_problems
+    read.notes[:0] = notes
+    return read
 
 
 def pinned(read: ReadProfile, image_id: str) -> SandboxProfile:
@@ -168,3 +180,184 @@ def pinned(read: ReadProfile, image_id: str) -> SandboxProfile:
     from checkfu.contract.codec import decode_value  # noqa: PLC0415
 
     return decode_value(SandboxProfile, {**read.doc, "base_image": image_id})
+
+
+# -- docker-style flags over a profile ---------------------------------------------------------------------------
+
+_SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([bkmgt]?)(?:i?b)?\s*$", re.I)
+_SIZE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+LIMITS = ("cpu_millis", "memory_mib", "disk_mib", "pids")
+
+
+@dataclass(frozen=True)
+class Overrides:
+    """What docker-style flags say of a profile (``--image``, ``--memory``, ``--cpus``, ``--pids``, ``--disk``,
+    ``--network``); ``None`` leaves the profile's value. A flag wins over the profile it is given with."""
+
+    image: str | None = None
+    memory: str | None = None
+    cpus: str | None = None
+    pids: int | None = None
+    disk: str | None = None
+    network: tuple[str, ...] = ()
+
+    def given(self) -> bool:
+        return any(v is not None for v in (self.image, self.memory, self.cpus, self.pids, self.disk)) or bool(
+            self.network
+        )
+
+
+def parse_size_mib(text: str, flag: str) -> int:
+    """``512m``, ``1g``, ``1.5g``, ``2048k`` (docker's units: b, k, m, g, t, powers of 1024) as whole MiB.
+
+    Raises:
+        SandboxProfileInvalid: not a size, or not a whole, positive number of MiB (its field is ``flag``).
+    """
+    m = _SIZE.match(text)
+    if m is None:
+        raise SandboxProfileInvalid(f"{flag}: {text[:40]!r} is not a size: write it as 512m or 1g", field=flag)
+    number = float(m.group(1)) * _SIZE_UNITS[m.group(2).lower()]
+    mib = number / (1 << 20)
+    if mib < 1 or mib != int(mib):
+        hint = " (a number alone is bytes, as docker reads it: write 512m)" if not m.group(2) else ""
+        raise SandboxProfileInvalid(f"{flag}: {text[:40]!r} is not a whole number of MiB{hint}", field=flag)
+    return int(mib)
+
+
+def parse_cpus(text: str) -> int:
+    """``--cpus 1.5`` (cores, as docker takes them) as thousandths of a core.
+
+    Raises:
+        SandboxProfileInvalid: not a positive number of cores in steps of 0.001 (field ``--cpus``).
+    """
+    try:
+        cores = float(text)
+    except ValueError:
+        cores = -1.0
+    if not 0 < cores < 1e6:  # also refuses nan and inf
+        cores = -1.0
+    millis = round(cores * 1000)
+    if cores < 0 or millis < 1 or abs(cores * 1000 - millis) > 1e-6:
+        raise SandboxProfileInvalid(
+            f"--cpus: {text[:40]!r} is not a number of cores (say 0.5, 1 or 1.5; steps of 0.001)", field="--cpus"
+        )
+    return millis
+
+
+def parse_network(values: tuple[str, ...]) -> dict[str, Any]:
+    """``--network none`` or ``--network allow:HOST:PORT[,HOST:PORT]`` (repeatable) as a ``network_policy``.
+
+    Raises:
+        SandboxProfileInvalid: another mode, or ``none`` with an allowlist (field ``--network``).
+    """
+    allow: list[str] = []
+    none = False
+    for value in values:
+        if value == "none":
+            none = True
+        elif value.startswith("allow:") and len(value) > len("allow:"):
+            allow.extend(v.strip() for v in value[len("allow:") :].split(",") if v.strip())
+        else:
+            raise SandboxProfileInvalid(
+                f"--network: {value[:80]!r} is not a network checkfu gives a sandbox: say none, or "
+                "allow:HOST:PORT[,HOST:PORT] for an allowlist (the sandbox reaches only those, through the runner)",
+                field="--network",
+            )
+    if none and allow:
+        raise SandboxProfileInvalid("--network: none and allow:... contradict each other; give one", field="--network")
+    if allow:
+        return {"mode": "allowlist", "allowlist": list(dict.fromkeys(allow))}
+    return {"mode": "none"}
+
+
+def override(doc: dict[str, Any], given: Overrides) -> tuple[dict[str, Any], list[Problem]]:
+    """``doc`` with what the flags say in place of its own values, and the flags that could not be read."""
+    out = dict(doc)
+    limits = dict(out.get("resource_limits") or {}) if isinstance(out.get("resource_limits"), dict) else {}
+    problems: list[Problem] = []
+    readers: list[tuple[str, Any]] = [
+        ("memory_mib", lambda: parse_size_mib(given.memory, "--memory") if given.memory is not None else None),
+        ("disk_mib", lambda: parse_size_mib(given.disk, "--disk") if given.disk is not None else None),
+        ("cpu_millis", lambda: parse_cpus(given.cpus) if given.cpus is not None else None),
+    ]
+    for key, read in readers:
+        try:
+            value = read()
+        except SandboxProfileInvalid as exc:
+            problems.append(Problem(exc))
+            continue
+        if value is not None:
+            limits[key] = value
+    if given.pids is not None:
+        if given.pids < 1:
+            problems.append(_problem(f"--pids: {given.pids} is not a positive number of processes", "--pids"))
+        else:
+            limits["pids"] = given.pids
+    if limits:
+        out["resource_limits"] = limits
+    if given.image is not None:
+        out["base_image"] = given.image
+    if given.network:
+        try:
+            out["network_policy"] = parse_network(given.network)
+        except SandboxProfileInvalid as exc:
+            problems.append(Problem(exc))
+    return out, problems
+
+
+def with_default_limits(doc: dict[str, Any], provider: str) -> tuple[dict[str, Any], list[str]]:
+    """``doc`` with each resource limit it does not give taken from ``provider``'s built-in default, and a note of
+    each one taken (a profile may give any subset of the four)."""
+    limits = doc.get("resource_limits")
+    if limits is not None and not isinstance(limits, dict):
+        return doc, []  # checking names what is wrong with it
+    given = dict(limits or {})
+    missing = [k for k in LIMITS if k not in given]
+    if not missing:
+        return doc, []
+    name, text = default_for(provider)
+    defaults = tomllib.loads(text)["resource_limits"]
+    for key in missing:
+        given[key] = defaults[key]
+    notes = [f"resource_limits.{k} = {defaults[k]} from the {name}" for k in missing]
+    return {**doc, "resource_limits": given}, notes
+
+
+def describe_resolved(profile: SandboxProfile, timeout: float | None = None) -> dict[str, Any]:
+    """The resolved profile as a summary states it (``--json``'s ``resolved_profile``)."""
+    limits = profile.resource_limits
+    out: dict[str, Any] = {
+        "image": profile.base_image,
+        "cpus": limits.cpu_millis / 1000,
+        "memory_mib": limits.memory_mib,
+        "disk_mib": limits.disk_mib,
+        "pids": limits.pids,
+        "network": profile.network_policy.mode,
+        "allowlist": list(profile.network_policy.allowlist),
+    }
+    if timeout is not None:
+        out["timeout_seconds"] = timeout
+    return out
+
+
+_DURATION = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([smhd]?)\s*$")
+_DURATION_UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_seconds(text: str | float, flag: str) -> float:
+    """``30s``, ``5m``, ``2h``, ``1d`` or a number of seconds (``90``, ``1.5``), positive and finite.
+
+    Raises:
+        SandboxProfileInvalid: not such a duration (its field is ``flag``).
+    """
+    if isinstance(text, int | float):
+        seconds = float(text)
+    else:
+        m = _DURATION.match(text)
+        seconds = float(m.group(1)) * _DURATION_UNITS[m.group(2)] if m is not None else -1.0
+    if not 0 < seconds < float("inf"):  # also refuses nan
+        raise SandboxProfileInvalid(
+            f"{flag}: {str(text)[:40]!r} is not a duration: write it as 30s, 5m, 2h or a number of seconds",
+            field=flag.lstrip("-"),
+        )
+    return seconds
