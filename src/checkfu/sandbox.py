@@ -169,6 +169,18 @@ def _mounts(mounts: Sequence[str | MountSpec] | None) -> list[MountSpec]:
     return [parse_mount(m) if isinstance(m, str) else m for m in mounts or ()]
 
 
+def _admitted(path: str, name: str) -> str:
+    """``path`` if it is absolute and normal (the contract's sandbox path rule).
+
+    Raises:
+        SandboxPathRejected: it is not (its field is ``name``).
+    """
+    from checkfu.contract.paths import admit_path  # noqa: PLC0415
+
+    admit_path(path, field=name)
+    return path
+
+
 def _argv(cmd: str | Sequence[str]) -> list[str]:
     """A command: a list of arguments as given, or a string run by ``sh -c`` (as E2B's ``commands.run``)."""
     return ["sh", "-c", cmd] if isinstance(cmd, str) else list(cmd)
@@ -263,6 +275,79 @@ class AsyncSandboxFiles:
             raise SandboxNotFound(f"path: {path} is {res.kind}, not a directory", field="path")
         return [FileEntry(e.path, e.kind, e.size, e.mode) for e in res.entries]
 
+    # E2B's names (``sandbox.files.exists/remove/make_dir/rename``), as thin calls over the same machinery
+
+    async def exists(self, path: str) -> bool:
+        """Whether anything is at ``path`` (a final link is not followed: a dangling one exists)."""
+        res = await self._sb._live.list_dir(_admitted(path, "path"), recursive=False)
+        return res.kind != "missing"
+
+    async def remove(self, path: str) -> None:
+        """Remove what is at ``path``, a directory with everything in it (nothing there is no error)."""
+        await self._shell('rm -rf -- "$1"', _admitted(path, "path"))
+
+    async def make_dir(self, path: str) -> bool:
+        """Make the directory ``path`` and its parents; ``False`` if it was there already."""
+        if await self.exists(path):
+            return False
+        await self._shell('mkdir -p -- "$1"', _admitted(path, "path"))
+        return True
+
+    async def rename(self, old_path: str, new_path: str) -> None:
+        """Move ``old_path`` to ``new_path`` (``mv``: a directory whole)."""
+        await self._shell('mv -- "$1" "$2"', _admitted(old_path, "old_path"), _admitted(new_path, "new_path"))
+
+    async def _shell(self, script: str, *paths: str) -> None:
+        """``script`` run by the sandbox's ``sh`` with ``paths`` as ``$1``... (never spliced into the script).
+
+        Raises:
+            SandboxProviderFailed: the command failed (its own words say why; the field is the first path's).
+        """
+        res = await self._sb._live.exec(["sh", "-c", script, "sh", *paths], timeout=60.0)
+        if res.exit_code != 0:
+            why = res.stderr.decode("utf-8", "replace").strip()[:300] or f"exit {res.exit_code}"
+            raise SandboxProviderFailed(f"path: {paths[0]}: {why}", field="path")
+
+
+class AsyncCommands:
+    """``sb.commands``: E2B's name for running commands. ``run`` is ``exec``, or ``spawn`` with
+    ``background=True``; a non-zero exit is returned in the result, never raised."""
+
+    def __init__(self, sandbox: AsyncSandbox) -> None:
+        self._sb = sandbox
+
+    async def run(
+        self,
+        cmd: str | Sequence[str],
+        *,
+        background: bool = False,
+        envs: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        on_stdout: OnOutput | None = None,
+        on_stderr: OnOutput | None = None,
+        timeout: float | None = 60.0,
+        stdin: bytes = b"",
+    ) -> Any:
+        """Run ``cmd`` (a string for ``sh -c``, or a list of arguments) to its end and return its
+        ``CommandResult``; with ``background=True``, start it and return its process handle (``wait``, ``kill``,
+        ``send_stdin``, ``pid``) at once. ``envs`` is its environment, ``timeout`` in seconds."""
+        if background:
+            proc = await self._sb.spawn(
+                cmd, env=envs, cwd=cwd, timeout=timeout, on_stdout=on_stdout, on_stderr=on_stderr
+            )
+            if stdin:
+                await proc.send_stdin(stdin)
+            return proc
+        return await self._sb.exec(
+            cmd,
+            env=envs,
+            cwd=cwd,
+            timeout=60.0 if timeout is None else timeout,
+            stdin=stdin,
+            on_stdout=on_stdout,
+            on_stderr=on_stderr,
+        )
+
 
 class AsyncSandbox:
     """A long-lived sandbox, driven with ``await``.
@@ -299,6 +384,7 @@ class AsyncSandbox:
         self._closed = False
         self._attached = False
         self.files = AsyncSandboxFiles(self)
+        self.commands = AsyncCommands(self)
 
     # making and finding ----------------------------------------------------------------------
 
@@ -569,6 +655,41 @@ class AsyncSandbox:
             if self._ctx is not None:
                 self._ctx.close()
 
+    # E2B's and Modal's names, as thin calls
+
+    async def kill(self) -> None:
+        """E2B's name for ``close``: release the sandbox."""
+        await self.close()
+
+    async def terminate(self) -> None:
+        """Modal's name for ``close``: release the sandbox."""
+        await self.close()
+
+    async def set_timeout(self, timeout: float) -> float:
+        """E2B's name for ``extend``: the sandbox lives ``timeout`` seconds from now; returns the deadline."""
+        return await self.extend(timeout)
+
+    async def pause(self, *, keep: float | None = None) -> str:
+        """E2B's pause, mapped onto a snapshot: snapshot the sandbox's files, release it, and return the snapshot's
+        id; ``AsyncSandbox.resume(that_id)`` makes a new sandbox holding them (with a new sandbox id). Processes
+        do not survive a pause; files do.
+
+        Raises:
+            SandboxProfileInvalid: the sandbox's profile is ``ephemeral_zdr``, whose snapshots die with it: pause
+                needs ``retention_mode = "durable"`` (nothing is snapshotted or released).
+        """
+        from checkfu.contract.errors import SandboxProfileInvalid  # noqa: PLC0415
+
+        if self._live.record.profile.retention_mode == "ephemeral_zdr":
+            raise SandboxProfileInvalid(
+                "retention_mode: pause keeps the files in a snapshot, and an ephemeral_zdr sandbox's snapshots die "
+                'with it; make the sandbox with a profile whose retention_mode is "durable" to pause it',
+                field="retention_mode",
+            )
+        info = await self.snapshot(keep=keep)
+        await self.close()
+        return info.snapshot_id
+
 
 def _info(rec: SnapshotRecord) -> SnapshotInfo:
     return SnapshotInfo(rec.snapshot_ref, rec.sandbox_id, rec.created_at, rec.expires_at, rec.keep_seconds)
@@ -666,6 +787,51 @@ class SandboxFiles:
     def list(self, path: str, *, recursive: bool = False) -> list[FileEntry]:
         return _run(lambda: self._inner.list(path, recursive=recursive))
 
+    def exists(self, path: str) -> bool:
+        return _run(lambda: self._inner.exists(path))
+
+    def remove(self, path: str) -> None:
+        _run(lambda: self._inner.remove(path))
+
+    def make_dir(self, path: str) -> bool:
+        return _run(lambda: self._inner.make_dir(path))
+
+    def rename(self, old_path: str, new_path: str) -> None:
+        _run(lambda: self._inner.rename(old_path, new_path))
+
+
+class Commands:
+    """``sb.commands`` of a ``Sandbox`` (E2B's name): ``run`` is ``exec``, or ``spawn`` with ``background=True``."""
+
+    def __init__(self, inner: AsyncCommands) -> None:
+        self._inner = inner
+
+    def run(
+        self,
+        cmd: str | Sequence[str],
+        *,
+        background: bool = False,
+        envs: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        on_stdout: OnOutput | None = None,
+        on_stderr: OnOutput | None = None,
+        timeout: float | None = 60.0,
+        stdin: bytes = b"",
+    ) -> Any:
+        done = _run(
+            lambda: self._inner.run(
+                cmd,
+                background=background,
+                envs=envs,
+                cwd=cwd,
+                on_stdout=on_stdout,
+                on_stderr=on_stderr,
+                timeout=timeout,
+                stdin=stdin,
+            )
+        )
+        return Process(done) if background else done
+
 
 class Sandbox:
     """A long-lived sandbox, made as soon as it is constructed; ``with`` releases it on exit.
@@ -693,6 +859,21 @@ class Sandbox:
             )
         self._inner = _inner
         self.files = SandboxFiles(_inner.files)
+        self.commands = Commands(_inner.commands)
+
+    @classmethod
+    def create(
+        cls,
+        *,
+        profile: ProfileArg = None,
+        mounts: Sequence[str | MountSpec] | None = None,
+        provider: str = "docker",
+        ttl: float | None = None,
+        detach: bool = False,
+        db: str | None = None,
+    ) -> Sandbox:
+        """E2B's and Modal's way to make one: the same as ``Sandbox(...)``."""
+        return cls(profile=profile, mounts=mounts, provider=provider, ttl=ttl, detach=detach, db=db)
 
     @classmethod
     def connect(cls, sandbox_id: str, *, provider: str | None = None, db: str | None = None) -> Sandbox:
@@ -781,3 +962,19 @@ class Sandbox:
 
     def close(self) -> None:
         _run(self._inner.close)
+
+    def kill(self) -> None:
+        """E2B's name for ``close``."""
+        _run(self._inner.close)
+
+    def terminate(self) -> None:
+        """Modal's name for ``close``."""
+        _run(self._inner.close)
+
+    def set_timeout(self, timeout: float) -> float:
+        """E2B's name for ``extend``."""
+        return _run(lambda: self._inner.extend(timeout))
+
+    def pause(self, *, keep: float | None = None) -> str:
+        """E2B's pause, mapped onto a snapshot: returns the snapshot id ``Sandbox.resume`` takes."""
+        return _run(lambda: self._inner.pause(keep=keep))

@@ -1,5 +1,5 @@
-"""Every Python example of docs/sdk.md, docs/embedding.md, docs/mcp.md and the README's sandbox section runs, on the
-Docker tier (issues 11, 31 and 32).
+"""Every Python example of docs/sdk.md, docs/embedding.md, docs/mcp.md, docs/migrating.md and the README's sandbox
+section runs, on the Docker tier (issues 11, 31 and 32).
 
 Each ```python block is run as it is, from the repository root, in a process of its own with a state
 directory and runner tag of this test's; nothing labelled with the tag is left on the engine and no
@@ -26,7 +26,13 @@ BLOCK = re.compile(r"^```python\n(.*?)^```$", re.S | re.M)
 
 def examples() -> list[tuple[str, str]]:
     out: list[tuple[str, str]] = []
-    for doc in (REPO / "docs" / "sdk.md", REPO / "docs" / "embedding.md", REPO / "docs" / "mcp.md", REPO / "README.md"):
+    for doc in (
+        REPO / "docs" / "sdk.md",
+        REPO / "docs" / "embedding.md",
+        REPO / "docs" / "mcp.md",
+        REPO / "docs" / "migrating.md",
+        REPO / "README.md",
+    ):
         for i, code in enumerate(BLOCK.findall(doc.read_text(encoding="utf-8"))):
             out.append((f"{doc.name}#{i + 1}", code))
     return out
@@ -38,6 +44,7 @@ def test_there_are_examples() -> None:
     assert any(n.startswith("README.md") for n in names)
     assert any(n.startswith("embedding.md") for n in names)
     assert any(n.startswith("mcp.md") for n in names)
+    assert any(n.startswith("migrating.md") for n in names)
 
 
 @pytest.mark.parametrize(("name", "code"), examples(), ids=[n for n, _ in examples()])
