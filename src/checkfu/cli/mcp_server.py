@@ -40,6 +40,7 @@ from checkfu.contract.members import Arg, EnvName
 from checkfu.contract.mounts import AbsolutePath
 from checkfu.contract.profile import SandboxProfile
 from checkfu.contract.target import ProviderName
+from checkfu.core.profiles import TAG
 from checkfu.runner import RunnerService
 
 SERVER_NAME = "checkfu"
@@ -71,12 +72,44 @@ Timeout = Annotated[float, Field(gt=0, le=86400, description="seconds before the
 Encoding = Annotated[
     Literal["utf-8", "base64"], Field(default="utf-8", description="how `content` carries the file's bytes")
 ]
+
+
+def _inlined(schema: dict[str, Any]) -> dict[str, Any]:
+    """``schema`` with every ``#/$defs/...`` reference replaced by what it names (so it can stand inside another)."""
+    defs = schema.get("$defs", {})
+
+    def walk(node: Any) -> Any:
+        if isinstance(node, dict):
+            ref = node.get("$ref")
+            if isinstance(ref, str) and ref.startswith("#/$defs/"):
+                return walk(defs[ref[len("#/$defs/") :]])
+            return {k: walk(v) for k, v in node.items() if k != "$defs"}
+        if isinstance(node, list):
+            return [walk(v) for v in node]
+        return node
+
+    out: dict[str, Any] = walk(schema)
+    return out
+
+
+def _profile_schema(schema: dict[str, Any]) -> None:
+    """A profile argument: a file's path, or the contract's ``SandboxProfile`` whose ``base_image`` may also be a
+    local tag (``checkfu/debian:12``, pinned at admission as ``checkfu run`` pins it)."""
+    profile = _inlined(SandboxProfile.model_json_schema())
+    image = profile["properties"]["base_image"]
+    profile["properties"]["base_image"] = {"anyOf": [image, {"type": "string", "pattern": TAG.pattern}]}
+    schema.pop("anyOf", None)
+    schema.pop("type", None)
+    schema["anyOf"] = [{"type": "string", "description": "a profile file's path"}, profile, {"type": "null"}]
+
+
 Profile = Annotated[
-    str | SandboxProfile | None,
+    str | dict[str, Any] | None,
     Field(
         default=None,
         description="a profile file's path (on the server's machine), or a profile itself; "
         "default: the server's --profile, else the provider's built-in one",
+        json_schema_extra=_profile_schema,
     ),
 ]
 SandboxId = Annotated[str, Field(pattern=r"^sb-[0-9a-f]{1,40}$", description="a sandbox id, as sandbox_create gave")]
@@ -265,7 +298,7 @@ class Tools:
         self.profile = profile
         self.held: dict[str, Any] = {}
 
-    def _profile(self, given: str | SandboxProfile | None) -> str | SandboxProfile | None:
+    def _profile(self, given: str | dict[str, Any] | None) -> str | dict[str, Any] | None:
         return self.profile if given is None else given
 
     async def _sandbox(self, sandbox_id: str) -> Any:
