@@ -40,6 +40,7 @@ from checkfu.contract.members import Arg, EnvName
 from checkfu.contract.mounts import AbsolutePath
 from checkfu.contract.profile import SandboxProfile
 from checkfu.contract.target import ProviderName
+from checkfu.core.job import QuietObserver
 from checkfu.core.profiles import TAG
 from checkfu.runner import RunnerService
 
@@ -254,31 +255,14 @@ def _text(data: bytes, cap: int = TOOL_OUTPUT_CAP) -> tuple[str, bool]:
     return data[:cap].decode("utf-8", "replace"), len(data) > cap
 
 
-class _Collector:
-    """What a Run printed, kept up to ``TOOL_OUTPUT_CAP`` per stream (the rest counted, not kept)."""
+class _Collector(QuietObserver):
+    """What a Run printed, kept up to ``TOOL_OUTPUT_CAP`` per stream (the rest counted, not kept), and what the
+    runner warned of; the rest of what a Run tells its observer is not for the agent."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.kept: dict[str, bytearray] = {"stdout": bytearray(), "stderr": bytearray()}
         self.cut: dict[str, bool] = {"stdout": False, "stderr": False}
-        self.warnings: list[str] = []
-
-    def phase(self, name: str, seconds: float) -> None:
-        pass
-
-    async def before(self, name: str) -> None:
-        pass
-
-    def warning(self, text: str) -> None:
-        self.warnings.append(text)
-
-    def selected(self, attempt: object) -> None:
-        pass
-
-    def stage_progress(self, done: int, total: int) -> None:
-        pass
-
-    def hash_progress(self, done: int, total: int) -> None:
-        pass
 
     def output(self, stream: str, data: bytes) -> None:
         name = "stderr" if stream in ("err", "stderr") else "stdout"
