@@ -287,10 +287,17 @@ class AsyncSandboxFiles:
         await self._shell('rm -rf -- "$1"', _admitted(path, "path"))
 
     async def make_dir(self, path: str) -> bool:
-        """Make the directory ``path`` and its parents; ``False`` if it was there already."""
-        if await self.exists(path):
+        """Make the directory ``path`` and its parents; ``False`` if it was there already.
+
+        Raises:
+            SandboxProviderFailed: something other than a directory is at ``path``, or it could not be made.
+        """
+        res = await self._sb._live.list_dir(_admitted(path, "path"), recursive=False)
+        if res.kind == "dir":
             return False
-        await self._shell('mkdir -p -- "$1"', _admitted(path, "path"))
+        if res.kind != "missing":
+            raise SandboxProviderFailed(f"path: {path} is a {res.kind}, not a directory", field="path")
+        await self._shell('mkdir -p -- "$1"', path)
         return True
 
     async def rename(self, old_path: str, new_path: str) -> None:
@@ -658,11 +665,17 @@ class AsyncSandbox:
     # E2B's and Modal's names, as thin calls
 
     async def kill(self) -> None:
-        """E2B's name for ``close``: release the sandbox."""
-        await self.close()
+        """E2B's ``kill``: release the sandbox, also one attached with ``connect`` (``close`` only lets go of
+        that one). Idempotent."""
+        await self._end()
 
     async def terminate(self) -> None:
-        """Modal's name for ``close``: release the sandbox."""
+        """Modal's ``terminate``: the same as ``kill``."""
+        await self._end()
+
+    async def _end(self) -> None:
+        if not self._closed and self._live_sb is not None:
+            self._attached = False  # ended by its holder, whoever made it
         await self.close()
 
     async def set_timeout(self, timeout: float) -> float:
@@ -687,7 +700,7 @@ class AsyncSandbox:
                 field="retention_mode",
             )
         info = await self.snapshot(keep=keep)
-        await self.close()
+        await self._end()
         return info.snapshot_id
 
 
@@ -964,12 +977,12 @@ class Sandbox:
         _run(self._inner.close)
 
     def kill(self) -> None:
-        """E2B's name for ``close``."""
-        _run(self._inner.close)
+        """E2B's ``kill``: release the sandbox, also one attached with ``connect``."""
+        _run(self._inner.kill)
 
     def terminate(self) -> None:
-        """Modal's name for ``close``."""
-        _run(self._inner.close)
+        """Modal's ``terminate``: the same as ``kill``."""
+        _run(self._inner.terminate)
 
     def set_timeout(self, timeout: float) -> float:
         """E2B's name for ``extend``."""

@@ -59,7 +59,7 @@ def test_cpus_and_durations() -> None:
         300,
         90,
     )
-    for bad in ("30x", "0", "-5s", "inf", "nan"):
+    for bad in ("30x", "0", "-5s", "inf", "nan", "99999999999d"):
         with pytest.raises(SandboxProfileInvalid) as caught:
             parse_seconds(bad, "--timeout")
         assert caught.value.field == "timeout"
@@ -147,6 +147,7 @@ def test_bad_flags_are_refused_by_name_before_any_work(dcli: Cli, engine: Any) -
         (["--memory", "256"], "--memory"),
         (["--cpus", "lots"], "--cpus"),
         (["--network", "host"], "--network"),
+        (["--network", "allow:,"], "--network"),
         (["--network", "none", "--allow", "pypi.org:443"], "--network"),
         (["--timeout", "30x"], "--timeout"),
         (["--image", "NOT A TAG"], "base_image"),

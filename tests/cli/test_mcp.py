@@ -313,3 +313,135 @@ def _children_named(name: str) -> list[int]:
         if stat[1] == me and any(part.endswith(name.encode()) for part in cmd[:2]):
             found.append(int(proc.name))
     return found
+
+
+class RawStdio:
+    """``checkfu mcp`` over stdio driven line by line (JSON-RPC), so the test holds its process and its stdin."""
+
+    def __init__(self, cli: Cli) -> None:
+        self.proc = subprocess.Popen(
+            [str(CHECKFU), "mcp", "--profile", str(PROFILE)],
+            env=cli.env({}),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        self.next_id = 0
+        self.ask(
+            "initialize",
+            {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}},
+        )
+        self.tell("notifications/initialized")
+
+    def tell(self, method: str, params: dict[str, Any] | None = None) -> None:
+        assert self.proc.stdin is not None
+        message = {"jsonrpc": "2.0", "method": method, **({"params": params} if params else {})}
+        self.proc.stdin.write(json.dumps(message).encode() + b"\n")
+        self.proc.stdin.flush()
+
+    def ask(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.next_id += 1
+        message = {"jsonrpc": "2.0", "id": self.next_id, "method": method, "params": params}
+        self.proc.stdin.write(json.dumps(message).encode() + b"\n")
+        self.proc.stdin.flush()
+        while True:
+            line = self.proc.stdout.readline()
+            assert line, self.proc.stderr.read().decode() if self.proc.stderr else "no answer"
+            answer = json.loads(line)
+            if answer.get("id") == self.next_id:
+                return dict(answer.get("result") or answer)
+
+    def tool(self, name: str, **arguments: Any) -> dict[str, Any]:
+        result = self.ask("tools/call", {"name": name, "arguments": arguments})
+        assert not result.get("isError"), result
+        return dict(result["structuredContent"])
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize(("signum", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_signal_with_stdin_still_open_releases_and_exits(
+    dcli: Cli,  # noqa: F811
+    engine: Any,  # noqa: F811
+    signum: int,
+    code: int,
+) -> None:
+    server = RawStdio(dcli)
+    try:
+        server.tool("sandbox_create")
+        assert leftovers(engine, dcli.tag) != []
+        server.proc.send_signal(signum)  # stdin stays open: the client did not go
+        assert server.proc.wait(timeout=60) == code
+    finally:
+        if server.proc.poll() is None:
+            server.proc.kill()
+        _, said = server.proc.communicate(timeout=30)
+    assert b"Traceback" not in said, said
+    assert leftovers(engine, dcli.tag) == []
+    assert dcli.json("ps")["sandboxes"] == []
+
+
+@pytest.mark.docker
+def test_a_sandbox_the_server_did_not_make_outlives_it(dcli: Cli, engine: Any) -> None:  # noqa: F811
+    made = dcli.json("sandbox", "create", "--profile", str(PROFILE))["sandbox_id"]
+    try:
+
+        async def agent() -> None:
+            async with over_stdio(dcli) as session:
+                listed = await call(session, "list_files", sandbox_id=made, path="/home/sandbox")
+                assert listed["kind"] == "dir"
+
+        asyncio.run(asyncio.wait_for(agent(), 120))
+        [row] = dcli.json("ps")["sandboxes"]
+        assert (row["id"], row["state"]) == (made, "live")  # let go of, not released
+        assert dcli("exec", made, "--", "true").code == 0
+    finally:
+        dcli("sandbox", "rm", made)
+
+
+@pytest.mark.docker
+def test_read_file_is_capped_and_text_is_text(dcli: Cli, engine: Any) -> None:  # noqa: F811
+    async def agent() -> None:
+        async with over_stdio(dcli) as session:
+            sid = (await call(session, "sandbox_create"))["sandbox_id"]
+            await call(
+                session,
+                "exec",
+                sandbox_id=sid,
+                command=["sh", "-c", "head -c 3000000 /dev/zero | tr '\\0' a > /tmp/big"],
+            )
+            big = await call(session, "read_file", sandbox_id=sid, path="/tmp/big")
+            assert (big["bytes"], big["truncated"], len(big["content"])) == (3_000_000, True, 1 << 20)
+            await call(session, "write_file", sandbox_id=sid, path="/tmp/bin", content="/w==", encoding="base64")
+            binary = await refused(session, "read_file", sandbox_id=sid, path="/tmp/bin")
+            assert (binary["code"], binary["field"]) == ("SandboxProfileInvalid", "encoding"), binary
+            raw = await call(session, "read_file", sandbox_id=sid, path="/tmp/bin", encoding="base64")
+            assert (raw["content"], raw["truncated"]) == ("/w==", False)
+
+            # a remove racing an exec: the exec answers that the sandbox went, not a command's exit
+            running = asyncio.ensure_future(session.call_tool("exec", {"sandbox_id": sid, "command": ["sleep", "20"]}))
+            await asyncio.sleep(1.5)
+            removals = await asyncio.gather(
+                session.call_tool("remove", {"id": sid}), session.call_tool("remove", {"id": sid})
+            )
+            assert sorted(r.is_error for r in removals) == [False, True]
+            second = next(r for r in removals if r.is_error).structured_content["error"]  # type: ignore[index]
+            assert second["code"] == "SandboxNotFound", second
+            raced = await running
+            assert raced.is_error and raced.structured_content["error"]["code"] in (  # type: ignore[index]
+                "SandboxNotFound",
+                "SandboxLeaseFenced",
+            ), raced.structured_content
+
+    asyncio.run(asyncio.wait_for(agent(), 180))
+    assert leftovers(engine, dcli.tag) == []
+
+
+def test_a_token_file_is_its_first_line_and_a_missing_one_is_named(dcli: Cli, tmp_path: Path) -> None:  # noqa: F811
+    from checkfu.cli.mcp_server import _token  # noqa: PLC0415
+
+    two = tmp_path / "token"
+    two.write_text("first-line-token-0123456789\nsecond line\n")
+    assert _token(two)[0] == "first-line-token-0123456789"
+    done = dcli("mcp", "--http", "127.0.0.1:0", "--token-file", str(tmp_path / "missing"), timeout=30)
+    assert done.code == 125 and "--token-file" in done.said and "Traceback" not in done.err, done.err

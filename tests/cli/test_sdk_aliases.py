@@ -132,3 +132,23 @@ def test_the_async_names(sdk: Cli) -> None:
             await sb.kill()
 
     asyncio.run(body())
+
+
+def test_kill_ends_a_sandbox_it_connected_to(sdk: Cli) -> None:
+    made = sdk.json("sandbox", "create", "--profile", EPHEMERAL)["sandbox_id"]
+    Sandbox.connect(made).kill()  # E2B's way to end a sandbox made elsewhere
+    assert sdk.json("ps")["sandboxes"] == []
+    other = sdk.json("sandbox", "create", "--profile", EPHEMERAL)["sandbox_id"]
+    held = Sandbox.connect(other)
+    held.close()  # close of a connected one only lets go
+    assert [s["id"] for s in sdk.json("ps")["sandboxes"]] == [other]
+    Sandbox.connect(other).terminate()
+    assert sdk.json("ps")["sandboxes"] == []
+
+
+def test_make_dir_over_a_file_is_refused(sdk: Cli) -> None:
+    with Sandbox.create(profile=EPHEMERAL) as sb:
+        sb.files.write("/tmp/f", "x")
+        with pytest.raises(SandboxProviderFailed) as caught:
+            sb.files.make_dir("/tmp/f")
+        assert caught.value.field == "path" and "not a directory" in caught.value.message

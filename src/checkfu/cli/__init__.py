@@ -51,7 +51,8 @@ def main() -> None:
         from checkfu.cli import quick  # noqa: PLC0415 - stdlib only: `ps` with nothing to list or reclaim
 
         quick.main(sys.argv[1:])
-    serving = sys.argv[1:2] != ["server"] and _server_mode() != "off"
+    # `checkfu mcp` lives long and ends on a signal with its own cleanup: it gains nothing from a warm start
+    serving = sys.argv[1:2] not in (["server"], ["mcp"]) and _server_mode() != "off"
     if serving:
         from checkfu.cli import startup  # noqa: PLC0415 - stdlib only
 

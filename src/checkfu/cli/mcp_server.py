@@ -18,6 +18,7 @@ command if it is killed.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import hmac
@@ -27,7 +28,7 @@ import os
 import secrets
 import signal
 import sys
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -220,7 +221,8 @@ class Read(BaseModel):
     content: str
     encoding: Literal["utf-8", "base64"]
     mode: int
-    bytes: int
+    bytes: int = Field(description="the file's whole size")
+    truncated: bool = Field(description="only the first 1 MiB is in content")
 
 
 class Entry(BaseModel):
@@ -281,16 +283,34 @@ class Tools:
         self.provider = provider
         self.profile = profile
         self.held: dict[str, Any] = {}
+        self.made: set[str] = set()
+        """The sandboxes this server made (released when it ends); any other it holds was attached (let go of)."""
+        self.locks: dict[str, asyncio.Lock] = {}
 
     def _profile(self, given: str | dict[str, Any] | None) -> str | dict[str, Any] | None:
         return self.profile if given is None else given
 
+    def _lock(self, sandbox_id: str) -> asyncio.Lock:
+        return self.locks.setdefault(sandbox_id, asyncio.Lock())
+
     async def _sandbox(self, sandbox_id: str) -> Any:
-        live = self.held.get(sandbox_id)
-        if live is None:
-            live = await self.service.attach_sandbox(sandbox_id)
-            self.held[sandbox_id] = live
-        return live
+        """The live sandbox ``sandbox_id``: one this server holds, else attached once (made by anyone)."""
+        async with self._lock(sandbox_id):
+            live = self.held.get(sandbox_id)
+            if live is None:
+                live = await self.service.attach_sandbox(sandbox_id)
+                self.held[sandbox_id] = live
+            return live
+
+    def _gone_meanwhile(self, sandbox_id: str) -> None:
+        """Raise when ``sandbox_id`` was removed through this server while a call on it ran (its answer would be
+        the sandbox's end, not the command's).
+
+        Raises:
+            SandboxNotFound: it was (field ``sandbox_id``).
+        """
+        if sandbox_id not in self.held:
+            raise SandboxNotFound(f"sandbox_id: {sandbox_id} was removed while the call ran", field="sandbox_id")
 
     async def run(self, a: RunIn) -> Ran:
         seen = _Collector()
@@ -319,11 +339,13 @@ class Tools:
             a.provider or self.provider, profile=self._profile(a.profile), ttl=a.ttl
         )
         self.held[live.sandbox_id] = live
+        self.made.add(live.sandbox_id)
         return Made(sandbox_id=live.sandbox_id, provider=live.record.provider, expires_at=live.record.expires_at)
 
     async def exec(self, a: ExecIn) -> Ran:
         live = await self._sandbox(a.sandbox_id)
         res = await live.exec(a.command, env=dict(a.env), cwd=a.cwd, stdin=a.stdin.encode("utf-8"), timeout=a.timeout)
+        self._gone_meanwhile(a.sandbox_id)
         out, out_cut = _text(res.stdout)
         err, err_cut = _text(res.stderr)
         return Ran(
@@ -348,8 +370,27 @@ class Tools:
             raise SandboxNotFound(f"path: no file at {a.path} in {a.sandbox_id}", field="path")
         f = got.files[0]
         data = bytes(f.data)
-        content = base64.b64encode(data).decode() if a.encoding == "base64" else data.decode("utf-8", "replace")
-        return Read(path=f.path, content=content, encoding=a.encoding, mode=f.mode, bytes=len(data))
+        kept = data[:TOOL_OUTPUT_CAP]
+        if a.encoding == "base64":
+            content = base64.b64encode(kept).decode()
+        else:
+            try:
+                content = kept.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                if exc.start < len(kept) - 3 or len(data) <= TOOL_OUTPUT_CAP:  # not a character cut at the cap
+                    raise SandboxProfileInvalid(
+                        f"encoding: {a.path} is not UTF-8 text (byte {exc.start}); read it with encoding base64",
+                        field="encoding",
+                    ) from None
+                content = kept[: exc.start].decode("utf-8")
+        return Read(
+            path=f.path,
+            content=content,
+            encoding=a.encoding,
+            mode=f.mode,
+            bytes=len(data),
+            truncated=len(data) > TOOL_OUTPUT_CAP,
+        )
 
     async def list_files(self, a: ListIn) -> Listed:
         live = await self._sandbox(a.sandbox_id)
@@ -369,6 +410,7 @@ class Tools:
     async def resume(self, a: ResumeIn) -> Made:
         live = await self.service.resume_snapshot(a.snapshot_id, ttl=a.ttl)
         self.held[live.sandbox_id] = live
+        self.made.add(live.sandbox_id)
         return Made(sandbox_id=live.sandbox_id, provider=live.record.provider, expires_at=live.record.expires_at)
 
     async def remove(self, a: RemoveIn) -> Removed:
@@ -376,16 +418,23 @@ class Tools:
             await self.service.delete_snapshot(a.id)
             return Removed(id=a.id, removed=True)
         live = await self._sandbox(a.id)
-        self.held.pop(a.id, None)
-        await live.release()
+        async with self._lock(a.id):
+            if self.held.pop(a.id, None) is None:
+                raise SandboxNotFound(f"id: {a.id} was removed already", field="id")
+            self.made.discard(a.id)
+            await live.release()
         return Removed(id=a.id, removed=True)
 
     async def close(self) -> None:
-        """Release every sandbox this server made or attached (the server's own end; nothing is kept)."""
+        """The server's end: release every sandbox it made; let go of the ones it only attached (made by someone
+        else, they live on until removed or their time-to-live passes)."""
         while self.held:
-            _, live = self.held.popitem()
-            with contextlib.suppress(SandboxError):
-                await live.release()
+            sandbox_id, live = self.held.popitem()
+            if sandbox_id in self.made:
+                with contextlib.suppress(SandboxError):
+                    await live.release()
+            else:
+                live.detach()
 
 
 def _decode(content: str, encoding: str) -> bytes:
@@ -555,7 +604,13 @@ def _token(token_file: Path | None) -> tuple[str, str]:
     """The bearer token and where it came from: ``--token-file``, else ``CHECKFU_MCP_TOKEN``, else a new one written
     (owner-only) to ``mcp-token`` in the state directory."""
     if token_file is not None:
-        text = token_file.read_text(encoding="utf-8").strip()
+        try:
+            lines = token_file.read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise SandboxProfileInvalid(
+                f"--token-file: cannot read {token_file}: {getattr(exc, 'strerror', None) or exc}", field="--token-file"
+            ) from None
+        text = lines[0].strip() if lines else ""
         if len(text) < 16:
             raise SandboxProfileInvalid(
                 f"--token-file: {token_file} holds {len(text)} characters; a token needs 16 or more",
@@ -586,13 +641,31 @@ async def serve_stdio(tools: Tools) -> None:
         await server.run(read, write, server.create_initialization_options())
 
 
-async def serve_http(tools: Tools, host: str, port: int, token: str, said: Callable[[str], None]) -> None:
+async def serve_http(
+    tools: Tools, host: str, port: int, token: str, said: Callable[[str], None], stopping: asyncio.Event
+) -> None:
     import socket  # noqa: PLC0415
 
     import uvicorn  # noqa: PLC0415
+    from mcp.server.transport_security import TransportSecuritySettings  # noqa: PLC0415
+
+    class Quiet(uvicorn.Server):
+        """uvicorn without its own signal handlers: ``checkfu mcp`` stops it (and releases its sandboxes first)."""
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            yield
 
     server = build_server(tools)
-    app = _bearer(token, server.streamable_http_app(host=host))
+    shown_host = f"[{host}]" if ":" in host else host
+    # the Host (and Origin) a request may name: this address only, so a page of another site cannot reach it
+    # through a name that resolves to loopback (DNS rebinding)
+    security = TransportSecuritySettings(
+        enable_dns_rebinding_protection=True,
+        allowed_hosts=[f"{shown_host}:*", *(["localhost:*"] if host == "127.0.0.1" else [])],
+        allowed_origins=[f"http://{shown_host}:*", *(["http://localhost:*"] if host == "127.0.0.1" else [])],
+    )
+    app = _bearer(token, server.streamable_http_app(host=host, transport_security=security))
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -602,7 +675,16 @@ async def serve_http(tools: Tools, host: str, port: int, token: str, said: Calla
     shown = f"[{host}]" if family == socket.AF_INET6 else host
     said(f"checkfu mcp: listening on http://{shown}:{bound}/mcp")
     config = uvicorn.Config(app, log_level="warning", lifespan="on")
-    await uvicorn.Server(config).serve(sockets=[sock])
+    web = Quiet(config)
+    serving = asyncio.ensure_future(web.serve(sockets=[sock]))
+    waiting = asyncio.ensure_future(stopping.wait())
+    await asyncio.wait({serving, waiting}, return_when=asyncio.FIRST_COMPLETED)
+    waiting.cancel()
+    web.should_exit = True
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(asyncio.shield(serving), 5)
+    if serving.done() and not serving.cancelled() and serving.exception() is not None:
+        raise serving.exception()  # type: ignore[misc]
 
 
 ProviderOpt = Annotated[
@@ -651,7 +733,6 @@ def mcp_command(
 ) -> None:
     """Serve sandboxes as MCP tools (stdio, or streamable HTTP on loopback with a bearer token): run,
     sandbox_create, exec, write_file, read_file, list_files, snapshot, resume, remove."""
-    import asyncio  # noqa: PLC0415
 
     def said(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
@@ -662,43 +743,52 @@ def mcp_command(
         said("checkfu mcp: the MCP SDK is not installed: pip install 'checkfu[mcp]'")
         raise typer.Exit(125) from None
 
-    async def main() -> None:
+    async def main() -> int:
+        """Serve until the client goes (0) or a signal comes (128 + it); the sandboxes are released either way."""
         from checkfu.cli.state import config  # noqa: PLC0415
 
         where = loopback_address(http) if http is not None else None
         token = _token(token_file) if where is not None else None
+        loop = asyncio.get_running_loop()
+        stopping = asyncio.Event()
+        got: list[int] = []
+
+        def on_signal(signum: int) -> None:
+            if not got:  # a second signal while the first is handled changes nothing
+                got.append(signum)
+                stopping.set()
+
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, on_signal, sig)
         service = await RunnerService.open_async(config(db, adapters), notice=said)
         tools = Tools(service, provider, None if profile is None else str(profile))
         try:
             if where is None:
-                await serve_stdio(tools)
+                # stdin is read by a thread no cancellation reaches: on a signal, stop waiting for it
+                serving = asyncio.ensure_future(serve_stdio(tools))
+                waiting = asyncio.ensure_future(stopping.wait())
+                await asyncio.wait({serving, waiting}, return_when=asyncio.FIRST_COMPLETED)
+                waiting.cancel()
+                if serving.done():
+                    serving.result()
             else:
                 assert token is not None
                 said(f"checkfu mcp: bearer token from {token[1]}")
-                await serve_http(tools, where[0], where[1], token[0], said)
+                await serve_http(tools, where[0], where[1], token[0], said, stopping)
         finally:
             await tools.close()
             service.close()
+        if got:
+            # Told to stop, maybe with stdin still open: the thread reading it would hold up the loop's and the
+            # interpreter's end. What this server held is released and its journal closed: end here.
+            for stream in (sys.stdout, sys.stderr):
+                with contextlib.suppress(OSError, ValueError):
+                    stream.flush()
+            os._exit(128 + got[0])
+        return 0
 
-    def stop(signum: int, _frame: object) -> None:
-        raise Stopped(signum)
-
-    # SIGTERM and SIGINT end the server the same way: its sandboxes are released, then it exits 143 or 130 (uvicorn
-    # gives a signal it caught back to this handler once it has shut down).
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
     try:
         asyncio.run(main())
     except SandboxError as exc:
         said(f"checkfu mcp: {exc.code}: {exc.message}")
         raise typer.Exit(125) from None
-    except Stopped as stopped:
-        raise typer.Exit(128 + stopped.signum) from None
-
-
-class Stopped(Exception):
-    """The server was told to stop by a signal."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signum)
-        self.signum = signum

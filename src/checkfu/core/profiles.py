@@ -255,7 +255,7 @@ def parse_network(values: tuple[str, ...]) -> dict[str, Any]:
     for value in values:
         if value == "none":
             none = True
-        elif value.startswith("allow:") and len(value) > len("allow:"):
+        elif value.startswith("allow:") and any(v.strip() for v in value[len("allow:") :].split(",")):
             allow.extend(v.strip() for v in value[len("allow:") :].split(",") if v.strip())
         else:
             raise SandboxProfileInvalid(
@@ -340,6 +340,8 @@ def describe_resolved(profile: SandboxProfile, timeout: float | None = None) -> 
     return out
 
 
+MAX_SECONDS = 366 * 86400.0
+"""The longest duration a flag takes: a year (a longer one is a slip of the unit, not a plan)."""
 _DURATION = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([smhd]?)\s*$")
 _DURATION_UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
@@ -355,9 +357,10 @@ def parse_seconds(text: str | float, flag: str) -> float:
     else:
         m = _DURATION.match(text)
         seconds = float(m.group(1)) * _DURATION_UNITS[m.group(2)] if m is not None else -1.0
-    if not 0 < seconds < float("inf"):  # also refuses nan
+    if not 0 < seconds <= MAX_SECONDS:  # also refuses nan
         raise SandboxProfileInvalid(
-            f"{flag}: {str(text)[:40]!r} is not a duration: write it as 30s, 5m, 2h or a number of seconds",
+            f"{flag}: {str(text)[:40]!r} is not a duration up to a year: write it as 30s, 5m, 2h or a number of "
+            "seconds",
             field=flag.lstrip("-"),
         )
     return seconds
