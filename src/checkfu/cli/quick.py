@@ -17,7 +17,7 @@ import stat
 import sys
 import time
 
-HEAD = "0007"
+HEAD = "0008"
 """The journal schema this code writes (``checkfu.core.migrate.HEAD``; a test keeps the two equal)."""
 
 EMPTY_JSON = '{"ok": true, "sandboxes": [], "runs": [], "snapshots": []}'

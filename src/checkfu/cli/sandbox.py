@@ -108,16 +108,43 @@ def _fail(exc: SandboxError | JournalError, as_json: bool, code: int = EXIT_FAIL
 
 
 def _run(body: Callable[[], Awaitable[T]], as_json: bool) -> T:
+    got: list[int] = []
+
     async def main() -> T:
-        return await body()
+        # SIGINT and SIGTERM cancel the command, so that it undoes what it had begun (a snapshot's capture, a
+        # clone's or a resume's new sandbox) on its way out, as `checkfu run` does; a second one is not waited for.
+        task = asyncio.current_task()
+        loop = asyncio.get_running_loop()
+
+        def on_signal(signum: int) -> None:
+            got.append(signum)
+            if task is not None and len(got) == 1:
+                task.cancel()
+            else:
+                raise KeyboardInterrupt
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, on_signal, sig)
+        try:
+            return await body()
+        finally:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)
 
     try:
         return asyncio.run(main())
     except (SandboxError, JournalError) as exc:
         _fail(exc, as_json)
-    except KeyboardInterrupt:
-        err.print("[bold red]interrupted[/]")
-        raise typer.Exit(130) from None
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        signum = got[0] if got else signal.SIGINT
+        name = signal.Signals(signum).name
+        err.print(
+            f"[bold red]interrupted[/] by {name}: what this command had begun is undone as far as it could be; "
+            "`checkfu ps` shows what is live, and `checkfu runner reconcile` finishes anything left"
+        )
+        if as_json:
+            print(json.dumps({"ok": False, "exit_code": 128 + signum, "interrupted": name}))
+        raise typer.Exit(128 + signum) from None
 
 
 def _emit(as_json: bool, doc: dict[str, Any], line: str) -> None:

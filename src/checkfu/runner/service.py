@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import sys
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from checkfu.core.reconcile import ReapReport, ReconcileReport
     from checkfu.core.registry import Registry
     from checkfu.core.runner import Runner
-    from checkfu.core.sandboxes import LiveSandbox, Reclaimed, SandboxHost
+    from checkfu.core.sandboxes import CutShort, LiveSandbox, Reclaimed, SandboxHost
     from checkfu.runner.submission import RunResult
     from checkfu.wire.credentials import Credential
 
@@ -518,7 +518,17 @@ class RunnerService:
         ambiguous = registry.ambiguity()
         if ambiguous is not None:
             raise ambiguous
-        return await reconcile(self.journal, registry, SystemClock(), runner_tag=self.tag)
+
+        async def loaded(_: set[Wanted]) -> Registry:
+            return registry
+
+        # A snapshot cut short belongs to a sandbox that lives on, whose lease reconciliation leaves alone: it is
+        # undone first (the house keeping at opening did, unless it could not), and counted in the report.
+        cut = await self.settle_cut_short(loaded)
+        report = await reconcile(self.journal, registry, SystemClock(), runner_tag=self.tag)
+        report.compensated[:0] = [c.allocation_key for c in cut if c.error is None]
+        report.failed.update({c.allocation_key: c.error for c in cut if c.error is not None})
+        return report
 
     def fleet(
         self,
@@ -659,17 +669,23 @@ class RunnerService:
             await self.reap_orphans()
 
     async def reclaim_sandboxes(self) -> list[Reclaimed]:
-        """Reclaim this runner's long-lived sandboxes past their time-to-live or whose owner is gone."""
-        from checkfu.core.sandboxes import due_for_sweep, sweep  # noqa: PLC0415
+        """Reclaim this runner's long-lived sandboxes past their time-to-live or whose owner is gone, and undo the
+        snapshots of them whose command died while taking them."""
+        from checkfu.core.sandboxes import cut_short, due_for_sweep, sweep  # noqa: PLC0415
 
         try:
-            if not due_for_sweep(self.journal, self.tag):
-                return []
+            due = bool(due_for_sweep(self.journal, self.tag))
+            cut = bool(cut_short(self.journal, self.tag))
         except Exception:  # a journal too old to hold sandboxes, or one that cannot be read: nothing to reclaim
             return []
 
         async def registry_for(wanted: set[Wanted]) -> Registry:
             return await self.adapters(wanted, adapters_file=False)
+
+        if cut:
+            await self.settle_cut_short(registry_for)
+        if not due:
+            return []
 
         try:
             done = await sweep(self.journal, self.tag, registry_for)
@@ -682,6 +698,31 @@ class RunnerService:
             else:
                 self.notice(f"reclaimed sandbox {r.sandbox_id}: {r.reason}")
         self.reclaimed = done
+        return done
+
+    async def settle_cut_short(self, registry_for: Callable[[set[Wanted]], Awaitable[Registry]]) -> list[CutShort]:
+        """Undo this runner's snapshots whose command died while taking them (``checkfu.core.sandboxes``), saying
+        what was done through ``notice``."""
+        from checkfu.core.sandboxes import settle_cut_short  # noqa: PLC0415
+
+        try:
+            done = await settle_cut_short(self.journal, self.tag, registry_for)
+        except Exception as exc:
+            self.notice(f"warning: snapshots cut short by a command that died were left for the next command: {exc}")
+            return []
+        for c in done:
+            if c.error:
+                self.notice(
+                    f"warning: snapshot {c.snapshot_ref} of sandbox {c.sandbox_id} was cut short (the command taking "
+                    f"it is gone) and could not be undone: {c.error}; the next command, or `checkfu runner "
+                    "reconcile`, tries again"
+                )
+            else:
+                self.notice(
+                    f"checkfu: snapshot {c.snapshot_ref} of sandbox {c.sandbox_id} was cut short (the command taking "
+                    "it is gone): whatever the provider made of it is removed, and the sandbox is thawed if it was "
+                    "left paused"
+                )
         return done
 
     async def sweep_snapshots(self) -> ExpiryReport | None:
