@@ -110,7 +110,8 @@ def tagged(engine: Any, tag: str, kind: str) -> list[dict[str, Any]]:  # noqa: F
 
 
 def paused(engine: Any, key: str) -> bool:  # noqa: F811
-    (c,) = engine.api.containers(all=True, filters={"label": [f"checkfu.allocation_key={key}", "checkfu.kind=instance"]})
+    flt = {"label": [f"checkfu.allocation_key={key}", "checkfu.kind=instance"]}
+    (c,) = engine.api.containers(all=True, filters=flt)
     return bool(engine.api.inspect_container(c["Id"])["State"]["Paused"])
 
 
@@ -157,9 +158,8 @@ def test_a_snapshot_interrupted_while_its_source_is_paused_leaves_nothing(
 ) -> None:
     sandbox_id, key, run_id = source(dcli)
     resume = tmp_path / "go"
-    held = start(
-        dcli, [sys.executable, str(CAPTUREPOINT), "snapshot", sandbox_id, "--json"], CAPTUREPOINT_RESUME_FILE=str(resume)
-    )
+    argv = [sys.executable, str(CAPTUREPOINT), "snapshot", sandbox_id, "--json"]
+    held = start(dcli, argv, CAPTUREPOINT_RESUME_FILE=str(resume))
     held.wait_for("capturepoint paused", timeout=90)
     assert paused(engine, key) is True  # seen from outside: the moment that matters
     signal_held(held, sig, resume)
@@ -202,9 +202,8 @@ def test_a_resume_interrupted_once_its_sandbox_is_made_leaves_nothing(
     snap = dcli.json("snapshot", sandbox_id)["snapshot_id"]
     resume = tmp_path / "go"
     point = "answered:resume#1"
-    held = start(
-        dcli, [sys.executable, str(KILLPOINT), point, "cli", "resume", snap, "--json"], KILLPOINT_RESUME_FILE=str(resume)
-    )
+    argv = [sys.executable, str(KILLPOINT), point, "cli", "resume", snap, "--json"]
+    held = start(dcli, argv, KILLPOINT_RESUME_FILE=str(resume))
     held.wait_for(f"killpoint {point}", timeout=90)
     assert len(tagged(engine, dcli.tag, "instance")) == 2  # the provider made the resumed sandbox
     signal_held(held, sig, resume)
