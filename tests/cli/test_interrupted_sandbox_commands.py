@@ -248,3 +248,50 @@ def test_an_exec_that_finds_the_container_gone_settles_the_sandbox_and_its_run(
     assert tagged(engine, dcli.tag, "instance") == []
     again = dcli("exec", sandbox_id, "--", "true")
     assert again.code == 125 and "failed" in again.said, str(again)
+
+
+def test_a_sandbox_whose_making_failed_after_the_provider_made_it_is_recorded_failed_not_refused(
+    dcli: Cli,  # noqa: F811
+    engine: Any,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """Once the provider made the sandbox, a failure is the Run's (``failed``), not a refusal (``refused:...``, a
+    Run that never got a sandbox)."""
+    resume = tmp_path / "go"
+    point = "answered:provision#1"
+    argv = [sys.executable, str(KILLPOINT), point, "cli", "sandbox", "create", "--profile", PROFILE, "--json"]
+    held = start(dcli, argv, KILLPOINT_RESUME_FILE=str(resume))
+    held.wait_for(f"killpoint {point}", timeout=90)
+    (made,) = tagged(engine, dcli.tag, "instance")
+    engine.api.remove_container(made["Id"], force=True, v=True)  # gone before it is activated
+    resume.touch()
+    assert held.proc.wait(timeout=120) == 125, held.stderr()
+    j = journal_of(dcli)
+    try:
+        (run,) = j.list_runs(10)
+    finally:
+        j.close()
+    assert run.status == "failed", run
+    assert unsettled(dcli) == ([], [], [], [])
+    assert tagged(engine, dcli.tag, "instance") == []
+
+
+def test_an_orphan_on_the_default_engine_is_pointed_to_with_docker_host_unset(
+    dcli: Cli,  # noqa: F811
+    engine: Any,  # noqa: F811
+) -> None:
+    """A Run made on the default engine (``DOCKER_HOST`` unset), seen from a command that names another engine:
+    the way back is ``env -u DOCKER_HOST``, never ``DOCKER_HOST=default`` (which names no engine)."""
+    point = "answered:openProcess#1"
+    argv = [sys.executable, str(KILLPOINT), point, "cli", "run", "--profile", PROFILE, "--", "sleep", "31.5"]
+    held = start(dcli, argv, DOCKER_HOST="")
+    held.wait_for(f"killpoint {point}", timeout=90)
+    held.send(signal.SIGKILL)
+    held.proc.wait(timeout=30)
+    elsewhere = dcli("runs", "list", DOCKER_HOST="unix:///var/run/docker.sock")
+    assert "its sandbox is on another Docker engine (default)" in elsewhere.said, str(elsewhere)
+    assert "`env -u DOCKER_HOST checkfu runs list`" in elsewhere.said, str(elsewhere)
+    assert "DOCKER_HOST=default" not in elsewhere.said, str(elsewhere)
+    done = dcli("runner", "reconcile", "--json", DOCKER_HOST="")
+    assert done.code == 0, str(done)
+    assert tagged(engine, dcli.tag, "instance") == []

@@ -926,8 +926,13 @@ class SandboxHost:
                 expires_at=until,
             )
             status = "live"
+        except asyncio.CancelledError:
+            status = "interrupted"
+            raise
         except SandboxError as exc:
-            status = f"refused:{exc.code}"
+            # A refusal is a Run that never got a sandbox: nothing was journaled for the provider to make. Once
+            # something was, the provider was at work, and the making failed.
+            status = "failed" if session.core.rows else f"refused:{exc.code}"
             raise
         finally:
             if status != "live":

@@ -781,7 +781,7 @@ class RunnerService:
                 gone.remove(orphan)
                 say(
                     f"checkfu: Run {orphan.run_id} is orphaned, and its sandbox is on another Docker engine "
-                    f"({engine}); reap it from there: `DOCKER_HOST={engine} checkfu runs list`"
+                    f"({engine}); reap it from there: `{_reach(engine)} checkfu runs list`"
                 )
         if not gone:
             return None
@@ -816,6 +816,16 @@ class RunnerService:
             for key, why in report.left.items():
                 say(f"  {key}: {why[:300]}")
         return report
+
+
+def _reach(engine: str) -> str:
+    """The environment a command needs to reach the Docker engine recorded as ``engine``: the default one is the
+    engine reached with ``DOCKER_HOST`` unset (never ``DOCKER_HOST=default``)."""
+    import shlex  # noqa: PLC0415
+
+    from checkfu.runner.config import DEFAULT_ENGINE  # noqa: PLC0415
+
+    return "env -u DOCKER_HOST" if engine == DEFAULT_ENGINE else f"DOCKER_HOST={shlex.quote(engine)}"
 
 
 def _command_name() -> str:
