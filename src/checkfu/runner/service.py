@@ -524,7 +524,7 @@ class RunnerService:
 
         # A snapshot cut short belongs to a sandbox that lives on, whose lease reconciliation leaves alone: it is
         # undone first (the house keeping at opening did, unless it could not), and counted in the report.
-        cut = await self.settle_cut_short(loaded)
+        cut = await self._settle_cut_short(loaded)
         report = await reconcile(self.journal, registry, SystemClock(), runner_tag=self.tag)
         report.compensated[:0] = [c.allocation_key for c in cut if c.error is None]
         report.failed.update({c.allocation_key: c.error for c in cut if c.error is not None})
@@ -683,7 +683,7 @@ class RunnerService:
             return await self.adapters(wanted, adapters_file=False)
 
         if cut:
-            await self.settle_cut_short(registry_for)
+            await self._settle_cut_short(registry_for)
         if not due:
             return []
 
@@ -700,7 +700,7 @@ class RunnerService:
         self.reclaimed = done
         return done
 
-    async def settle_cut_short(self, registry_for: Callable[[set[Wanted]], Awaitable[Registry]]) -> list[CutShort]:
+    async def _settle_cut_short(self, registry_for: Callable[[set[Wanted]], Awaitable[Registry]]) -> list[CutShort]:
         """Undo this runner's snapshots whose command died while taking them (``checkfu.core.sandboxes``), saying
         what was done through ``notice``."""
         from checkfu.core.sandboxes import settle_cut_short  # noqa: PLC0415
