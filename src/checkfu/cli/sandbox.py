@@ -123,13 +123,18 @@ def _run(body: Callable[[], Awaitable[T]], as_json: bool) -> T:
             else:
                 raise KeyboardInterrupt
 
+        handled: list[signal.Signals] = []
         for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, on_signal, sig)
+            try:
+                loop.add_signal_handler(sig, on_signal, sig)
+            except (RuntimeError, ValueError):  # not the main thread (a command run in-process): signals stay as set
+                break
+            handled.append(sig)
         try:
             return await body()
         finally:
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                loop.remove_signal_handler(sig)
+            for taken in handled:
+                loop.remove_signal_handler(taken)
 
     try:
         return asyncio.run(main())

@@ -526,6 +526,7 @@ class RunnerService:
         # undone first (the house keeping at opening did, unless it could not), and counted in the report.
         cut = await self._settle_cut_short(loaded)
         report = await reconcile(self.journal, registry, SystemClock(), runner_tag=self.tag)
+        await self.reclaim_sandboxes()  # a sandbox whose Run this pass settled (its maker died) is settled with it
         report.compensated[:0] = [c.allocation_key for c in cut if c.error is None]
         report.failed.update({c.allocation_key: c.error for c in cut if c.error is not None})
         return report
