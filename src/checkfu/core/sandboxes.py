@@ -42,6 +42,7 @@ from checkfu.contract.errors import (
     SandboxLeaseFenced,
     SandboxNotFound,
     SandboxProfileInvalid,
+    SandboxStateConflict,
 )
 from checkfu.contract.lifecycle import RowKind, row_transition
 from checkfu.contract.members import MAX_KEEP_SECONDS, ExecResult, ListDirResult, ReadFilesResult
@@ -769,11 +770,12 @@ class SandboxHost:
         check_ttl(ttl)
         snap = self.book.snapshot(ref)
         if snap is None or snap.state != "present":
-            raise SandboxNotFound(
-                f"snapshot: no snapshot {ref!r} in this journal"
-                + (" (it was deleted)" if snap is not None else " (`checkfu ps` lists them)"),
-                field="snapshot",
-            )
+            why = {
+                None: " (`checkfu ps` lists them)",
+                "pending": " yet (it is still being taken)",
+                "failed": " (it was cut short: the command taking it died, and what it made was removed)",
+            }.get(None if snap is None else snap.state, " (it was deleted)")
+            raise SandboxNotFound(f"snapshot: no snapshot {ref!r} in this journal{why}", field="snapshot")
         row = self.book.journal.allocation(snap.allocation_key)
         expired = snap.expires_at is not None and snap.expires_at <= self.clock.now()
         if expired or row is None or row.state not in OPEN_STATES:
@@ -825,6 +827,11 @@ class SandboxHost:
         snap = self.book.snapshot(ref)
         if snap is None:
             raise SandboxNotFound(f"snapshot: no snapshot {ref!r} in this journal", field="snapshot")
+        if snap.state == "pending":
+            raise SandboxStateConflict(
+                f"snapshot: {ref!r} is still being taken; delete it once `checkfu snapshot` has printed it",
+                field="snapshot",
+            )
         if snap.state != "present":
             return
         adapter = self._adapter(snap.target, snap.site)
