@@ -295,3 +295,26 @@ def test_an_orphan_on_the_default_engine_is_pointed_to_with_docker_host_unset(
     done = dcli("runner", "reconcile", "--json", DOCKER_HOST="")
     assert done.code == 0, str(done)
     assert tagged(engine, dcli.tag, "instance") == []
+
+
+@pytest.mark.parametrize("point", ["before:snapshot#1", "answered:snapshot#1"])
+def test_a_snapshot_killed_before_or_after_its_provider_call_leaves_nothing(
+    dcli: Cli,  # noqa: F811
+    engine: Any,  # noqa: F811
+    point: str,
+) -> None:
+    """Journaled ``pending`` before the provider is asked: killed before the call or once the image is made (not
+    yet recorded), the snapshot is found by the next command and undone; the source lives on."""
+    sandbox_id, key, run_id = source(dcli)
+    held = start(dcli, [sys.executable, str(KILLPOINT), point, "cli", "snapshot", sandbox_id, "--json"])
+    held.wait_for(f"killpoint {point}", timeout=90)
+    if point.startswith("answered:"):
+        assert len(tagged(engine, dcli.tag, "snapshot")) == 1  # the image is made, and nothing says so yet
+    held.send(signal.SIGKILL)
+    assert held.proc.wait(timeout=30) == -signal.SIGKILL
+
+    report = reconcile_once(dcli)
+    assert len(report["compensated"]) == 1, report  # the snapshot's allocation, though its sandbox lives
+    assert tagged(engine, dcli.tag, "snapshot") == []
+    lives_on(dcli, engine, sandbox_id, key, run_id)
+    assert dcli("sandbox", "rm", sandbox_id).code == 0

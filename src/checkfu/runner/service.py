@@ -78,9 +78,9 @@ class RunnerService:
         reap: bool = True,
         notice: Notice | None = None,
     ) -> RunnerService:
-        """Open the journal and keep the house (unless ``housekeeping=False``; ``reap=False`` leaves orphans to a
-        caller that reaps them itself, as ``reconcile`` does). From inside an event loop the house is kept on a
-        thread of its own: call ``open_async`` there instead to keep it on that loop.
+        """Open the journal and keep the house (unless ``housekeeping=False``; ``reap=False`` leaves orphans, and
+        snapshots cut short, to a caller that settles them itself, as ``reconcile`` does). From inside an event loop
+        the house is kept on a thread of its own: call ``open_async`` there instead to keep it on that loop.
 
         Raises:
             JournalTooNew: the journal was written by a newer checkfu.
@@ -523,7 +523,7 @@ class RunnerService:
             return registry
 
         # A snapshot cut short belongs to a sandbox that lives on, whose lease reconciliation leaves alone: it is
-        # undone first (the house keeping at opening did, unless it could not), and counted in the report.
+        # undone first (the house keeping of a reconciling opening leaves it here), and counted in the report.
         cut = await self._settle_cut_short(loaded)
         report = await reconcile(self.journal, registry, SystemClock(), runner_tag=self.tag)
         await self.reclaim_sandboxes()  # a sandbox whose Run this pass settled (its maker died) is settled with it
@@ -663,20 +663,22 @@ class RunnerService:
         except JournalError:
             due = Housekeeping(sandboxes=True, snapshots=True, orphans=True)  # each pass reports its own trouble
         if due.sandboxes:
-            await self.reclaim_sandboxes()
+            await self.reclaim_sandboxes(cut_short=reap)
         if due.snapshots:
             await self.sweep_snapshots()
         if reap and due.orphans:
             await self.reap_orphans()
 
-    async def reclaim_sandboxes(self) -> list[Reclaimed]:
-        """Reclaim this runner's long-lived sandboxes past their time-to-live or whose owner is gone, and undo the
-        snapshots of them whose command died while taking them."""
-        from checkfu.core.sandboxes import cut_short, due_for_sweep, sweep  # noqa: PLC0415
+    async def reclaim_sandboxes(self, *, cut_short: bool = True) -> list[Reclaimed]:
+        """Reclaim this runner's long-lived sandboxes past their time-to-live or whose owner is gone, and (unless
+        ``cut_short=False``: ``reconcile`` does it itself, and counts it) undo the snapshots of them whose command
+        died while taking them."""
+        from checkfu.core.sandboxes import cut_short as find_cut_short  # noqa: PLC0415
+        from checkfu.core.sandboxes import due_for_sweep, sweep  # noqa: PLC0415
 
         try:
             due = bool(due_for_sweep(self.journal, self.tag))
-            cut = bool(cut_short(self.journal, self.tag))
+            cut = cut_short and bool(find_cut_short(self.journal, self.tag))
         except Exception:  # a journal too old to hold sandboxes, or one that cannot be read: nothing to reclaim
             return []
 
