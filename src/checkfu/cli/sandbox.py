@@ -107,7 +107,7 @@ def _fail(exc: SandboxError | JournalError, as_json: bool, code: int = EXIT_FAIL
     raise typer.Exit(code)
 
 
-def _run(body: Callable[[], Awaitable[T]], as_json: bool) -> T:
+def _run(body: Callable[[], Awaitable[T]], as_json: bool, db: str | None) -> T:
     got: list[int] = []
 
     async def main() -> T:
@@ -143,13 +143,41 @@ def _run(body: Callable[[], Awaitable[T]], as_json: bool) -> T:
     except (KeyboardInterrupt, asyncio.CancelledError):
         signum = got[0] if got else signal.SIGINT
         name = signal.Signals(signum).name
-        err.print(
-            f"[bold red]interrupted[/] by {name}: what this command had begun is undone as far as it could be; "
-            "`checkfu ps` shows what is live, and `checkfu runner reconcile` finishes anything left"
-        )
+        left = _left_here(db)
+        if left is None:
+            said = "what is left of what it had begun could not be read from the journal"
+        elif left:
+            said = (
+                f"{len(left)} allocation(s) it had begun are still held ({', '.join(left)}); "
+                "`checkfu runner reconcile` finishes them"
+            )
+        else:
+            said = "everything it had begun is undone"
+        err.print(f"[bold red]interrupted[/] by {name}: {escape(said)}")
         if as_json:
-            print(json.dumps({"ok": False, "exit_code": 128 + signum, "interrupted": name}))
+            doc = {"ok": False, "exit_code": 128 + signum, "interrupted": name, "left": left}
+            print(json.dumps(doc))
         raise typer.Exit(128 + signum) from None
+
+
+def _left_here(db: str | None) -> list[str] | None:
+    """The allocations this process began that are still open (``None``: the journal cannot be read), as an
+    interrupted command winds up: the truth it owes before it says anything is undone."""
+    from checkfu.cli.state import config  # noqa: PLC0415
+    from checkfu.core.leases import current_owner  # noqa: PLC0415
+    from checkfu.core.sandboxes import SandboxBook  # noqa: PLC0415
+    from checkfu.runner import RunnerService  # noqa: PLC0415
+
+    try:
+        service = RunnerService.open(config(db), housekeeping=False)
+    except Exception:
+        return None
+    try:
+        return SandboxBook(service.journal).held_by(current_owner())
+    except Exception:
+        return None
+    finally:
+        service.close()
 
 
 def _emit(as_json: bool, doc: dict[str, Any], line: str) -> None:
@@ -241,7 +269,7 @@ def sandbox_create(
             service.close()
         return live.record
 
-    rec = _run(body, as_json)
+    rec = _run(body, as_json, db)
     _emit(
         as_json,
         {
@@ -262,7 +290,7 @@ def sandbox_rm(
     as_json: JsonOpt = False,
 ) -> None:
     """Release sandboxes (or delete snapshots); nothing of them is left in the provider."""
-    done = _run(lambda: _remove(ids, db, status="released"), as_json)
+    done = _run(lambda: _remove(ids, db, status="released"), as_json, db)
     _emit(as_json, {"removed": done}, "\n".join(done))
 
 
@@ -302,7 +330,7 @@ def sandbox_extend(
         finally:
             service.close()
 
-    until = _run(body, as_json)
+    until = _run(body, as_json, db)
     _emit(as_json, {"sandbox_id": sandbox_id, "expires_at": _when(until)}, f"{sandbox_id} expires {_when(until)}")
 
 
@@ -364,7 +392,7 @@ def exec_command(
         finally:
             service.close()
 
-    code = _run(body, as_json)
+    code = _run(body, as_json, db)
     from checkfu.cli.run import FINISHED  # noqa: PLC0415
 
     FINISHED.append(code)  # the command's own status, passed through (a 2 is not a usage error)
@@ -451,7 +479,7 @@ def cp_command(
         finally:
             service.close()
 
-    copied = _run(body, as_json)
+    copied = _run(body, as_json, db)
     _emit(as_json, {"copied": copied}, f"copied {len(copied)} file(s)")
 
 
@@ -537,7 +565,7 @@ def snapshot_command(
         finally:
             service.close()
 
-    snap = _run(body, as_json)
+    snap = _run(body, as_json, db)
     _emit(
         as_json,
         {
@@ -568,7 +596,7 @@ def resume_command(
             service.close()
         return live.record
 
-    rec = _run(body, as_json)
+    rec = _run(body, as_json, db)
     _emit(as_json, {"sandbox_id": rec.sandbox_id, "run_id": rec.run_id, "snapshot_id": snapshot}, rec.sandbox_id)
 
 
@@ -590,7 +618,7 @@ def clone_command(
             service.close()
         return copy.record
 
-    rec = _run(body, as_json)
+    rec = _run(body, as_json, db)
     _emit(as_json, {"sandbox_id": rec.sandbox_id, "run_id": rec.run_id, "source": sandbox_id}, rec.sandbox_id)
 
 
@@ -764,10 +792,10 @@ def kill_command(
     """Stop a sandbox (released at once) or a Run: its process is sent SIGTERM (it releases everything and
     records the Run as interrupted), then SIGKILL after 15 s, and what it held is reclaimed."""
     if ident.startswith("sb-"):
-        done = _run(lambda: _remove([ident], db, status="killed"), as_json)
+        done = _run(lambda: _remove([ident], db, status="killed"), as_json, db)
         _emit(as_json, {"killed": done, "kind": "sandbox"}, ident)
         return
-    how = _run(lambda: _kill_run(ident, db), as_json)
+    how = _run(lambda: _kill_run(ident, db), as_json, db)
     _emit(as_json, {"killed": [ident], "kind": "run", "how": how}, f"{ident} ({how})")
 
 

@@ -383,6 +383,23 @@ class SandboxBook:
             rows = c.execute(q.order_by(sandbox_snapshots.c.created_at)).mappings().all()
         return [_snapshot(r) for r in rows]
 
+    @journaled("held by")
+    def held_by(self, owner: str) -> list[str]:
+        """The allocation keys still open (``pending`` or ``live``, a settled snapshot aside) that process ``owner``
+        began: under a lease it took (a sandbox it was making), or a snapshot it was taking. What an interrupted
+        command must own up to."""
+        mine = sa.select(leases.c.lease_id).where(leases.c.owner == owner)
+        taking = sa.select(sandbox_snapshots.c.allocation_key).where(
+            sandbox_snapshots.c.owner == owner, sandbox_snapshots.c.state == "pending"
+        )
+        q = sa.select(allocations.c.allocation_key, allocations.c.kind, allocations.c.state).where(
+            allocations.c.state.in_(OPEN_STATES),
+            sa.or_(allocations.c.lease_id.in_(mine), allocations.c.allocation_key.in_(taking)),
+        )
+        with self.journal.tx() as c:
+            rows = c.execute(q.order_by(allocations.c.created_at)).all()
+        return [r.allocation_key for r in rows if not (r.kind == "snapshot" and r.state == "live")]
+
     @journaled("snapshot delete")
     def snapshot_deleted(self, ref: str, now: float) -> None:
         with self.journal.tx() as c:
