@@ -324,3 +324,20 @@ def test_a_snapshot_killed_before_or_after_its_provider_call_leaves_nothing(
     assert tagged(engine, dcli.tag, "snapshot") == []
     lives_on(dcli, engine, sandbox_id, key, run_id)
     assert dcli("sandbox", "rm", sandbox_id).code == 0
+
+
+def test_an_exec_on_a_sandbox_left_paused_thaws_it_rather_than_destroying_it(
+    dcli: Cli,  # noqa: F811
+    engine: Any,  # noqa: F811
+) -> None:
+    """A sandbox the engine reports paused, with no capture of a live process under way (here paused behind
+    checkfu's back, as a dead capture leaves it when nothing journaled says so), is thawed by the next call, which
+    goes on: it is never taken for gone and destroyed."""
+    sandbox_id, key, run_id = source(dcli)
+    (c,) = engine.api.containers(filters={"label": [f"checkfu.allocation_key={key}", "checkfu.kind=instance"]})
+    engine.api.pause(c["Id"])
+    assert paused(engine, key) is True
+    done = dcli("exec", sandbox_id, "--", "cat", "/home/sandbox/f")
+    assert (done.code, done.out) == (0, b"kept\n"), str(done)
+    lives_on(dcli, engine, sandbox_id, key, run_id)
+    assert dcli("sandbox", "rm", sandbox_id).code == 0

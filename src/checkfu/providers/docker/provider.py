@@ -141,6 +141,8 @@ class _RootImageMissing(Exception):
     """The engine has no image by the request's ``root_image`` (404 on a create)."""
 
 
+THAW_WAIT = 120.0
+"""How long a call on a sandbox paused by another live process's capture waits for that capture to thaw it."""
 CAPTURE_WAIT = 600.0
 """How long a reclaim of an allocation waits for a capture for it still running in this process."""
 
@@ -350,15 +352,44 @@ class DockerProvider:
         cached = record.running_id if record is not None else None
         if cached is not None:
             return cached
-        instance = await self._resolve(request, member)
+        instance = await self._thawed(await self._resolve(request, member))
         self._require_running(instance)
         return instance.container_id
 
     async def _explain(self, request: InstanceCall, member: Member, exc: SandboxError) -> NoReturn:
         """Raise the error the instance's real state calls for after a call on a cached id failed."""
-        instance = await self._resolve(request, member)
+        instance = await self._thawed(await self._resolve(request, member))
         self._require_running(instance)
         raise exc
+
+    async def _thawed(self, instance: Instance) -> Instance:
+        """``instance``, running again if the engine reports it paused by a capture: one still going on in a live
+        process is waited for (it thaws the sandbox itself, in a moment); one whose process died left it paused,
+        and it is thawed here. Never a held sandbox waiting for its Run (``provisioning``)."""
+        if instance.running or instance.state != "active":
+            return instance
+        return await self.engine.run("thaw", self._thawed_blocking, instance)
+
+    def _thawed_blocking(self, instance: Instance) -> Instance:
+        root = self.state_dir / "capturing"
+        deadline = time.monotonic() + THAW_WAIT
+        while True:
+            try:
+                info = self.engine.api.inspect_container(instance.container_id)
+            except Exception as exc:
+                if _status(exc) == 404:
+                    return instance
+                raise
+            state = info.get("State") or {}
+            if not (state.get("Running") and state.get("Paused")):
+                return dataclasses.replace(instance, running=bool(state.get("Running")))
+            capturing = root.exists() and any(_marks(m, instance.container_id) for m in root.glob("*~*"))
+            if not capturing:
+                self._thaw(instance.container_id)
+                return dataclasses.replace(instance, running=True)
+            if time.monotonic() > deadline:
+                return instance
+            time.sleep(0.05)
 
     async def namespaces(self) -> tuple[str, ...]:
         """The namespaces every sandbox gets of its own on this engine: a user namespace only under userns-remap.
@@ -635,7 +666,7 @@ class DockerProvider:
             instance_id=request.source_instance_id,
         )
         require_served(self.envelope, request.profile, request.platform, request.mounts)
-        source = await self._resolve(source_call, "clone")
+        source = await self._thawed(await self._resolve(source_call, "clone"))
         self._require_running(source)
         # The source's areas are read while the clone's container is created; they are written to the
         # carrier file only once that container exists, so reclaiming the clone's key always finds the file.
@@ -1093,7 +1124,7 @@ class DockerProvider:
             SandboxStateConflict: the instance is not active.
             SandboxProviderFailed: the sandbox stopped, or the capture failed.
         """
-        instance = await self._resolve(request, "snapshot")
+        instance = await self._thawed(await self._resolve(request, "snapshot"))
         self._require_running(instance)
         extra = {L.SOURCE_KEY: request.allocation_key, L.RETENTION: instance.retention}
         expires_at = None
