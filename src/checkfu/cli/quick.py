@@ -4,10 +4,11 @@ Scripts and CI call ``checkfu ps`` in a process of its own, with no start-up ser
 nothing live. Loading the command tree, SQLAlchemy and the contract's models to find that out costs about half a
 second; reading the journal with ``sqlite3`` costs a few milliseconds. So when ``checkfu ps`` (with ``--json``
 and ``--db`` at most) names an SQLite journal at the current schema that has no sandbox provisioning or live, no
-Run running, no snapshot kept and no snapshot past its expiry, it prints what the full command would print for
-that journal (an empty listing) and exits. In every other case (another option, another database, a journal
-that needs migrating or cannot be read, a state directory the full command would refuse or repair, anything at
-all to show or reclaim) it answers ``None`` and the full command runs as ever. It never writes.
+Run running, no snapshot kept or being taken (one cut short is undone by the full command's house keeping) and no
+snapshot past its expiry, it prints what the full command would print for that journal (an empty listing) and exits.
+In every other case (another option, another database, a journal that needs migrating or cannot be read, a state
+directory the full command would refuse or repair, anything at all to show or reclaim) it answers ``None`` and the
+full command runs as ever. It never writes.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import stat
 import sys
 import time
 
-HEAD = "0007"
+HEAD = "0008"
 """The journal schema this code writes (``checkfu.core.migrate.HEAD``; a test keeps the two equal)."""
 
 EMPTY_JSON = '{"ok": true, "sandboxes": [], "runs": [], "snapshots": []}'
@@ -27,7 +28,7 @@ EMPTY_TABLE = "ID  KIND  STATE  OWNER  AGE  TIME LEFT  PROVIDER"
 _NOTHING_TO_SHOW = (
     "SELECT EXISTS(SELECT 1 FROM sandboxes WHERE state IN ('provisioning', 'live')),"
     " EXISTS(SELECT 1 FROM runs WHERE status = 'running'),"
-    " EXISTS(SELECT 1 FROM sandbox_snapshots WHERE state = 'present'),"
+    " EXISTS(SELECT 1 FROM sandbox_snapshots WHERE state IN ('present', 'pending')),"
     " EXISTS(SELECT 1 FROM allocations WHERE kind = 'snapshot' AND state = 'live' AND expires_at <= ?),"
     " (SELECT version_num FROM alembic_version)"
 )

@@ -118,17 +118,77 @@ def _fail(exc: SandboxError | JournalError, as_json: bool, code: int = EXIT_FAIL
     raise typer.Exit(code)
 
 
-def _run(body: Callable[[], Awaitable[T]], as_json: bool) -> T:
+def _run(body: Callable[[], Awaitable[T]], as_json: bool, db: str | None) -> T:
+    got: list[int] = []
+
     async def main() -> T:
-        return await body()
+        # SIGINT and SIGTERM cancel the command, so that it undoes what it had begun (a snapshot's capture, a
+        # clone's or a resume's new sandbox) on its way out, as `checkfu run` does; a second one is not waited for.
+        task = asyncio.current_task()
+        loop = asyncio.get_running_loop()
+
+        def on_signal(signum: int) -> None:
+            got.append(signum)
+            if task is not None and len(got) == 1:
+                task.cancel()
+            else:
+                raise KeyboardInterrupt
+
+        handled: list[signal.Signals] = []
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                loop.add_signal_handler(sig, on_signal, sig)
+            except (RuntimeError, ValueError):  # not the main thread (a command run in-process): signals stay as set
+                break
+            handled.append(sig)
+        try:
+            return await body()
+        finally:
+            for taken in handled:
+                loop.remove_signal_handler(taken)
 
     try:
         return asyncio.run(main())
     except (SandboxError, JournalError) as exc:
         _fail(exc, as_json)
-    except KeyboardInterrupt:
-        err.print("[bold red]interrupted[/]")
-        raise typer.Exit(130) from None
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        signum = got[0] if got else signal.SIGINT
+        name = signal.Signals(signum).name
+        left = _left_here(db)
+        if left is None:
+            said = "what is left of what it had begun could not be read from the journal"
+        elif left:
+            said = (
+                f"{len(left)} allocation(s) it had begun are still held ({', '.join(left)}); "
+                "`checkfu runner reconcile` finishes them"
+            )
+        else:
+            said = "everything it had begun is undone"
+        err.print(f"[bold red]interrupted[/] by {name}: {escape(said)}")
+        if as_json:
+            doc = {"ok": False, "exit_code": 128 + signum, "interrupted": name, "left": left}
+            print(json.dumps(doc))
+        raise typer.Exit(128 + signum) from None
+
+
+def _left_here(db: str | None) -> list[str] | None:
+    """The allocations this process began that are still open (``None``: the journal cannot be read), as an
+    interrupted command winds up: the truth it owes before it says anything is undone."""
+    from checkfu.cli.state import config  # noqa: PLC0415
+    from checkfu.core.leases import current_owner  # noqa: PLC0415
+    from checkfu.core.sandboxes import SandboxBook  # noqa: PLC0415
+    from checkfu.runner import RunnerService  # noqa: PLC0415
+
+    try:
+        service = RunnerService.open(config(db), housekeeping=False)
+    except Exception:
+        return None
+    try:
+        return SandboxBook(service.journal).held_by(current_owner())
+    except Exception:
+        return None
+    finally:
+        service.close()
 
 
 def _emit(as_json: bool, doc: dict[str, Any], line: str) -> None:
@@ -237,7 +297,7 @@ def sandbox_create(
             service.close()
         return live.record
 
-    rec = _run(body, as_json)
+    rec = _run(body, as_json, db)
     resolved = resolved_profile(rec.profile, None, tags[0] if tags else None)
     _emit(
         as_json,
@@ -262,7 +322,7 @@ def sandbox_rm(
     as_json: JsonOpt = False,
 ) -> None:
     """Release sandboxes (or delete snapshots); nothing of them is left in the provider."""
-    done = _run(lambda: _remove(ids, db, status="released"), as_json)
+    done = _run(lambda: _remove(ids, db, status="released"), as_json, db)
     _emit(as_json, {"removed": done}, "\n".join(done))
 
 
@@ -302,7 +362,7 @@ def sandbox_extend(
         finally:
             service.close()
 
-    until = _run(body, as_json)
+    until = _run(body, as_json, db)
     _emit(as_json, {"sandbox_id": sandbox_id, "expires_at": _when(until)}, f"{sandbox_id} expires {_when(until)}")
 
 
@@ -364,7 +424,7 @@ def exec_command(
         finally:
             service.close()
 
-    code = _run(body, as_json)
+    code = _run(body, as_json, db)
     from checkfu.cli.run import FINISHED  # noqa: PLC0415
 
     FINISHED.append(code)  # the command's own status, passed through (a 2 is not a usage error)
@@ -451,7 +511,7 @@ def cp_command(
         finally:
             service.close()
 
-    copied = _run(body, as_json)
+    copied = _run(body, as_json, db)
     _emit(as_json, {"copied": copied}, f"copied {len(copied)} file(s)")
 
 
@@ -537,7 +597,7 @@ def snapshot_command(
         finally:
             service.close()
 
-    snap = _run(body, as_json)
+    snap = _run(body, as_json, db)
     _emit(
         as_json,
         {
@@ -568,7 +628,7 @@ def resume_command(
             service.close()
         return live.record
 
-    rec = _run(body, as_json)
+    rec = _run(body, as_json, db)
     _emit(as_json, {"sandbox_id": rec.sandbox_id, "run_id": rec.run_id, "snapshot_id": snapshot}, rec.sandbox_id)
 
 
@@ -590,7 +650,7 @@ def clone_command(
             service.close()
         return copy.record
 
-    rec = _run(body, as_json)
+    rec = _run(body, as_json, db)
     _emit(as_json, {"sandbox_id": rec.sandbox_id, "run_id": rec.run_id, "source": sandbox_id}, rec.sandbox_id)
 
 
@@ -764,10 +824,10 @@ def kill_command(
     """Stop a sandbox (released at once) or a Run: its process is sent SIGTERM (it releases everything and
     records the Run as interrupted), then SIGKILL after 15 s, and what it held is reclaimed."""
     if ident.startswith("sb-"):
-        done = _run(lambda: _remove([ident], db, status="killed"), as_json)
+        done = _run(lambda: _remove([ident], db, status="killed"), as_json, db)
         _emit(as_json, {"killed": done, "kind": "sandbox"}, ident)
         return
-    how = _run(lambda: _kill_run(ident, db), as_json)
+    how = _run(lambda: _kill_run(ident, db), as_json, db)
     _emit(as_json, {"killed": [ident], "kind": "run", "how": how}, f"{ident} ({how})")
 
 

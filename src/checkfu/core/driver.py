@@ -466,10 +466,21 @@ class RunSession:
 
     # snapshots --------------------------------------------------------------------------------
 
-    async def snapshot(self, inst: Instance, *, keep_seconds: int | None = None) -> Snapshot:
+    async def snapshot(
+        self,
+        inst: Instance,
+        *,
+        keep_seconds: int | None = None,
+        first: Callable[[str], Awaitable[None]] | None = None,
+    ) -> Snapshot:
         """Snapshot ``inst``; with ``keep_seconds``, the provider deletes it once that passes (its
-        ``expires_at`` is journaled, and ``checkfu.core.expiry`` deletes it for runner custody)."""
-        return await self._run(self._plan("snapshot", lambda: self.core.snapshot(inst, keep_seconds=keep_seconds)))
+        ``expires_at`` is journaled, and ``checkfu.core.expiry`` deletes it for runner custody). ``first`` is
+        called with the snapshot's allocation key before anything is journaled or asked (a long-lived sandbox
+        records its snapshot there, so that one cut short is found)."""
+        plan = self._plan("snapshot", lambda: self.core.snapshot(inst, keep_seconds=keep_seconds))
+        if first is not None and plan.allocation_key is not None:
+            await first(plan.allocation_key)
+        return await self._run(plan)
 
     async def delete_snapshot(self, snap: Snapshot) -> DeleteSnapshotResult:
         return await self._run(self._plan("deleteSnapshot", lambda: self.core.delete_snapshot(snap)))

@@ -251,9 +251,11 @@ sandbox_snapshots = sa.Table(
     sa.Column("created_at", sa.Float, nullable=False),
     sa.Column("expires_at", sa.Float, nullable=True),
     sa.Column("deleted_at", sa.Float, nullable=True),
+    sa.Column("owner", sa.String(256), nullable=True),
 )
-"""Snapshots taken of long-lived sandboxes: ``present`` or ``deleted``, with what a resume needs. ``expires_at``
-is the provider's word on when it expires (NULL: kept until deleted); ``keep_seconds`` the lifetime asked for."""
+"""Snapshots taken of long-lived sandboxes: ``pending`` (journaled before the provider is asked, with ``owner``, the
+process taking it), then ``present`` or ``failed``, then ``deleted``, with what a resume needs. ``expires_at`` is the
+provider's word on when it expires (NULL: kept until deleted); ``keep_seconds`` the lifetime asked for."""
 
 
 # Statements built once: executing a prebuilt statement with parameters skips the per-call
@@ -409,7 +411,8 @@ class Housekeeping:
     """What a command's opening pass may have to do (``Journal.housekeeping``)."""
 
     sandboxes: bool
-    """Long-lived sandboxes that may be due for reclaiming."""
+    """Long-lived sandboxes that may be due for reclaiming, or snapshots of them still being taken (``pending``: their
+    process may have died mid-way)."""
     snapshots: bool
     """Snapshots past their expiry."""
     orphans: bool
@@ -624,6 +627,12 @@ def sandboxes_maybe_due(runner_tag: str, now: float) -> list[Any]:
             sandboxes.c.owner.is_not(None),
         ),
     ]
+
+
+def snapshots_pending(runner_tag: str) -> list[Any]:
+    """Snapshots of ``runner_tag``'s long-lived sandboxes still being taken (``pending``): their process may have
+    died mid-way, which the caller checks by ``owner`` (``SandboxBook.pending_snapshots``, ``Journal.housekeeping``)."""
+    return [sandbox_snapshots.c.state == "pending", sandbox_snapshots.c.runner_tag == runner_tag]
 
 
 def _snapshots_expired(now: float, runner_tag: str | None) -> list[Any]:
@@ -937,10 +946,11 @@ class Journal:
         )
         expired = sa.select(sa.literal(1)).where(*_snapshots_expired(now, runner_tag))
         owned = sa.select(sa.literal(1)).where(*_runs_owned_running(runner_tag))
-        q = sa.select(maybe_due.exists(), expired.exists(), owned.exists())
+        taking = sa.select(sa.literal(1)).where(*snapshots_pending(runner_tag))
+        q = sa.select(maybe_due.exists(), expired.exists(), owned.exists(), taking.exists())
         with self.tx() as c:
             row = c.execute(q).one()
-        return Housekeeping(sandboxes=bool(row[0]), snapshots=bool(row[1]), orphans=bool(row[2]))
+        return Housekeeping(sandboxes=bool(row[0] or row[3]), snapshots=bool(row[1]), orphans=bool(row[2]))
 
     @journaled("owned_running_runs")
     def owned_running_runs(self, *, runner_tag: str | None = None) -> list[OwnedRun]:

@@ -23,6 +23,8 @@ for a service (``docs/sandboxes.md``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import copy
 import json
 import math
 import uuid
@@ -40,6 +42,7 @@ from checkfu.contract.errors import (
     SandboxLeaseFenced,
     SandboxNotFound,
     SandboxProfileInvalid,
+    SandboxStateConflict,
 )
 from checkfu.contract.lifecycle import RowKind, row_transition
 from checkfu.contract.members import MAX_KEEP_SECONDS, ExecResult, ListDirResult, ReadFilesResult
@@ -60,6 +63,7 @@ from checkfu.core.journal import (
     sandbox_snapshots,
     sandboxes,
     sandboxes_maybe_due,
+    snapshots_pending,
 )
 from checkfu.core.leases import LeaseStore, current_owner, owner_alive
 from checkfu.core.mounts import DirectorySource, GitSource, MountSpec, ResolvedMount, resolve_mount
@@ -69,14 +73,17 @@ from checkfu.core.session import compensate_plan
 
 __all__ = [
     "DEFAULT_TTL",
+    "CutShort",
     "MAX_TTL",
     "LiveSandbox",
     "Reclaimed",
     "SandboxHost",
     "SandboxRecord",
     "SnapshotRecord",
+    "cut_short",
     "due_for_sweep",
     "new_sandbox_id",
+    "settle_cut_short",
     "sweep",
 ]
 
@@ -188,9 +195,12 @@ class SnapshotRecord:
     specs: tuple[MountSpec, ...]
     keep_seconds: float | None
     state: str
+    """``pending`` (being taken: journaled before the provider is asked), ``present``, ``failed`` or ``deleted``."""
     created_at: float
     expires_at: float | None
     """When the provider said it expires; ``None``: kept until deleted."""
+    owner: str | None = None
+    """The process that took it (``host/pid/start``): a ``pending`` snapshot whose owner is gone was cut short."""
 
 
 def _spec_doc(spec: MountSpec) -> dict[str, Any]:
@@ -279,6 +289,7 @@ def _snapshot(r: Any) -> SnapshotRecord:
         state=r["state"],
         created_at=r["created_at"],
         expires_at=r["expires_at"],
+        owner=r.get("owner"),
     )
 
 
@@ -356,6 +367,39 @@ class SandboxBook:
             rows = c.execute(q.order_by(sandbox_snapshots.c.created_at)).mappings().all()
         return [_snapshot(r) for r in rows]
 
+    @journaled("snapshot update")
+    def update_snapshot(self, ref: str, *, only_if: Sequence[str] | None = None, **values: Any) -> bool:
+        q = sandbox_snapshots.update().where(sandbox_snapshots.c.snapshot_ref == ref)
+        if only_if is not None:
+            q = q.where(sandbox_snapshots.c.state.in_(list(only_if)))
+        with self.journal.tx() as c:
+            return bool(c.execute(q.values(**values)).rowcount == 1)
+
+    @journaled("snapshot pending")
+    def pending_snapshots(self, runner_tag: str) -> list[SnapshotRecord]:
+        """``runner_tag``'s snapshots still being taken (``pending``), oldest first."""
+        q = sandbox_snapshots.select().where(*snapshots_pending(runner_tag))
+        with self.journal.tx() as c:
+            rows = c.execute(q.order_by(sandbox_snapshots.c.created_at)).mappings().all()
+        return [_snapshot(r) for r in rows]
+
+    @journaled("held by")
+    def held_by(self, owner: str) -> list[str]:
+        """The allocation keys still open (``pending`` or ``live``, a settled snapshot aside) that process ``owner``
+        began: under a lease it took (a sandbox it was making), or a snapshot it was taking. What an interrupted
+        command must own up to."""
+        mine = sa.select(leases.c.lease_id).where(leases.c.owner == owner)
+        taking = sa.select(sandbox_snapshots.c.allocation_key).where(
+            sandbox_snapshots.c.owner == owner, sandbox_snapshots.c.state == "pending"
+        )
+        q = sa.select(allocations.c.allocation_key, allocations.c.kind, allocations.c.state).where(
+            allocations.c.state.in_(OPEN_STATES),
+            sa.or_(allocations.c.lease_id.in_(mine), allocations.c.allocation_key.in_(taking)),
+        )
+        with self.journal.tx() as c:
+            rows = c.execute(q.order_by(allocations.c.created_at)).all()
+        return [r.allocation_key for r in rows if not (r.kind == "snapshot" and r.state == "live")]
+
     @journaled("snapshot delete")
     def snapshot_deleted(self, ref: str, now: float) -> None:
         with self.journal.tx() as c:
@@ -409,6 +453,45 @@ class LiveSandbox:
     def sandbox_id(self) -> str:
         return self.record.sandbox_id
 
+    async def _lost(self, exc: SandboxError) -> SandboxError:
+        """After a call failed with ``exc``: if the session reclaimed the instance (a provider fault about it, such
+        as its container found gone), the sandbox is gone: its row and its Run are settled now, never left ``live``
+        and ``running``, and the error returned says so. Otherwise ``exc`` as it is."""
+        key = self.inst.allocation_key
+        if self.inst.state not in ("released", "absent") and self.session.core.rows.get(key) != "compensated":
+            return exc
+        call = self.host.journal.call
+        row = await call(self.host.journal.allocation, key)
+        settled = row is None or row.state not in OPEN_STATES
+        said = f"{exc.code}: {exc.message}"
+        reason = f"lost: {said}"[:2000]
+        now = self.host.clock.now()
+        try:
+            if settled:
+                await call(
+                    self.host.journal.finish_run,
+                    self.record.run_id,
+                    status="failed",
+                    now=now,
+                    summary={"sandbox": self.sandbox_id, "reason": f"the sandbox was lost ({said}); it is reclaimed"},
+                )
+            await call(LeaseStore(self.host.journal, self.host.clock).end, self.session.lease)
+            await call(
+                self.host.book.update, self.sandbox_id, only_if=["live"], state="failed", reason=reason, ended_at=now
+            )
+        except JournalError:
+            pass  # the next command's house keeping, or reconciliation, settles it
+        what = (
+            "what was left of it is removed and its Run is settled as failed"
+            if settled
+            else "what is left of it could not be removed now: `checkfu runner reconcile` finishes it"
+        )
+        told = copy.copy(exc)
+        told.message = f"sandbox {self.sandbox_id} is gone ({exc.message}); {what}"
+        told.args = (told.message,)
+        told.retryable = False
+        return told
+
     async def exec(
         self,
         argv: Sequence[str],
@@ -418,7 +501,10 @@ class LiveSandbox:
         stdin: bytes = b"",
         timeout: float = 60.0,
     ) -> ExecResult:
-        return await self.session.exec(self.inst, argv, env=env, cwd=cwd, stdin=stdin, timeout=timeout)
+        try:
+            return await self.session.exec(self.inst, argv, env=env, cwd=cwd, stdin=stdin, timeout=timeout)
+        except SandboxError as exc:
+            raise await self._lost(exc) from exc
 
     def streams(self) -> bool:
         """Whether the provider declares ``openProcess`` (a process with stdin and streamed output)."""
@@ -432,13 +518,22 @@ class LiveSandbox:
         cwd: str | None = None,
         tty: tuple[int, int] | None = None,
     ) -> CheckedProcess:
-        return await self.session.open_process(self.inst, argv, env=env, cwd=cwd, tty=tty)
+        try:
+            return await self.session.open_process(self.inst, argv, env=env, cwd=cwd, tty=tty)
+        except SandboxError as exc:
+            raise await self._lost(exc) from exc
 
     async def read_files(self, paths: Sequence[str]) -> ReadFilesResult:
-        return await self.session.read_files(self.inst, paths)
+        try:
+            return await self.session.read_files(self.inst, paths)
+        except SandboxError as exc:
+            raise await self._lost(exc) from exc
 
     async def list_dir(self, path: str, *, recursive: bool = False) -> ListDirResult:
-        return await self.session.list_dir(self.inst, path, recursive=recursive)
+        try:
+            return await self.session.list_dir(self.inst, path, recursive=recursive)
+        except SandboxError as exc:
+            raise await self._lost(exc) from exc
 
     async def write_file(self, path: str, data: bytes, *, mode: int = 0o644, timeout: float = 60.0) -> None:
         """Write ``data`` to ``path`` in the active sandbox (parents made), through ``exec`` with ``data`` as stdin.
@@ -467,26 +562,48 @@ class LiveSandbox:
         (``expires_at`` on the snapshot), none when the provider keeps it until deleted.
         """
         keep_seconds = check_keep(keep) if keep is not None else None
-        snap = await self.session.snapshot(self.inst, keep_seconds=keep_seconds)
-        now = self.host.clock.now()
-        expires = snap.expires_at
         ref = new_snapshot_ref()
         rec = self.record
-        await self.host.journal.call(
-            self.host.book.insert_snapshot,
-            snapshot_ref=ref,
-            sandbox_id=rec.sandbox_id,
-            run_id=rec.run_id,
-            runner_tag=rec.runner_tag,
-            target=rec.target.model_dump_json(),
-            site=rec.site,
-            allocation_key=snap.allocation_key,
+        call = self.host.journal.call
+        keys: list[str] = []
+
+        async def journal_first(key: str) -> None:
+            # Written before the provider is asked, naming this process: if it dies mid-way, the next command's
+            # house keeping finds the snapshot ``pending`` with its owner gone and undoes what the provider did.
+            keys.append(key)
+            await call(
+                self.host.book.insert_snapshot,
+                snapshot_ref=ref,
+                sandbox_id=rec.sandbox_id,
+                run_id=rec.run_id,
+                runner_tag=rec.runner_tag,
+                target=rec.target.model_dump_json(),
+                site=rec.site,
+                allocation_key=key,
+                snapshot_id="",
+                profile=rec.profile.model_dump_json(),
+                mounts=_mounts_json(rec.mounts, rec.mount_roots, "resume", rec.specs),
+                keep_seconds=keep,
+                state="pending",
+                created_at=self.host.clock.now(),
+                expires_at=None,
+                owner=current_owner(),
+            )
+
+        try:
+            snap = await self.session.snapshot(self.inst, keep_seconds=keep_seconds, first=journal_first)
+        except BaseException:
+            if keys and self.session.core.rows.get(keys[0]) in ("compensated", "released"):
+                with contextlib.suppress(JournalError):
+                    await call(self.host.book.update_snapshot, ref, only_if=["pending"], state="failed")
+            raise  # otherwise left pending: the next command's house keeping settles it once this process is gone
+        expires = snap.expires_at
+        await call(
+            self.host.book.update_snapshot,
+            ref,
             snapshot_id=snap.snapshot_id,
-            profile=rec.profile.model_dump_json(),
-            mounts=_mounts_json(rec.mounts, rec.mount_roots, "resume", rec.specs),
-            keep_seconds=keep,
             state="present",
-            created_at=now,
+            created_at=self.host.clock.now(),
             expires_at=float(expires) if isinstance(expires, int | float) else None,
         )
         got = await self.host.journal.call(self.host.book.snapshot, ref)
@@ -670,11 +787,12 @@ class SandboxHost:
         check_ttl(ttl)
         snap = self.book.snapshot(ref)
         if snap is None or snap.state != "present":
-            raise SandboxNotFound(
-                f"snapshot: no snapshot {ref!r} in this journal"
-                + (" (it was deleted)" if snap is not None else " (`checkfu ps` lists them)"),
-                field="snapshot",
-            )
+            why = {
+                None: " (`checkfu ps` lists them)",
+                "pending": " yet (it is still being taken)",
+                "failed": " (it was cut short: the command taking it died, and what it made was removed)",
+            }.get(None if snap is None else snap.state, " (it was deleted)")
+            raise SandboxNotFound(f"snapshot: no snapshot {ref!r} in this journal{why}", field="snapshot")
         row = self.book.journal.allocation(snap.allocation_key)
         expired = snap.expires_at is not None and snap.expires_at <= self.clock.now()
         if expired or row is None or row.state not in OPEN_STATES:
@@ -726,6 +844,11 @@ class SandboxHost:
         snap = self.book.snapshot(ref)
         if snap is None:
             raise SandboxNotFound(f"snapshot: no snapshot {ref!r} in this journal", field="snapshot")
+        if snap.state == "pending":
+            raise SandboxStateConflict(
+                f"snapshot: {ref!r} is still being taken; delete it once `checkfu snapshot` has printed it",
+                field="snapshot",
+            )
         if snap.state != "present":
             return
         adapter = self._adapter(snap.target, snap.site)
@@ -827,8 +950,13 @@ class SandboxHost:
                 expires_at=until,
             )
             status = "live"
+        except asyncio.CancelledError:
+            status = "interrupted"
+            raise
         except SandboxError as exc:
-            status = f"refused:{exc.code}"
+            # A refusal is a Run that never got a sandbox: nothing was journaled for the provider to make. Once
+            # something was, the provider was at work, and the making failed.
+            status = "failed" if session.core.rows else f"refused:{exc.code}"
             raise
         finally:
             if status != "live":
@@ -1012,6 +1140,78 @@ async def sweep(
             ended_at=clock.now(),
         )
         out.append(Reclaimed(rec.sandbox_id, rec.run_id, reason))
+    return out
+
+
+@dataclass(frozen=True)
+class CutShort:
+    """A snapshot whose command died while it was being taken, settled by ``settle_cut_short``."""
+
+    snapshot_ref: str
+    sandbox_id: str
+    allocation_key: str
+    error: str | None = None
+    """Set when its compensation failed: it stays ``pending`` for the next pass."""
+
+
+def cut_short(journal: Journal, runner_tag: str) -> list[SnapshotRecord]:
+    """``runner_tag``'s snapshots still ``pending`` whose process is gone (on this host): cut short mid-way."""
+    return [
+        snap
+        for snap in SandboxBook(journal).pending_snapshots(runner_tag)
+        if snap.owner is None or owner_alive(snap.owner) is False
+    ]
+
+
+async def settle_cut_short(
+    journal: Journal,
+    runner_tag: str,
+    registry_for: Callable[[set[Wanted]], Awaitable[Registry]],
+    clock: Clock | None = None,
+) -> list[CutShort]:
+    """Undo every snapshot of ``runner_tag`` whose command died while it was being taken: its allocation is
+    compensated by key (the provider removes what it made of it, and thaws a source its capture left paused), its
+    row settled, the snapshot recorded ``failed``. Its sandbox is left as it is: it lives on. A compensation that
+    fails leaves it ``pending``, reported with the error, for the next pass."""
+    clock = clock or SystemClock()
+    due = cut_short(journal, runner_tag)
+    if not due:
+        return []
+    registry = await registry_for({(s.target.provider, s.site or None) for s in due})
+    book = SandboxBook(journal)
+    store = LeaseStore(journal, clock, ttl=300)
+    out: list[CutShort] = []
+    for snap in due:
+        try:
+            row = await journal.call(journal.allocation, snap.allocation_key) if snap.allocation_key else None
+            if row is not None and row.state in OPEN_STATES:
+                adapter = _find(registry, snap.target, snap.site)
+                if adapter is None:
+                    where = f" at {snap.site}" if snap.site else ""
+                    why = registry.unavailable.get(snap.site or "") or "not available here"
+                    raise SandboxAdapterUnavailable(f"provider {snap.target.provider}{where}: {why}", field="provider")
+                # a lease of its own: the sandbox's is its holder's, and taking it over would fence them
+                lease = await journal.call(store.acquire, snap.run_id)
+                try:
+                    await adapter.door.call(
+                        compensate_plan(adapter.target, lease, snap.allocation_key, runner_tag),
+                        run_id=snap.run_id,
+                        recorder=journal,
+                    )
+                except ProviderFault as fault:
+                    raise fault.error from None
+                finally:
+                    await journal.call(store.end, lease)
+                await journal.call(
+                    journal.set_allocation, row.allocation_key, row_transition(row.state, "compensate"), now=clock.now()
+                )
+        except SandboxError as exc:
+            out.append(CutShort(snap.snapshot_ref, snap.sandbox_id, snap.allocation_key, f"{exc.code}: {exc.message}"))
+            continue
+        await journal.call(
+            book.update_snapshot, snap.snapshot_ref, only_if=["pending"], state="failed", deleted_at=clock.now()
+        )
+        out.append(CutShort(snap.snapshot_ref, snap.sandbox_id, snap.allocation_key))
     return out
 
 

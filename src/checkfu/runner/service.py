@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import sys
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from checkfu.core.reconcile import ReapReport, ReconcileReport
     from checkfu.core.registry import Registry
     from checkfu.core.runner import Runner
-    from checkfu.core.sandboxes import LiveSandbox, Reclaimed, SandboxHost
+    from checkfu.core.sandboxes import CutShort, LiveSandbox, Reclaimed, SandboxHost
     from checkfu.runner.submission import RunResult
     from checkfu.wire.credentials import Credential
 
@@ -78,9 +78,9 @@ class RunnerService:
         reap: bool = True,
         notice: Notice | None = None,
     ) -> RunnerService:
-        """Open the journal and keep the house (unless ``housekeeping=False``; ``reap=False`` leaves orphans to a
-        caller that reaps them itself, as ``reconcile`` does). From inside an event loop the house is kept on a
-        thread of its own: call ``open_async`` there instead to keep it on that loop.
+        """Open the journal and keep the house (unless ``housekeeping=False``; ``reap=False`` leaves orphans, and
+        snapshots cut short, to a caller that settles them itself, as ``reconcile`` does). From inside an event loop
+        the house is kept on a thread of its own: call ``open_async`` there instead to keep it on that loop.
 
         Raises:
             JournalTooNew: the journal was written by a newer checkfu.
@@ -518,7 +518,18 @@ class RunnerService:
         ambiguous = registry.ambiguity()
         if ambiguous is not None:
             raise ambiguous
-        return await reconcile(self.journal, registry, SystemClock(), runner_tag=self.tag)
+
+        async def loaded(_: set[Wanted]) -> Registry:
+            return registry
+
+        # A snapshot cut short belongs to a sandbox that lives on, whose lease reconciliation leaves alone: it is
+        # undone first (the house keeping of a reconciling opening leaves it here), and counted in the report.
+        cut = await self._settle_cut_short(loaded)
+        report = await reconcile(self.journal, registry, SystemClock(), runner_tag=self.tag)
+        await self.reclaim_sandboxes()  # a sandbox whose Run this pass settled (its maker died) is settled with it
+        report.compensated[:0] = [c.allocation_key for c in cut if c.error is None]
+        report.failed.update({c.allocation_key: c.error for c in cut if c.error is not None})
+        return report
 
     def fleet(
         self,
@@ -652,24 +663,32 @@ class RunnerService:
         except JournalError:
             due = Housekeeping(sandboxes=True, snapshots=True, orphans=True)  # each pass reports its own trouble
         if due.sandboxes:
-            await self.reclaim_sandboxes()
+            await self.reclaim_sandboxes(cut_short=reap)
         if due.snapshots:
             await self.sweep_snapshots()
         if reap and due.orphans:
             await self.reap_orphans()
 
-    async def reclaim_sandboxes(self) -> list[Reclaimed]:
-        """Reclaim this runner's long-lived sandboxes past their time-to-live or whose owner is gone."""
+    async def reclaim_sandboxes(self, *, cut_short: bool = True) -> list[Reclaimed]:
+        """Reclaim this runner's long-lived sandboxes past their time-to-live or whose owner is gone, and (unless
+        ``cut_short=False``: ``reconcile`` does it itself, and counts it) undo the snapshots of them whose command
+        died while taking them."""
+        from checkfu.core.sandboxes import cut_short as find_cut_short  # noqa: PLC0415
         from checkfu.core.sandboxes import due_for_sweep, sweep  # noqa: PLC0415
 
         try:
-            if not due_for_sweep(self.journal, self.tag):
-                return []
+            due = bool(due_for_sweep(self.journal, self.tag))
+            cut = cut_short and bool(find_cut_short(self.journal, self.tag))
         except Exception:  # a journal too old to hold sandboxes, or one that cannot be read: nothing to reclaim
             return []
 
         async def registry_for(wanted: set[Wanted]) -> Registry:
             return await self.adapters(wanted, adapters_file=False)
+
+        if cut:
+            await self._settle_cut_short(registry_for)
+        if not due:
+            return []
 
         try:
             done = await sweep(self.journal, self.tag, registry_for)
@@ -682,6 +701,31 @@ class RunnerService:
             else:
                 self.notice(f"reclaimed sandbox {r.sandbox_id}: {r.reason}")
         self.reclaimed = done
+        return done
+
+    async def _settle_cut_short(self, registry_for: Callable[[set[Wanted]], Awaitable[Registry]]) -> list[CutShort]:
+        """Undo this runner's snapshots whose command died while taking them (``checkfu.core.sandboxes``), saying
+        what was done through ``notice``."""
+        from checkfu.core.sandboxes import settle_cut_short  # noqa: PLC0415
+
+        try:
+            done = await settle_cut_short(self.journal, self.tag, registry_for)
+        except Exception as exc:
+            self.notice(f"warning: snapshots cut short by a command that died were left for the next command: {exc}")
+            return []
+        for c in done:
+            if c.error:
+                self.notice(
+                    f"warning: snapshot {c.snapshot_ref} of sandbox {c.sandbox_id} was cut short (the command taking "
+                    f"it is gone) and could not be undone: {c.error}; the next command, or `checkfu runner "
+                    "reconcile`, tries again"
+                )
+            else:
+                self.notice(
+                    f"checkfu: snapshot {c.snapshot_ref} of sandbox {c.sandbox_id} was cut short (the command taking "
+                    "it is gone): whatever the provider made of it is removed, and the sandbox is thawed if it was "
+                    "left paused"
+                )
         return done
 
     async def sweep_snapshots(self) -> ExpiryReport | None:
@@ -740,7 +784,7 @@ class RunnerService:
                 gone.remove(orphan)
                 say(
                     f"checkfu: Run {orphan.run_id} is orphaned, and its sandbox is on another Docker engine "
-                    f"({engine}); reap it from there: `DOCKER_HOST={engine} checkfu runs list`"
+                    f"({engine}); reap it from there: `{_reach(engine)} checkfu runs list`"
                 )
         if not gone:
             return None
@@ -775,6 +819,16 @@ class RunnerService:
             for key, why in report.left.items():
                 say(f"  {key}: {why[:300]}")
         return report
+
+
+def _reach(engine: str) -> str:
+    """The environment a command needs to reach the Docker engine recorded as ``engine``: the default one is the
+    engine reached with ``DOCKER_HOST`` unset (never ``DOCKER_HOST=default``)."""
+    import shlex  # noqa: PLC0415
+
+    from checkfu.runner.config import DEFAULT_ENGINE  # noqa: PLC0415
+
+    return "env -u DOCKER_HOST" if engine == DEFAULT_ENGINE else f"DOCKER_HOST={shlex.quote(engine)}"
 
 
 def _command_name() -> str:

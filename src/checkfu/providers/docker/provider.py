@@ -46,12 +46,13 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
+import json
 import os
 import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import IO, Any, NoReturn, TypeVar
@@ -140,6 +141,42 @@ class _RootImageMissing(Exception):
     """The engine has no image by the request's ``root_image`` (404 on a create)."""
 
 
+THAW_WAIT = 120.0
+"""How long a call on a sandbox paused by another live process's capture waits for that capture to thaw it."""
+CAPTURE_WAIT = 600.0
+"""How long a reclaim of an allocation waits for a capture for it still running in this process."""
+
+
+def _process_start(pid: int) -> str | None:
+    """The start time of process ``pid`` (``/proc/PID/stat``'s 22nd field), ``None`` when there is no such process."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as fh:
+            stat = fh.read()
+    except OSError:
+        return None
+    fields = stat.rpartition(")")[2].split()
+    return fields[19] if len(fields) > 19 else None
+
+
+def _this_process() -> str:
+    """This process as ``pid/start``: a pid reused by another process is never taken for this one."""
+    return f"{os.getpid()}/{_process_start(os.getpid())}"
+
+
+def _process_alive(mark: str) -> bool:
+    pid, _, start = mark.partition("/")
+    return pid.isdigit() and bool(start) and _process_start(int(pid)) == start
+
+
+def _marks(path: Path, container: str) -> bool:
+    """Whether capture mark ``path`` is a live process's, of ``container``."""
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(doc, dict) and doc.get("container") == container and _process_alive(str(doc.get("process")))
+
+
 def _status(exc: BaseException) -> int | None:
     code = getattr(exc, "status_code", None)
     return code if isinstance(code, int) else None
@@ -221,6 +258,8 @@ class DockerProvider:
             in_background=self._in_background,
         )
         self._guard = threading.Lock()
+        self._captures: dict[str, Future[None]] = {}
+        """The captures running in this process, by the allocation key they capture for (``_capturing``)."""
         self._swept: dict[str, float] = {}  # runner tag -> when its expired snapshots were last swept in passing
         self._groups: spec.ProcessGroups | None = None  # made at the first process, once the engine says if remapped
         self.wall: Callable[[], float] = time.time
@@ -313,15 +352,44 @@ class DockerProvider:
         cached = record.running_id if record is not None else None
         if cached is not None:
             return cached
-        instance = await self._resolve(request, member)
+        instance = await self._thawed(await self._resolve(request, member))
         self._require_running(instance)
         return instance.container_id
 
     async def _explain(self, request: InstanceCall, member: Member, exc: SandboxError) -> NoReturn:
         """Raise the error the instance's real state calls for after a call on a cached id failed."""
-        instance = await self._resolve(request, member)
+        instance = await self._thawed(await self._resolve(request, member))
         self._require_running(instance)
         raise exc
+
+    async def _thawed(self, instance: Instance) -> Instance:
+        """``instance``, running again if the engine reports it paused by a capture: one still going on in a live
+        process is waited for (it thaws the sandbox itself, in a moment); one whose process died left it paused,
+        and it is thawed here. Never a held sandbox waiting for its Run (``provisioning``)."""
+        if instance.running or instance.state != "active":
+            return instance
+        return await self.engine.run("thaw", self._thawed_blocking, instance)
+
+    def _thawed_blocking(self, instance: Instance) -> Instance:
+        root = self.state_dir / "capturing"
+        deadline = time.monotonic() + THAW_WAIT
+        while True:
+            try:
+                info = self.engine.api.inspect_container(instance.container_id)
+            except Exception as exc:
+                if _status(exc) == 404:
+                    return instance
+                raise
+            state = info.get("State") or {}
+            if not (state.get("Running") and state.get("Paused")):
+                return dataclasses.replace(instance, running=bool(state.get("Running")))
+            capturing = root.exists() and any(_marks(m, instance.container_id) for m in root.glob("*~*"))
+            if not capturing:
+                self._thaw(instance.container_id)
+                return dataclasses.replace(instance, running=True)
+            if time.monotonic() > deadline:
+                return instance
+            time.sleep(0.05)
 
     async def namespaces(self) -> tuple[str, ...]:
         """The namespaces every sandbox gets of its own on this engine: a user namespace only under userns-remap.
@@ -598,11 +666,13 @@ class DockerProvider:
             instance_id=request.source_instance_id,
         )
         require_served(self.envelope, request.profile, request.platform, request.mounts)
-        source = await self._resolve(source_call, "clone")
+        source = await self._thawed(await self._resolve(source_call, "clone"))
         self._require_running(source)
         # The source's areas are read while the clone's container is created; they are written to the
         # carrier file only once that container exists, so reclaiming the clone's key always finds the file.
-        captured = asyncio.ensure_future(self.engine.run("clone", self._capture_blocking, source))
+        captured = asyncio.ensure_future(
+            self.engine.run("clone", self._capture_blocking, source, request.allocation_key, request.runner_tag)
+        )
         try:
             await self._allocate(request, "clone", snapshots.CARRIER)
         except BaseException:
@@ -1054,7 +1124,7 @@ class DockerProvider:
             SandboxStateConflict: the instance is not active.
             SandboxProviderFailed: the sandbox stopped, or the capture failed.
         """
-        instance = await self._resolve(request, "snapshot")
+        instance = await self._thawed(await self._resolve(request, "snapshot"))
         self._require_running(instance)
         extra = {L.SOURCE_KEY: request.allocation_key, L.RETENTION: instance.retention}
         expires_at = None
@@ -1062,7 +1132,9 @@ class DockerProvider:
             expires_at = format_timestamp(self.wall() + request.keep_seconds)
             extra[L.EXPIRES_AT] = expires_at
         labels = L.object_labels(request.snapshot_allocation_key, instance.runner_tag, "snapshot", **extra)
-        snapshot_id = await self.engine.run("snapshot", self._take_blocking, instance, labels)
+        snapshot_id = await self.engine.run(
+            "snapshot", self._take_blocking, instance, labels, request.snapshot_allocation_key
+        )
         return SnapshotResult(
             **echo(
                 request,
@@ -1112,7 +1184,7 @@ class DockerProvider:
         finally:
             running.set_result(None)
 
-    def _take_blocking(self, instance: Instance, labels: dict[str, str]) -> str:
+    def _take_blocking(self, instance: Instance, labels: dict[str, str], key: str) -> str:
         """Capture ``instance``'s areas as a snapshot image labelled ``labels`` and with its root image."""
         api = self.engine.api
 
@@ -1122,9 +1194,89 @@ class DockerProvider:
                 api, instance.container_id, instance.areas, instance.mounts, tagged, handle.config, fresh
             )
 
-        return self._through_handle(instance, take)
+        with self._capturing(instance, key, instance.runner_tag):
+            return self._through_handle(instance, take)
 
-    def _capture_blocking(self, instance: Instance) -> IO[bytes]:
+    # a capture cut short ------------------------------------------------------------------------
+
+    def _capture_mark(self, key: str, runner_tag: str) -> Path:
+        """The file that says a capture for allocation ``key`` (a snapshot's, or a clone's) may have paused a
+        sandbox: written before the pause, removed once the sandbox is thawed again. One whose process is gone
+        names the sandbox a reclaim of ``key`` thaws (``_thaw_left``)."""
+        return self.state_dir / "capturing" / f"{key}~{runner_tag}"
+
+    @contextlib.contextmanager
+    def _capturing(self, instance: Instance, key: str, runner_tag: str) -> Iterator[None]:
+        """Mark (on disk) and note (in this object) a capture of ``instance`` for allocation ``key`` while it runs:
+        a process that dies meanwhile leaves the mark, and a reclaim of ``key`` in this process waits for it."""
+        mark = self._capture_mark(key, runner_tag)
+        make_private_dirs(mark.parent)
+        doc = {"container": instance.container_id, "name": instance.name, "process": _this_process()}
+        with open_private(mark, os.O_TRUNC) as out:
+            out.write(json.dumps(doc).encode())
+        done: Future[None] = Future()
+        with self._guard:
+            self._captures[key] = done
+        try:
+            yield
+        finally:
+            mark.unlink(missing_ok=True)
+            with self._guard:
+                self._captures.pop(key, None)
+            done.set_result(None)
+
+    def _thaw_left(self, key: str, runner_tag: str | None) -> None:
+        """Before allocation ``key`` is reclaimed: wait for a capture for it still running in this process (it
+        thaws its sandbox itself, and an image it is importing lands before the reclaim looks for it), then thaw
+        each sandbox a capture for ``key`` left paused when its process died. The engine's word decides: only a
+        sandbox the engine reports paused is thawed, and not while another live process captures it."""
+        with self._guard:
+            running = self._captures.get(key)
+        if running is not None:
+            with contextlib.suppress(Exception):
+                running.result(timeout=CAPTURE_WAIT)
+        root = self.state_dir / "capturing"
+        if not root.exists():
+            return
+        for mark in root.glob(f"{key}~{runner_tag or '*'}"):
+            try:
+                doc = json.loads(mark.read_text(encoding="utf-8"))
+                container = str(doc["container"])
+            except (OSError, ValueError, KeyError, TypeError):
+                mark.unlink(missing_ok=True)
+                continue
+            if _process_alive(str(doc.get("process", ""))):
+                continue  # its capture is still going on in another process, which thaws it
+            others = [m for m in root.glob("*~*") if m != mark and _marks(m, container)]
+            if not others:
+                self._thaw(container)
+            mark.unlink(missing_ok=True)
+
+    def _thaw(self, container: str) -> None:
+        """Unpause ``container`` if the engine says it is paused (a held sandbox waiting for its Run stays paused)."""
+        api = self.engine.api
+        try:
+            info = api.inspect_container(container)
+        except Exception as exc:
+            if _status(exc) == 404:
+                return
+            raise
+        state = info.get("State") or {}
+        labels = info.get("Config", {}).get("Labels") or {}
+        if not state.get("Paused"):
+            return
+        if (
+            labels.get(L.HOLD) == "1"
+            and not self._thaw_mark(str(info.get("Name", "")).lstrip("/"), labels.get(L.RUNNER_TAG, "")).exists()
+        ):
+            return
+        try:
+            api.unpause(container)
+        except Exception as exc:
+            if _status(exc) not in (404, 409):
+                raise
+
+    def _capture_blocking(self, instance: Instance, key: str, runner_tag: str) -> IO[bytes]:
         """Capture ``instance``'s areas into a spool (a clone's carrier, before it is kept)."""
         api = self.engine.api
 
@@ -1140,7 +1292,8 @@ class DockerProvider:
             spool.seek(0)
             return spool
 
-        return self._through_handle(instance, capture)
+        with self._capturing(instance, key, runner_tag):
+            return self._through_handle(instance, capture)
 
     # expiry -----------------------------------------------------------------------------------
 
@@ -1230,6 +1383,7 @@ class DockerProvider:
         then volumes, then images, then the staging spool; with ``snapshots_of``, also every snapshot taken
         from the allocation. The number of objects removed."""
         api = self.engine.api
+        self._thaw_left(allocation_key, runner_tag)
         self._records.settle(L.instance_name(allocation_key))
         self._records.drop_handle(L.instance_name(allocation_key))  # a container of the key: removed below
         count = 0
