@@ -188,3 +188,12 @@ def test_sdk_refuses_expose_on_the_host_process_tier(sdk_env: Cli) -> None:
     with checkfu.Sandbox(provider="host-process", ttl=60) as sb, pytest.raises(SandboxCapabilityUnavailable) as no:
         sb.ports.expose(8000)
     assert no.value.field == "-p"
+
+
+def test_the_grade_card_says_what_a_published_port_opens(dcli: Cli) -> None:  # noqa: F811
+    docker_card = dcli.json("provider", "grade", "docker")
+    assert "127.0.0.1 unless -p names another" in docker_card["ports"]
+    assert "the sandbox's network is unchanged" in docker_card["ports"]
+    assert dcli.json("provider", "grade", "host-process")["ports"] is None
+    text = dcli("provider", "grade", "docker")
+    assert "ports      -p publishes a sandbox port on this machine" in text.out.decode(), str(text)
