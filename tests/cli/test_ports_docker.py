@@ -197,3 +197,31 @@ def test_the_grade_card_says_what_a_published_port_opens(dcli: Cli) -> None:  # 
     assert dcli.json("provider", "grade", "host-process")["ports"] is None
     text = dcli("provider", "grade", "docker")
     assert "ports      -p publishes a sandbox port on this machine" in text.out.decode(), str(text)
+
+
+def test_a_sandbox_whose_ttl_passed_takes_its_port_with_it(dcli: Cli, engine: Any) -> None:  # noqa: F811
+    made = dcli.json("sandbox", "create", "-p", "0:8000", "--ttl", "3s", "--profile", DEBIAN)
+    [port] = made["ports"]
+    assert listening(port["host_port"]) == ["/tcp 0100007F"]
+    time.sleep(4)
+    ps = dcli("ps", "--json")  # whatever is due is reclaimed first
+    assert ps.code == 0, str(ps)
+    assert listening(port["host_port"]) == []
+    assert not leftovers(engine, dcli.tag)
+
+
+def test_kill_9_of_a_run_with_a_port_is_reaped_with_its_port(dcli: Cli, engine: Any) -> None:  # noqa: F811
+    run = dcli.start("run", "-p", "0:8000", "--profile", DEBIAN, "--", "python3", "-m", "http.server", "8000")
+    run.wait_for("published http://127.0.0.1:", timeout=60)
+    found = URL.search(run.stderr())
+    assert found is not None
+    url, host_port = found.group(1), int(found.group(2))
+    assert b"Directory listing" in fetch(url)
+    run.send(signal.SIGKILL)
+    run.proc.wait()
+    assert listening(host_port) == ["/tcp 0100007F"], "the porter outlives its owner until reaped"
+    listed = dcli("runs", "list", "--json")  # the next command that opens the journal reaps the orphan
+    assert listed.code == 0, str(listed)
+    assert "reaped orphaned Run" in listed.said
+    assert listening(host_port) == []
+    assert not leftovers(engine, dcli.tag)
