@@ -21,7 +21,7 @@ import pytest
 
 import checkfu
 from checkfu.contract.errors import SandboxCapabilityUnavailable, SandboxProfileInvalid
-from checkfu.contract.ports import PortSpec, parse_port_spec, parse_port_specs
+from checkfu.contract.ports import PortSpec, exposure_warning, parse_port_spec, parse_port_specs
 
 from .test_run_cli import PROFILES, Cli
 from .test_run_docker import containers, dcli, engine, leftovers  # noqa: F401 - fixtures
@@ -167,6 +167,11 @@ def test_p_values_read_as_docker_reads_them() -> None:
     assert parse_port_spec("[::1]:0:8000") == PortSpec(port=8000, host="::1", host_port=0)
     with pytest.raises(SandboxProfileInvalid):
         parse_port_specs(["8080:80", "127.0.0.1:8080:81"])
+    # off the loopback only when asked, and then loudly (not bound here: network tests stay on the loopback)
+    assert exposure_warning(parse_port_spec("8000")) is None
+    assert exposure_warning(parse_port_spec("[::1]:0:8000")) is None
+    said = exposure_warning(parse_port_spec("0.0.0.0:8080:8000"))
+    assert said is not None and "not the loopback" in said and "-p" in said
 
 
 def test_run_refuses_p_on_another_provider_and_bad_syntax(dcli: Cli, tmp_path: Path) -> None:  # noqa: F811
