@@ -230,3 +230,10 @@ def test_kill_9_of_a_run_with_a_port_is_reaped_with_its_port(dcli: Cli, engine: 
     assert "reaped orphaned Run" in listed.said
     assert listening(host_port) == []
     assert not leftovers(engine, dcli.tag)
+
+
+def test_submit_refuses_p_by_name(dcli: Cli) -> None:  # noqa: F811
+    done = dcli("submit", "-p", "8000", "--profile", DEBIAN, "--", "true")
+    assert done.code == 2, str(done)
+    assert "-p: a queued Run runs later" in done.said
+    assert dcli.open_allocations() == []
