@@ -33,6 +33,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from checkfu.contract.errors import SandboxProviderFailed
+from checkfu.contract.ports import LOOPBACK, PublishedPort, parse_port_spec
 from checkfu.contract.process import ProcessExit, ProcessOutput
 from checkfu.contract.profile import SandboxProfile
 
@@ -356,6 +357,34 @@ class AsyncCommands:
         )
 
 
+class AsyncSandboxPorts:
+    """``sb.ports``: publish a port of the sandbox on this machine's loopback (the Docker tier only).
+
+    The sandbox keeps its network (``none``: only ``lo``); what ``expose`` opens is one listening address on
+    the host, ``127.0.0.1`` unless ``host`` names another, that leads to ``127.0.0.1:PORT`` inside the sandbox.
+    It is closed with the sandbox (``close``, ``kill``, its time-to-live).
+    """
+
+    def __init__(self, sandbox: AsyncSandbox) -> None:
+        self._sb = sandbox
+        self.published: list[PublishedPort] = []
+        """Every port published so far, oldest first."""
+
+    async def expose(self, port: int, *, host: str = LOOPBACK, host_port: int = 0) -> str:
+        """Publish sandbox ``port`` on ``host:host_port`` (``host_port`` 0: any free port) and return its URL,
+        ``http://127.0.0.1:N``.
+
+        Raises:
+            SandboxProfileInvalid: (field ``-p``) a port out of range, a host that is not an IP address.
+            SandboxCapabilityUnavailable: (field ``-p``) the sandbox's provider cannot publish ports.
+            SandboxProviderFailed: (field ``-p``) the address is taken, or the provider could not open it.
+        """
+        spec = parse_port_spec(f"{f'[{host}]' if ':' in host else host}:{host_port}:{port}")
+        published = await self._sb._live.publish_port(spec)
+        self.published.append(published)
+        return published.url
+
+
 class AsyncSandbox:
     """A long-lived sandbox, driven with ``await``.
 
@@ -392,6 +421,7 @@ class AsyncSandbox:
         self._attached = False
         self.files = AsyncSandboxFiles(self)
         self.commands = AsyncCommands(self)
+        self.ports = AsyncSandboxPorts(self)
 
     # making and finding ----------------------------------------------------------------------
 
@@ -846,6 +876,20 @@ class Commands:
         return Process(done) if background else done
 
 
+class SandboxPorts:
+    """``sb.ports`` of a ``Sandbox``: ``expose(8000)`` returns ``http://127.0.0.1:N`` (``AsyncSandboxPorts``)."""
+
+    def __init__(self, inner: AsyncSandboxPorts) -> None:
+        self._inner = inner
+
+    @property
+    def published(self) -> list[PublishedPort]:
+        return self._inner.published
+
+    def expose(self, port: int, *, host: str = LOOPBACK, host_port: int = 0) -> str:
+        return _run(lambda: self._inner.expose(port, host=host, host_port=host_port))
+
+
 class Sandbox:
     """A long-lived sandbox, made as soon as it is constructed; ``with`` releases it on exit.
 
@@ -873,6 +917,7 @@ class Sandbox:
         self._inner = _inner
         self.files = SandboxFiles(_inner.files)
         self.commands = Commands(_inner.commands)
+        self.ports = SandboxPorts(_inner.ports)
 
     @classmethod
     def create(

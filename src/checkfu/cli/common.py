@@ -15,6 +15,7 @@ from rich.markup import escape
 from checkfu.cli.consoles import console
 from checkfu.cli.state import is_url
 from checkfu.contract.errors import SandboxAdapterUnavailable, SandboxError, SandboxProfileInvalid
+from checkfu.contract.ports import PublishedPort
 from checkfu.contract.profile import SandboxProfile
 from checkfu.contract.tiers import assess
 from checkfu.core.profiles import Overrides, ReadProfile, describe_resolved, parse_network, pinned
@@ -161,6 +162,10 @@ class ConsoleObserver:
 
     def warning(self, text: str) -> None:
         self.say(f"[bold yellow]warning[/]: {escape(text)}")
+
+    def published(self, port: PublishedPort) -> None:
+        """Said even with ``-q``: the address is how the caller reaches the sandbox while the command runs."""
+        err.print(f"published {escape(port.url)} -> sandbox port {port.port:d}" + ("\r" if self.raw else ""))
 
     def selected(self, attempt: Attempt) -> None:
         self.attempt = attempt

@@ -86,6 +86,7 @@ NOT_QUEUED = {
     "interactive": ("-i", "a queued Run runs later, on a runner, with no caller's input to stream"),
     "use_tty": ("-t", "a queued Run runs later, on a runner, with no terminal to follow"),
     "json_file": ("--json", "`checkfu runs wait RUN --json` prints a submitted Run's summary"),
+    "publish": ("-p", "a queued Run runs later, on whichever runner serves it, whose loopback is not the caller's"),
 }
 """``checkfu run``'s options a queued Run cannot carry, and why."""
 

@@ -64,6 +64,7 @@ from checkfu.contract.errors import (
     SandboxPathRejected,
     SandboxProfileInvalid,
 )
+from checkfu.contract.ports import PortSpec, admit_ports, exposure_warning
 from checkfu.contract.profile import DESTINATION_PATTERN, NetworkPolicy, SandboxProfile
 from checkfu.contract.tiers import assess
 from checkfu.core.admission import (
@@ -343,6 +344,18 @@ def run_command(
     no_ignore: Annotated[
         bool, typer.Option("--no-ignore", help="stage what git ignores too (a directory inside a git work tree)")
     ] = False,
+    publish: Annotated[
+        list[str] | None,
+        typer.Option(
+            "-p",
+            "--publish",
+            help="[HOST_IP:]HOST_PORT:PORT: reach sandbox PORT at HOST_IP:HOST_PORT on this machine while the Run "
+            "lasts (HOST_IP 127.0.0.1 unless named, 0.0.0.0 only if you say so; HOST_PORT 0: any free port); the "
+            "sandbox keeps its network (docs/egress.md#published-ports); Docker only",
+            show_default=False,
+            metavar="[HOST_IP:]HOST_PORT:PORT",
+        ),
+    ] = None,
     env: Annotated[
         list[str] | None,
         typer.Option(
@@ -476,6 +489,7 @@ def run_command(
             pool=pool,
             adapters=adapters_file(adapters),
             overrides=overrides,
+            publish=publish or [],
         )
     except SandboxError as exc:
         refused(exc, json_file, summary)
@@ -512,6 +526,7 @@ def _admit_and_run(
     pool: bool = False,
     adapters: Path | None = None,
     overrides: Overrides | None = None,
+    publish: list[str] | None = None,
 ) -> int:
     """Every input checked (every problem listed), then the Run. Returns the exit status.
 
@@ -540,6 +555,8 @@ def _admit_and_run(
         overrides=overrides,
     )
     read, specs, env, timeout = checked.read, checked.specs, checked.env, checked.timeout
+    ports = admit_ports(publish or [], name)
+    warnings.extend(w for w in map(exposure_warning, ports) if w is not None)
     for line in warnings:
         if not quiet:
             err.print(f"[bold yellow]warning[/]: {escape(line)}")
@@ -582,6 +599,7 @@ def _admit_and_run(
                 pool=pool,
                 adapters=adapters,
                 image_name=read.tag,
+                ports=ports,
             )
         )
     finally:
@@ -612,6 +630,7 @@ async def _run(
     pool: bool = False,
     adapters: Path | None = None,
     image_name: str | None = None,
+    ports: list[PortSpec] | None = None,
 ) -> int:
     observer = ConsoleObserver(quiet=quiet)
     # Mounts are read, bounded and hashed before any provider is asked anything (describe included).
@@ -668,6 +687,7 @@ async def _run(
             tty=tty,
             resolved=resolved,
             pool=pool,
+            ports=ports or [],
         )
         result.phases = {"resolve": resolve_seconds, **result.phases}
     except asyncio.CancelledError:
@@ -713,6 +733,8 @@ async def _run(
     )
     if pool:
         summary["adopted"] = result.adopted
+    if ports:
+        summary["ports"] = [p.to_json() for p in result.ports]
     if not quiet:
         _summary(result, label, allowed, profile_name, env, workdir, summary["resolved_profile"])
     if _report_left(observer.attempt, db, f"[bold red]the command exited {result.exit_code:d}, but[/]"):
@@ -748,6 +770,8 @@ def _summary(
         err.print(f"[bold]workdir[/]    {escape(workdir)}")
     if allowed:
         err.print("[bold]allowed[/]  " + escape(", ".join(allowed)))
+    for p in result.ports:
+        err.print(f"[bold]port[/]       {escape(p.url)} -> sandbox port {p.port:d} (closed with the sandbox)")
     colour = "green" if result.exit_code == 0 else "red"
     err.print(f"[bold]exit[/]       [{colour}]{result.exit_code:d}[/]")
     if result.capture_dir is not None:

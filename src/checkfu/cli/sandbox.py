@@ -42,6 +42,7 @@ from checkfu.contract.errors import (
     SandboxProviderFailed,
     SandboxStateConflict,
 )
+from checkfu.contract.ports import PublishedPort, admit_ports, exposure_warning
 from checkfu.core.journal import JournalError
 from checkfu.core.profiles import Overrides
 
@@ -248,6 +249,18 @@ def sandbox_create(
         typer.Option("--mount", help="SRC:TARGET[:rw], staged before anything runs", metavar="SRC:TARGET[:rw]"),
     ] = None,
     no_ignore: Annotated[bool, typer.Option("--no-ignore", help="stage what git ignores too")] = False,
+    publish: Annotated[
+        list[str] | None,
+        typer.Option(
+            "-p",
+            "--publish",
+            help="[HOST_IP:]HOST_PORT:PORT: reach sandbox PORT at HOST_IP:HOST_PORT on this machine until the sandbox "
+            "is removed (HOST_IP 127.0.0.1 unless named; HOST_PORT 0: any free port); the sandbox keeps its network "
+            "(docs/egress.md#published-ports); Docker only",
+            show_default=False,
+            metavar="[HOST_IP:]HOST_PORT:PORT",
+        ),
+    ] = None,
     ttl: TtlOpt = "30m",
     provider: Annotated[str, typer.Option("--provider", help="provider name (or service URL)")] = "docker",
     db: DbOpt = None,
@@ -274,6 +287,7 @@ def sandbox_create(
 
     flags = Overrides(image=image, memory=memory, cpus=cpus, pids=pids, disk=disk, network=tuple(network or ()))
     tags: list[str | None] = []
+    published: list[PublishedPort] = []
 
     async def body() -> Any:
         from checkfu.core.admission import raise_problems  # noqa: PLC0415
@@ -282,6 +296,11 @@ def sandbox_create(
 
         seconds = parse_duration(ttl, "--ttl")
         specs = [parse_mount(m, stage_all=no_ignore) for m in mount or []]
+        ports = admit_ports(publish or [], provider)
+        for spec in ports:
+            warned = exposure_warning(spec)
+            if warned is not None:
+                err.print(f"[bold yellow]warning[/]: {escape(warned)}")
         given: Any = profile
         if flags.given():  # the flags over the profile (or the built-in one): each wins
             read = read_profile(profile, "docker" if "://" in provider else provider, flags)
@@ -293,6 +312,12 @@ def sandbox_create(
             live = await service.create_sandbox(
                 provider, profile=given, mounts=specs, ttl=seconds, detached=True, credential=_credential()
             )
+            try:  # the ports stay open with the sandbox: its provider removes them when the sandbox goes
+                for spec in ports:
+                    published.append(await live.publish_port(spec))
+            except BaseException:
+                await live.release(status="failed")  # a sandbox whose port did not open is not left behind
+                raise
         finally:
             service.close()
         return live.record
@@ -308,11 +333,15 @@ def sandbox_create(
             "endpoint": rec.site if is_endpoint(rec.site) else None,
             "expires_at": _when(rec.expires_at),
             "resolved_profile": resolved,
+            **({"ports": [p.to_json() for p in published]} if publish else {}),
         },
         rec.sandbox_id,
     )
     if flags.given() and not as_json:
         err.print(f"[bold]resolved[/]   {escape(resolved_text(resolved))}")
+    if not as_json:
+        for p in published:
+            err.print(f"[bold]port[/]       {escape(p.url)} -> sandbox port {p.port:d} (until `checkfu sandbox rm`)")
 
 
 @sandbox_app.command("rm")

@@ -23,6 +23,7 @@ from checkfu.contract.ceiling import THIRD_PARTY, RunnerProviderCapability, over
 from checkfu.contract.codec import digest
 from checkfu.contract.enforcement import AXES, counts_as_enforcement
 from checkfu.contract.envelope import SandboxProviderCapabilities
+from checkfu.contract.ports import PortPublisher
 from checkfu.contract.tiers import TIER_LABELS, TierName, assess
 from checkfu.core.journal import EnrollmentRow, EventRow
 from checkfu.core.registry import Adapter
@@ -72,6 +73,9 @@ class GradeCard:
     history: list[dict[str, Any]] = field(default_factory=list)
     declared: list[dict[str, Any]] = field(default_factory=list)
     """Each optional member and lifecycle assurance the envelope declares, and what conformance made of it."""
+    ports: str | None = None
+    """What publishing a port (``-p``) opens, when the provider can publish (``PortPublisher``); ``None``: it
+    cannot, and ``-p`` is refused on it."""
 
     @property
     def loud(self) -> bool:
@@ -99,6 +103,7 @@ class GradeCard:
             "loud": self.loud,
             "history": self.history,
             "declared": self.declared,
+            "ports": self.ports,
         }
 
 
@@ -176,6 +181,13 @@ def _why_not(item: str, cases: list[dict[str, Any]], env: SandboxProviderCapabil
     return "no recorded case exercised it"
 
 
+PORTS_OPEN = (
+    "-p publishes a sandbox port on this machine: one listening address per port, 127.0.0.1 unless -p names "
+    "another (0.0.0.0 only when asked, with a warning), leading to 127.0.0.1:PORT inside the sandbox and nothing "
+    "else; the sandbox's network is unchanged (none keeps only lo) and the port closes with the sandbox"
+)
+
+
 def grade(
     adapter: Adapter,
     *,
@@ -184,7 +196,7 @@ def grade(
     conformance: dict[str, Any] | None = None,
 ) -> GradeCard:
     """The grade card of ``adapter``; ``conformance`` (a report's JSON) wins over the enrollment's record."""
-    return grade_envelope(
+    card = grade_envelope(
         adapter.envelope,
         in_tree=adapter.in_tree,
         ceiling=adapter.ceiling,
@@ -192,6 +204,9 @@ def grade(
         history=history,
         conformance=conformance,
     )
+    if isinstance(adapter.provider, PortPublisher):
+        card.ports = PORTS_OPEN
+    return card
 
 
 def grade_envelope(
@@ -273,6 +288,7 @@ def render_text(card: GradeCard) -> list[str]:
         lines.append(f"  {axis:<22} {a['authority']:<18} {mark:<13} ceiling {a['ceiling']}")
     egress = card.egress_certification + (" (an uncertified allowlist)" if card.uncertified_allowlist else "")
     lines.append(f"egress     {egress}; ceiling {card.ceiling['egress_certification']}")
+    lines.append(f"ports      {card.ports or 'cannot publish a port (-p is refused)'}")
     conf = card.conformance
     if conf.get("tally"):
         t = conf["tally"]
@@ -364,6 +380,7 @@ ul.warnings li{{color:#a40000}}
 <table id="axes"><tr><th>axis</th><th>authority</th><th>counts</th><th>ceiling allows</th><th>what it means</th></tr>
 {rows}</table>
 <h2>Egress</h2><p id="egress">{egress}; the ceiling allows {e(card.ceiling["egress_certification"])}</p>
+<h2>Ports</h2><p id="ports">{e(card.ports or "cannot publish a port (-p is refused)")}</p>
 <h2>Conformance</h2><p id="conformance">{conformance}</p>
 {f'<table id="cases"><tr><th>#</th><th>case</th><th>outcome</th><th>reason</th></tr>{cases}</table>' if cases else ""}
 <h2>Declared, and exercised by conformance</h2>

@@ -24,7 +24,15 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mappin
 from typing import TypeVar
 
 from checkfu.contract.envelope import Member, SandboxProviderCapabilities
-from checkfu.contract.errors import SandboxError, SandboxLeaseFenced, SandboxOperationUnsupported
+from checkfu.contract.errors import (
+    SandboxCapabilityUnavailable,
+    SandboxError,
+    SandboxLeaseFenced,
+    SandboxOperationUnsupported,
+    SandboxProviderFailed,
+    SandboxStateConflict,
+    Unmet,
+)
 from checkfu.contract.frames import OutputOrder
 from checkfu.contract.members import (
     CompensateResult,
@@ -40,6 +48,7 @@ from checkfu.contract.members import (
     WriteFileResult,
 )
 from checkfu.contract.mounts import MountPlan
+from checkfu.contract.ports import PortPublisher, PortSpec, PublishedPort
 from checkfu.contract.process import ProcessEvent, ProcessExit
 from checkfu.contract.profile import SandboxProfile
 from checkfu.contract.provider import ProcessStream, Provider
@@ -421,6 +430,34 @@ class RunSession:
                 ),
             )
         )
+
+    async def publish_port(self, inst: Instance, spec: PortSpec) -> PublishedPort:
+        """Publish ``spec`` for the active ``inst`` through a provider that can (``PortPublisher``: the Docker
+        tier); the provider removes what it opened when the instance is released or compensated.
+
+        Raises:
+            SandboxStateConflict: ``inst`` is not active.
+            SandboxCapabilityUnavailable: (field ``-p``) the provider cannot publish ports.
+            SandboxProviderFailed: (field ``-p``) the provider could not open it.
+        """
+        if inst.state != "active":
+            raise SandboxStateConflict(f"-p: the sandbox is {inst.state}, not active", field="-p")
+        provider = self.door.provider
+        if not isinstance(provider, PortPublisher):
+            raise SandboxCapabilityUnavailable(
+                [Unmet("-p", "this provider cannot publish a port (only the Docker tier can, on its own host)")],
+                provider=self.target.provider,
+            )
+        try:
+            async with asyncio.timeout(60):
+                return await provider.publish_port(
+                    allocation_key=inst.allocation_key,
+                    instance_id=inst.instance_id,
+                    runner_tag=self.core.runner_tag,
+                    spec=spec,
+                )
+        except TimeoutError:
+            raise SandboxProviderFailed("-p: the port was not published within 60 s", field="-p") from None
 
     async def open_process(
         self,

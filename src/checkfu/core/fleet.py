@@ -48,6 +48,7 @@ from checkfu.contract.errors import (
 )
 from checkfu.contract.lifecycle import OPEN_ROW_STATES, row_transition
 from checkfu.contract.mounts import MountPlan
+from checkfu.contract.ports import PublishedPort
 from checkfu.contract.profile import SandboxProfile
 from checkfu.contract.target import ExecutionTarget, Lease
 from checkfu.core.clock import Clock, SystemClock
@@ -254,6 +255,9 @@ class _Output:
 
     def selected(self, attempt: Attempt) -> None:
         pass
+
+    def published(self, port: PublishedPort) -> None:
+        pass  # a served Run publishes no port (``ports`` is not a field of a queued request)
 
     def hash_progress(self, done: int, total: int) -> None:
         pass  # a served Run shows no progress bars

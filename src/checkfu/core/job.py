@@ -18,6 +18,7 @@ from pathlib import Path, PurePosixPath
 from typing import Protocol
 
 from checkfu.contract.errors import SandboxError, SandboxPathRejected
+from checkfu.contract.ports import PortSpec, PublishedPort
 from checkfu.contract.process import ProcessExit, ProcessOutput
 from checkfu.contract.profile import SandboxProfile
 from checkfu.contract.target import ExecutionTarget
@@ -82,6 +83,9 @@ class Observer(Protocol):
 
     def output(self, stream: str, data: bytes) -> None: ...
 
+    def published(self, port: PublishedPort) -> None:
+        """A port of the sandbox was published (``ports``), before the command starts."""
+
 
 class QuietObserver:
     def __init__(self) -> None:
@@ -98,6 +102,9 @@ class QuietObserver:
 
     def warning(self, text: str) -> None:
         self.warnings.append(text)
+
+    def published(self, port: PublishedPort) -> None:
+        pass
 
     def selected(self, attempt: Attempt) -> None:
         pass
@@ -141,6 +148,9 @@ class _Keeping:
         self.keeper.feed(stream, data)
         self.inner.output(stream, data)
 
+    def published(self, port: PublishedPort) -> None:
+        self.inner.published(port)
+
 
 def source_text(mount: ResolvedMount) -> str:
     """Where a resolved mount's bytes came from, as a person wrote it (``repo@ref`` for Git)."""
@@ -175,6 +185,8 @@ class JobResult:
     """What the journal could not record (it was locked or unreachable): reconciliation settles it later."""
     adopted: str | None = None
     """With ``pool``: the allocation key of the pooled sandbox the Run adopted (``None``: it provisioned one)."""
+    ports: list[PublishedPort] = field(default_factory=list)
+    """The ports published for the Run (``ports``), open while its command ran."""
 
 
 class _Phases:
@@ -222,6 +234,7 @@ async def run_job(
     keep_output: int | None = None,
     noted: dict[str, object] | None = None,
     pool: bool = False,
+    ports: Sequence[PortSpec] = (),
 ) -> JobResult:
     """Run ``argv`` in a fresh sandbox; returns its exit code and what happened.
 
@@ -237,7 +250,9 @@ async def run_job(
     and dropped. ``noted`` goes
     into the Run's story as given. With ``pool``, the Run adopts a ready pooled sandbox of its adapter, profile
     digest, sealed mount targets and engine (``noted["engine"]``) when there is one (``checkfu.core.pool``),
-    else provisions as always; either way its mounts are staged before it is activated.
+    else provisions as always; either way its mounts are staged before it is activated. ``ports`` are published
+    once the sandbox is active, before the command starts (``obs.published`` and ``result.ports`` say where), and
+    closed with the sandbox.
 
     Raises:
         SandboxError: a refusal or a provider fault; whatever was allocated has been
@@ -318,6 +333,7 @@ async def run_job(
             result,
             pool,
             str(noted["engine"]) if noted and "engine" in noted else None,
+            ports,
         )
         status = "succeeded" if result.exit_code == 0 else "command_failed"
     except asyncio.CancelledError:
@@ -438,6 +454,7 @@ async def _drive(
     result: JobResult,
     pool: bool = False,
     engine: str | None = None,
+    ports: Sequence[PortSpec] = (),
 ) -> None:
     inst: Instance | None = None
     if pool:
@@ -453,6 +470,12 @@ async def _drive(
         await session.stage(inst, resolved, progress=obs.stage_progress)
     async with phases.run("activate"):
         await session.activate(inst)
+    if ports:
+        async with phases.run("publish"):
+            for spec in ports:
+                published = await session.publish_port(inst, spec)
+                result.ports.append(published)
+                obs.published(published)
     async with phases.run("process"):
         result.exit_code = await _process(session, inst, argv, obs, env, cwd, timeout, interact, tty)
     if captures:

@@ -47,6 +47,7 @@ from checkfu.contract.errors import (
 from checkfu.contract.lifecycle import RowKind, row_transition
 from checkfu.contract.members import MAX_KEEP_SECONDS, ExecResult, ListDirResult, ReadFilesResult
 from checkfu.contract.mounts import MountPlan
+from checkfu.contract.ports import PortSpec, PublishedPort
 from checkfu.contract.profile import SandboxProfile
 from checkfu.contract.target import ExecutionTarget, Lease
 from checkfu.contract.vocabulary import Platform
@@ -528,6 +529,16 @@ class LiveSandbox:
             return await self.session.read_files(self.inst, paths)
         except SandboxError as exc:
             raise await self._lost(exc) from exc
+
+    async def publish_port(self, spec: PortSpec) -> PublishedPort:
+        """Publish ``spec`` (``-p``) for this sandbox; it stays published until the sandbox is released (by
+        ``rm``, its time-to-live, reconciliation or the owner's end: the provider removes it with the sandbox).
+
+        Raises:
+            SandboxCapabilityUnavailable: (field ``-p``) its provider cannot publish ports.
+            SandboxProviderFailed: (field ``-p``) the provider could not open it.
+        """
+        return await self.session.publish_port(self.inst, spec)
 
     async def list_dir(self, path: str, *, recursive: bool = False) -> ListDirResult:
         try:

@@ -107,7 +107,8 @@ from checkfu.contract.members import (
 )
 from checkfu.contract.model import format_timestamp, parse_timestamp
 from checkfu.contract.paths import is_within
-from checkfu.providers.docker import egress, files, snapshots, spec
+from checkfu.contract.ports import PortSpec, PublishedPort
+from checkfu.providers.docker import egress, files, ports, snapshots, spec
 from checkfu.providers.docker import labels as L
 from checkfu.providers.docker.engine import DEFAULT_WORKERS, Engine
 from checkfu.providers.docker.envelope import HostFacts, build_envelope, check_target, host_facts, require_served
@@ -973,6 +974,47 @@ class DockerProvider:
         self._records.move(name, container_id, "activated", dataclasses.replace(instance, state="active", running=True))
         return InstanceResult(**echo(request, state="active"))
 
+    # published ports (not a wire member: ``checkfu.contract.ports.PortPublisher``) -------------
+
+    async def publish_port(
+        self, *, allocation_key: str, instance_id: str, runner_tag: str, spec: PortSpec
+    ) -> PublishedPort:
+        """Publish port ``spec.port`` of the running sandbox on ``spec.host:spec.host_port`` of the engine's host
+        (``ports.py``): a door in the sandbox's network namespace and a porter on the host, removed with it.
+        The sandbox keeps its network as it is.
+
+        Raises:
+            SandboxNotFound: no such running instance of that allocation.
+            SandboxCapabilityUnavailable: (field ``-p``) the engine has no ``egress_image`` (python3) to run them.
+            SandboxProviderFailed: (field ``-p``) the door or the porter did not open (address taken, a port
+                below 1024, a namespace with more than ``lo``).
+        """
+        name = L.instance_name(allocation_key)
+        if instance_id != name:
+            raise SandboxNotFound(
+                f"instance_id: {instance_id!r} is not the instance of allocation {allocation_key!r}",
+                field="instance_id",
+            )
+        found = await self.engine.run("publishPort", self._inspect_blocking, name, allocation_key)
+        if found is None or found.state != "active" or not found.running:
+            raise SandboxNotFound(f"instance_id: {name!r} is not a running sandbox", field="instance_id")
+        if self._egress_image_id() is None:
+            raise SandboxCapabilityUnavailable(
+                [Unmet("-p", f"publishing a port needs the image {self.egress_image!r} (with python3) on this engine")]
+            )
+        return await self.engine.run(
+            "publishPort",
+            functools.partial(
+                ports.open_port,
+                self.engine.api,
+                instance=name,
+                image=self.egress_image,
+                key=allocation_key,
+                tag=runner_tag,
+                spec=spec,
+            ),
+        )
+
     # exec, openProcess ----------------------------------------------------------------------
 
     async def exec(self, request: ExecRequest) -> ExecResult:
@@ -1478,6 +1520,7 @@ class DockerProvider:
         if instance.proxy is not None:
             for helper in (instance.proxy, egress.door_name(instance.name)):
                 first.append(functools.partial(self._gone, functools.partial(api.remove_container, helper, force=True)))
+        first.append(functools.partial(self._release_ports, instance.name, key))
         # A handle mounts the areas too: the sandbox's removal cannot take them while it is there, so they are
         # removed by name after it (they are among the volumes of an instance read back from the engine).
         has_handle = handle is not None or read_back
@@ -1501,7 +1544,7 @@ class DockerProvider:
             functools.partial(self._gone, functools.partial(api.remove_volume, v, force=True)) for v in volumes
         ]
         if restore is not None:
-            labels = found[1 + (stager is not None) + 2 * (instance.proxy is not None) + has_handle]
+            labels = found[2 + (stager is not None) + 2 * (instance.proxy is not None) + has_handle]
             if L.kind_of(labels) == "carrier" and labels.get(L.ALLOCATION_KEY) == key:
                 second.append(functools.partial(self._gone, functools.partial(api.remove_image, restore)))
         if zdr:
@@ -1512,6 +1555,18 @@ class DockerProvider:
         self._discard_carrier(instance.name, instance.runner_tag)
         discard_writable(self.rw_spools, instance.name, instance.runner_tag)
         self._unmark_thawed(instance.name, instance.runner_tag)
+
+    def _release_ports(self, instance: str, key: str) -> int:
+        """Remove the ports door and porters of ``instance``, then their socket volume (none: one list call)."""
+        found = ports.helpers(self.engine.api, key)
+        if not found:
+            return 0
+        removed = 0
+        for c in found:  # this runs in the pool already: one after the other, not in it again
+            removed += self._gone(functools.partial(self.engine.api.remove_container, c["Id"], force=True))
+        return removed + self._gone(
+            functools.partial(self.engine.api.remove_volume, ports.socket_volume(instance), force=True)
+        )
 
     async def release(self, request: ReleaseRequest) -> ReleaseResult:
         """Remove the sandbox and everything of its allocation (killing every process it started); for
