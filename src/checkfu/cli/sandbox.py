@@ -531,8 +531,7 @@ async def _read_batch(live: Any, paths: list[str], local_of: Callable[[str], Pat
         return saved_each, large
     saved = []
     for f in res.files:
-        target = local_of(f.path)
-        target.parent.mkdir(parents=True, exist_ok=True)
+        target = local_of(f.path)  # its directory made from the listing: a local path missing is refused
         target.write_bytes(f.data)
         os.chmod(target, f.mode & 0o777)
         saved.append(str(target))
@@ -560,7 +559,6 @@ async def _stream_out(live: Any, path: str, target: Path, mode: int | None) -> s
         )
     if mode is None:
         mode = await _mode_of(live, path)
-    target.parent.mkdir(parents=True, exist_ok=True)
     partial = target.with_name(f".{target.name}.checkfu-part")
     proc = await live.open_process(["cat", "--", path])
     code: int | None = None
