@@ -755,7 +755,9 @@ class AsyncSandbox:
         assert ctx is not None
         live = await ctx.host.clone(self._live, ttl=_seconds(ttl, "ttl", _default_ttl()), detached=detach)
         ctx.users += 1
-        return AsyncSandbox._wrap(ctx, live)
+        copy = AsyncSandbox._wrap(ctx, live)
+        copy.max_output_bytes, copy.on_truncation = self.max_output_bytes, self.on_truncation
+        return copy
 
     async def delete_snapshot(self, snapshot: SnapshotInfo | str) -> None:
         """Delete a snapshot through its provider (a snapshot already deleted is left as it is)."""
