@@ -25,14 +25,16 @@ Any process attaches to a live sandbox with ``Sandbox.connect(sandbox_id)``.
 from __future__ import annotations
 
 import asyncio
+import math
 import threading
+import warnings
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
-from checkfu.contract.errors import SandboxProviderFailed
+from checkfu.contract.errors import SandboxBoundExceeded, SandboxProfileInvalid, SandboxProviderFailed
 from checkfu.contract.ports import LOOPBACK, PublishedPort, parse_port_spec
 from checkfu.contract.process import ProcessExit, ProcessOutput
 from checkfu.contract.profile import SandboxProfile
@@ -50,6 +52,7 @@ __all__ = [
     "AsyncSandboxFiles",
     "CommandResult",
     "FileEntry",
+    "OutputTruncatedWarning",
     "Process",
     "Sandbox",
     "SandboxFiles",
@@ -59,23 +62,111 @@ __all__ = [
 T = TypeVar("T")
 OnOutput = Callable[[bytes], None]
 ProfileArg = SandboxProfile | Mapping[str, Any] | str | Path | None
+Truncation = Literal["warn", "raise", "ignore"]
 TIMEOUT_EXIT = 124
 """The exit status of a command stopped at its ``timeout`` (as coreutils ``timeout`` reports it)."""
+DEFAULT_MAX_OUTPUT_BYTES = 8 << 20
+"""How much of each stream (stdout, stderr) a result keeps unless asked otherwise: 8 MiB, the runner's own bound on
+what one ``exec`` call may hand back (``checkfu.core.session.Limits``)."""
+
+
+class OutputTruncatedWarning(UserWarning):
+    """A command wrote more than ``max_output_bytes`` to a stream: its result keeps only the first bytes
+    (``CommandResult.truncated`` says so). ``warnings.simplefilter("error", OutputTruncatedWarning)``, or
+    ``on_truncation="raise"``, makes it an error."""
 
 
 @dataclass(frozen=True)
 class CommandResult:
-    """A finished command: its exit status and its whole output."""
+    """A finished command: its exit status and its output, all of it unless ``truncated`` says otherwise."""
 
     exit_code: int
     stdout: bytes
     stderr: bytes
     timed_out: bool = False
+    stdout_truncated: bool = False
+    """More was written to stdout than ``max_output_bytes``: ``stdout`` holds only the first bytes."""
+    stderr_truncated: bool = False
+    """More was written to stderr than ``max_output_bytes``: ``stderr`` holds only the first bytes."""
+
+    @property
+    def truncated(self) -> bool:
+        """Whether either stream was cut at ``max_output_bytes``."""
+        return self.stdout_truncated or self.stderr_truncated
 
     @property
     def text(self) -> str:
         """``stdout`` decoded as UTF-8 (undecodable bytes replaced)."""
         return self.stdout.decode("utf-8", "replace")
+
+
+def _max_output(value: int | None, default: int) -> int:
+    """Raises SandboxProfileInvalid: ``value`` is not a whole number of bytes above 0."""
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise SandboxProfileInvalid(
+            f"max_output_bytes: {value!r} is not a number of bytes: give a whole number above 0",
+            field="max_output_bytes",
+        )
+    return value
+
+
+def _truncation(value: str) -> Truncation:
+    """Raises SandboxProfileInvalid: ``value`` is not ``warn``, ``raise`` or ``ignore``."""
+    if value not in ("warn", "raise", "ignore"):
+        raise SandboxProfileInvalid(
+            f"on_truncation: {value!r} is not one of 'warn', 'raise', 'ignore'", field="on_truncation"
+        )
+    return value  # type: ignore[return-value]
+
+
+def _told(result: CommandResult, cap: int, on_truncation: Truncation, streamed: frozenset[str] = frozenset()) -> None:
+    """Say that ``result`` was cut: a warning (not for a stream whose callback was handed every byte), or a refusal.
+
+    Raises:
+        SandboxBoundExceeded: ``on_truncation="raise"`` and a stream was cut (field ``stdout`` or ``stderr``).
+    """
+    cut = [name for name, was in (("stdout", result.stdout_truncated), ("stderr", result.stderr_truncated)) if was]
+    if not cut or on_truncation == "ignore":
+        return
+    said = (
+        f"{' and '.join(cut)}: the command wrote more than max_output_bytes={cap}; the result keeps the first {cap} "
+        "bytes of each stream (pass a larger max_output_bytes to keep more)"
+    )
+    if on_truncation == "raise":
+        raise SandboxBoundExceeded(said, field=cut[0])
+    if any(name[3:] not in streamed for name in cut):
+        warnings.warn(said, OutputTruncatedWarning, stacklevel=4)
+
+
+def _timeout(value: float | None, name: str = "timeout") -> float | None:
+    """Raises SandboxProfileInvalid: ``value`` is neither ``None`` nor a number of seconds above 0."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not (0 < value < math.inf):
+        raise SandboxProfileInvalid(
+            f"{name}: {value!r} is not a number of seconds above 0 (None: no timeout of yours; the sandbox's "
+            "time-to-live still ends the command)",
+            field=name,
+        )
+    return float(value)
+
+
+class _Kept:
+    """One stream's output as a result keeps it: the first ``cap`` bytes, the rest counted as cut."""
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self.data = bytearray()
+        self.truncated = False
+
+    def take(self, chunk: bytes) -> None:
+        room = self.cap - len(self.data)
+        if len(chunk) > room:
+            self.truncated = True
+            chunk = chunk[: max(room, 0)]
+        self.data.extend(chunk)
 
 
 @dataclass(frozen=True)
@@ -190,29 +281,45 @@ def _argv(cmd: str | Sequence[str]) -> list[str]:
 class AsyncProcess:
     """A process started with ``spawn``: write its stdin, let it stream, wait for it or kill it.
 
-    Its output goes to ``on_stdout``/``on_stderr`` as it arrives, and is kept for ``wait``'s result.
+    Its output goes to ``on_stdout``/``on_stderr`` as it arrives (every byte), and the first ``max_output_bytes``
+    of each stream are kept for ``wait``'s result (``truncated`` says when more came).
     """
 
     def __init__(
-        self, proc: CheckedProcess, on_stdout: OnOutput | None, on_stderr: OnOutput | None, timeout: float | None
+        self,
+        proc: CheckedProcess,
+        on_stdout: OnOutput | None,
+        on_stderr: OnOutput | None,
+        timeout: float | None,
+        *,
+        max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
+        on_truncation: Truncation = "warn",
     ) -> None:
         self._proc = proc
-        self._out = bytearray()
-        self._err = bytearray()
+        self._cap = max_output_bytes
+        self._on_truncation = on_truncation
+        self._kept = {"out": _Kept(max_output_bytes), "err": _Kept(max_output_bytes)}
         self._on = {"out": on_stdout, "err": on_stderr}
+        self._told = False
         self._task: asyncio.Task[tuple[int, bool]] = asyncio.ensure_future(self._pump(timeout))
 
     @property
     def pid(self) -> int | None:
-        """The process id inside the sandbox, when the provider reports one."""
-        return getattr(self._proc.started, "pid", None)
+        """The process id inside the sandbox, when the provider reports one (``None`` otherwise: see
+        ``process_id``)."""
+        return self._proc.started.pid
+
+    @property
+    def process_id(self) -> str:
+        """The provider's own id for the process (always set)."""
+        return self._proc.started.process_id
 
     async def _pump(self, timeout: float | None) -> tuple[int, bool]:
         try:
             async with asyncio.timeout(timeout):
                 async for event in self._proc.events():
                     if isinstance(event, ProcessOutput):
-                        (self._out if event.stream == "out" else self._err).extend(event.data)
+                        self._kept[event.stream].take(event.data)
                         callback = self._on.get(event.stream)
                         if callback is not None:
                             callback(event.data)
@@ -230,9 +337,26 @@ class AsyncProcess:
         await self._proc.close_stdin()
 
     async def wait(self) -> CommandResult:
-        """The exit status and the whole output, once the process ended."""
+        """The exit status and the output kept (``truncated``: a stream wrote more than ``max_output_bytes``).
+
+        Raises:
+            SandboxBoundExceeded: a stream was cut and ``on_truncation="raise"`` was asked for.
+        """
+        result = await self._wait()
+        self._tell(result)
+        return result
+
+    async def _wait(self) -> CommandResult:
         code, timed_out = await asyncio.shield(self._task)
-        return CommandResult(code, bytes(self._out), bytes(self._err), timed_out)
+        out, err = self._kept["out"], self._kept["err"]
+        return CommandResult(code, bytes(out.data), bytes(err.data), timed_out, out.truncated, err.truncated)
+
+    def _tell(self, result: CommandResult) -> None:
+        """Warn (or raise) once about a cut, in the caller's thread."""
+        if not self._told:
+            self._told = True
+            streamed = frozenset(k for k, v in self._on.items() if v is not None)
+            _told(result, self._cap, self._on_truncation, streamed)
 
     async def kill(self) -> None:
         await self._proc.kill()
@@ -393,6 +517,8 @@ class AsyncSandbox:
     ``profile`` is a ``SandboxProfile``, a mapping, or a TOML/JSON file (default: the provider's built-in
     one); ``mounts`` are ``SRC:TARGET[:rw]`` strings (or ``MountSpec``); ``ttl`` is in seconds (default 30
     minutes); ``db`` is a journal URL (default: the state directory's, as every ``checkfu`` command).
+    ``max_output_bytes`` (default 8 MiB) and ``on_truncation`` (``"warn"``, ``"raise"`` or ``"ignore"``) are the
+    defaults of ``exec`` and ``spawn``: how much of each stream a result keeps, and what a cut does.
     """
 
     def __init__(
@@ -405,7 +531,14 @@ class AsyncSandbox:
         detach: bool = False,
         db: str | None = None,
         adapters: str | Path | None = None,
+        max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
+        on_truncation: Truncation = "warn",
     ) -> None:
+        self.max_output_bytes = _max_output(max_output_bytes, DEFAULT_MAX_OUTPUT_BYTES)
+        """What ``exec`` and ``spawn`` keep of each stream unless the call says otherwise."""
+        self.on_truncation: Truncation = _truncation(on_truncation)
+        """What a cut does unless the call says otherwise: ``warn`` (``OutputTruncatedWarning``), ``raise``
+        (``SandboxBoundExceeded``) or ``ignore``; ``CommandResult.truncated`` tells either way."""
         self._args: dict[str, Any] | None = {
             "profile": profile,
             "mounts": mounts,
@@ -436,6 +569,8 @@ class AsyncSandbox:
         detach: bool = False,
         db: str | None = None,
         adapters: str | Path | None = None,
+        max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
+        on_truncation: Truncation = "warn",
     ) -> AsyncSandbox:
         """Make a sandbox and return it, active, its mounts staged. ``adapters``: an adapters file loaded besides
         the installed providers (default: ``CHECKFU_ADAPTERS``; ``checkfu.core.registry.read_adapters_file``).
@@ -444,18 +579,30 @@ class AsyncSandbox:
             SandboxError: refused (a profile, mount or ttl named with its field), or a provider fault;
                 nothing is left allocated.
         """
-        sb = cls(profile=profile, mounts=mounts, provider=provider, ttl=ttl, detach=detach, db=db, adapters=adapters)
+        sb = cls(
+            profile=profile,
+            mounts=mounts,
+            provider=provider,
+            ttl=ttl,
+            detach=detach,
+            db=db,
+            adapters=adapters,
+            max_output_bytes=max_output_bytes,
+            on_truncation=on_truncation,
+        )
         await sb._make()
         return sb
 
     async def _make(self) -> None:
         from checkfu.core.job import QuietObserver, host_platform_value, resolve_mounts  # noqa: PLC0415
-        from checkfu.core.registry import is_endpoint  # noqa: PLC0415
+        from checkfu.core.registry import adapters_file, check_provider_name, is_endpoint  # noqa: PLC0415
         from checkfu.runner import RunnerService  # noqa: PLC0415
 
         args, self._args = self._args, None
         if args is None:
             return
+        given = args["adapters"]
+        check_provider_name(args["provider"], adapters_file(None if given is None else Path(given)))
         ttl = _seconds(args["ttl"], "ttl", _default_ttl())
         specs = _mounts(args["mounts"])
         served = is_endpoint(args["provider"])
@@ -604,33 +751,92 @@ class AsyncSandbox:
         *,
         env: Mapping[str, str] | None = None,
         cwd: str | None = None,
-        timeout: float = 60.0,
+        timeout: float | None = 60.0,
         stdin: bytes = b"",
         on_stdout: OnOutput | None = None,
         on_stderr: OnOutput | None = None,
+        max_output_bytes: int | None = None,
+        on_truncation: Truncation | None = None,
     ) -> CommandResult:
         """Run ``cmd`` (a list of arguments, or a string for ``sh -c``) to its end.
 
         With ``on_stdout``/``on_stderr``, output is handed over as it arrives (through ``openProcess``
         where the provider declares it). A command still running at ``timeout`` seconds is killed and
-        reported with exit status 124 and ``timed_out``.
+        reported with exit status 124 and ``timed_out``; ``timeout=None``: no timeout of the caller's, the
+        sandbox's time-to-live still ends it.
+
+        The result keeps the first ``max_output_bytes`` of each stream (default: the sandbox's, 8 MiB);
+        a command that wrote more is reported ``truncated`` (``stdout_truncated``, ``stderr_truncated``), with an
+        ``OutputTruncatedWarning``, or a ``SandboxBoundExceeded`` with ``on_truncation="raise"``. Callbacks are
+        handed every byte whatever the cap.
+
+        Raises:
+            SandboxProfileInvalid: a bad ``timeout``, ``max_output_bytes`` or ``env`` (named by field); nothing ran.
+            SandboxBoundExceeded: ``on_truncation="raise"`` and the output was cut.
         """
+        result, tell = await self._exec(
+            cmd,
+            env=env,
+            cwd=cwd,
+            timeout=timeout,
+            stdin=stdin,
+            on_stdout=on_stdout,
+            on_stderr=on_stderr,
+            max_output_bytes=max_output_bytes,
+            on_truncation=on_truncation,
+        )
+        tell(result)
+        return result
+
+    async def _exec(
+        self,
+        cmd: str | Sequence[str],
+        *,
+        env: Mapping[str, str] | None,
+        cwd: str | None,
+        timeout: float | None,
+        stdin: bytes,
+        on_stdout: OnOutput | None,
+        on_stderr: OnOutput | None,
+        max_output_bytes: int | None,
+        on_truncation: Truncation | None,
+    ) -> tuple[CommandResult, Callable[[CommandResult], None]]:
+        """``exec``'s result, and how to say it was cut (called in the caller's thread, so a warning is theirs)."""
         argv = _argv(cmd)
         live = self._live
-        if (on_stdout is None and on_stderr is None) or not live.streams():
-            res = await live.exec(argv, env=env, cwd=cwd, stdin=stdin, timeout=timeout)
+        seconds = _timeout(timeout)
+        cap = _max_output(max_output_bytes, self.max_output_bytes)
+        told = self.on_truncation if on_truncation is None else _truncation(on_truncation)
+        bound = live.session.limits.max_output_bytes  # the most one exec call may hand back
+        streams = live.streams()
+        if seconds is None:
+            seconds = max(1.0, live.remaining())
+        if not streams or (on_stdout is None and on_stderr is None and cap <= bound):
+            res = await live.exec(argv, env=env, cwd=cwd, stdin=stdin, timeout=seconds, max_output_bytes=cap)
             if on_stdout is not None and res.stdout:
                 on_stdout(res.stdout)
             if on_stderr is not None and res.stderr:
                 on_stderr(res.stderr)
             code = TIMEOUT_EXIT if res.timed_out else res.exit_code
-            return CommandResult(code, res.stdout, res.stderr, res.timed_out)
-        proc = await self.spawn(argv, env=env, cwd=cwd, timeout=timeout, on_stdout=on_stdout, on_stderr=on_stderr)
+            result = CommandResult(
+                code, res.stdout, res.stderr, res.timed_out, res.stdout_truncated, res.stderr_truncated
+            )
+            return result, lambda r: _told(r, min(cap, bound), told)
+        proc = await self.spawn(
+            argv,
+            env=env,
+            cwd=cwd,
+            timeout=seconds,
+            on_stdout=on_stdout,
+            on_stderr=on_stderr,
+            max_output_bytes=cap,
+            on_truncation=told,
+        )
         try:
             if stdin:
                 await proc.send_stdin(stdin)
             await proc.close_stdin()
-            return await proc.wait()
+            return await proc._wait(), proc._tell
         finally:
             await proc.kill()
 
@@ -643,14 +849,21 @@ class AsyncSandbox:
         timeout: float | None = None,
         on_stdout: OnOutput | None = None,
         on_stderr: OnOutput | None = None,
+        max_output_bytes: int | None = None,
+        on_truncation: Truncation | None = None,
     ) -> AsyncProcess:
-        """Start ``cmd`` and return its handle (stdin, streamed output, ``wait``, ``kill``).
+        """Start ``cmd`` and return its handle (stdin, streamed output, ``wait``, ``kill``, ``pid``). ``wait``'s
+        result keeps the first ``max_output_bytes`` of each stream, as ``exec``'s does.
 
         Raises:
             SandboxOperationUnsupported: the provider does not declare ``openProcess``.
+            SandboxProfileInvalid: a bad ``timeout``, ``max_output_bytes`` or ``env`` (named by field); nothing ran.
         """
+        seconds = _timeout(timeout)
+        cap = _max_output(max_output_bytes, self.max_output_bytes)
+        told = self.on_truncation if on_truncation is None else _truncation(on_truncation)
         proc = await self._live.open_process(_argv(cmd), env=env, cwd=cwd)
-        return AsyncProcess(proc, on_stdout, on_stderr, timeout)
+        return AsyncProcess(proc, on_stdout, on_stderr, seconds, max_output_bytes=cap, on_truncation=told)
 
     # state -------------------------------------------------------------------------------------
 
@@ -665,7 +878,9 @@ class AsyncSandbox:
         assert ctx is not None
         live = await ctx.host.clone(self._live, ttl=_seconds(ttl, "ttl", _default_ttl()), detached=detach)
         ctx.users += 1
-        return AsyncSandbox._wrap(ctx, live)
+        copy = AsyncSandbox._wrap(ctx, live)
+        copy.max_output_bytes, copy.on_truncation = self.max_output_bytes, self.on_truncation
+        return copy
 
     async def delete_snapshot(self, snapshot: SnapshotInfo | str) -> None:
         """Delete a snapshot through its provider (a snapshot already deleted is left as it is)."""
@@ -800,7 +1015,13 @@ class Process:
 
     @property
     def pid(self) -> int | None:
+        """The process id inside the sandbox, when the provider reports one."""
         return self._inner.pid
+
+    @property
+    def process_id(self) -> str:
+        """The provider's own id for the process."""
+        return self._inner.process_id
 
     def send_stdin(self, data: bytes) -> None:
         _run(lambda: self._inner.send_stdin(data))
@@ -809,7 +1030,9 @@ class Process:
         _run(self._inner.close_stdin)
 
     def wait(self) -> CommandResult:
-        return _run(self._inner.wait)
+        result = _run(self._inner._wait)
+        self._inner._tell(result)
+        return result
 
     def kill(self) -> None:
         _run(self._inner.kill)
@@ -906,12 +1129,21 @@ class Sandbox:
         ttl: float | None = None,
         detach: bool = False,
         db: str | None = None,
+        max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
+        on_truncation: Truncation = "warn",
         _inner: AsyncSandbox | None = None,
     ) -> None:
         if _inner is None:
             _inner = _run(
                 lambda: AsyncSandbox.create(
-                    profile=profile, mounts=mounts, provider=provider, ttl=ttl, detach=detach, db=db
+                    profile=profile,
+                    mounts=mounts,
+                    provider=provider,
+                    ttl=ttl,
+                    detach=detach,
+                    db=db,
+                    max_output_bytes=max_output_bytes,
+                    on_truncation=on_truncation,
                 )
             )
         self._inner = _inner
@@ -929,9 +1161,20 @@ class Sandbox:
         ttl: float | None = None,
         detach: bool = False,
         db: str | None = None,
+        max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
+        on_truncation: Truncation = "warn",
     ) -> Sandbox:
         """E2B's and Modal's way to make one: the same as ``Sandbox(...)``."""
-        return cls(profile=profile, mounts=mounts, provider=provider, ttl=ttl, detach=detach, db=db)
+        return cls(
+            profile=profile,
+            mounts=mounts,
+            provider=provider,
+            ttl=ttl,
+            detach=detach,
+            db=db,
+            max_output_bytes=max_output_bytes,
+            on_truncation=on_truncation,
+        )
 
     @classmethod
     def connect(cls, sandbox_id: str, *, provider: str | None = None, db: str | None = None) -> Sandbox:
@@ -974,22 +1217,52 @@ class Sandbox:
     def expires_at(self) -> float:
         return _run(lambda: asyncio.to_thread(lambda: self._inner.expires_at))
 
+    @property
+    def max_output_bytes(self) -> int:
+        """What ``exec`` and ``spawn`` keep of each stream unless the call says otherwise."""
+        return self._inner.max_output_bytes
+
+    @max_output_bytes.setter
+    def max_output_bytes(self, value: int) -> None:
+        self._inner.max_output_bytes = _max_output(value, DEFAULT_MAX_OUTPUT_BYTES)
+
+    @property
+    def on_truncation(self) -> Truncation:
+        """What a cut does unless the call says otherwise: ``warn``, ``raise`` or ``ignore``."""
+        return self._inner.on_truncation
+
+    @on_truncation.setter
+    def on_truncation(self, value: Truncation) -> None:
+        self._inner.on_truncation = _truncation(value)
+
     def exec(
         self,
         cmd: str | Sequence[str],
         *,
         env: Mapping[str, str] | None = None,
         cwd: str | None = None,
-        timeout: float = 60.0,
+        timeout: float | None = 60.0,
         stdin: bytes = b"",
         on_stdout: OnOutput | None = None,
         on_stderr: OnOutput | None = None,
+        max_output_bytes: int | None = None,
+        on_truncation: Truncation | None = None,
     ) -> CommandResult:
-        return _run(
-            lambda: self._inner.exec(
-                cmd, env=env, cwd=cwd, timeout=timeout, stdin=stdin, on_stdout=on_stdout, on_stderr=on_stderr
+        result, tell = _run(
+            lambda: self._inner._exec(
+                cmd,
+                env=env,
+                cwd=cwd,
+                timeout=timeout,
+                stdin=stdin,
+                on_stdout=on_stdout,
+                on_stderr=on_stderr,
+                max_output_bytes=max_output_bytes,
+                on_truncation=on_truncation,
             )
         )
+        tell(result)
+        return result
 
     def spawn(
         self,
@@ -1000,9 +1273,20 @@ class Sandbox:
         timeout: float | None = None,
         on_stdout: OnOutput | None = None,
         on_stderr: OnOutput | None = None,
+        max_output_bytes: int | None = None,
+        on_truncation: Truncation | None = None,
     ) -> Process:
         inner = _run(
-            lambda: self._inner.spawn(cmd, env=env, cwd=cwd, timeout=timeout, on_stdout=on_stdout, on_stderr=on_stderr)
+            lambda: self._inner.spawn(
+                cmd,
+                env=env,
+                cwd=cwd,
+                timeout=timeout,
+                on_stdout=on_stdout,
+                on_stderr=on_stderr,
+                max_output_bytes=max_output_bytes,
+                on_truncation=on_truncation,
+            )
         )
         return Process(inner)
 

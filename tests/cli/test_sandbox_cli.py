@@ -32,6 +32,7 @@ def test_public_names_are_pinned_and_loaded_lazily() -> None:
         "AsyncSandboxFiles",
         "CommandResult",
         "FileEntry",
+        "OutputTruncatedWarning",
         "Process",
         "Sandbox",
         "SandboxFiles",

@@ -408,8 +408,11 @@ async def test_read_files_bound_is_sent_and_honoured(make_rig: Any, workspace: P
     with pytest.raises(SandboxProviderFailed) as caught:  # the provider refused to go over it
         await session.read_files(inst, ["/workspace/README"])
     assert caught.value.reported_code == "SandboxBoundExceeded"
-    assert rig.memory.calls[-2:] == ["readFiles", "compensate"]
+    # a refusal the contract lists for readFiles is about the request: the instance is kept (issue 29), and usable
+    assert rig.memory.calls[-1] == "readFiles" and inst.state == "active"
+    assert (await session.read_files(inst, ["/workspace/none"])).missing == ("/workspace/none",)
     await session.release_all()
+    assert rig.memory.calls[-1] == "release"
     assert rig.memory.live_objects() == ()
 
 

@@ -30,6 +30,7 @@ from checkfu.contract.errors import (
     SandboxStateConflict,
 )
 from checkfu.contract.process import ProcessExit
+from checkfu.contract.provider import REFUSALS
 from checkfu.contract.vocabulary import Platform
 from checkfu.core.driver import Instance, Limits, RunSession, Snapshot
 from checkfu.core.mounts import DirectorySource, MountSpec, ResolvedMount, resolve_mount
@@ -220,8 +221,13 @@ async def test_any_code_a_provider_raises_is_its_own_failure(
     misbehaving_rig: Callable[[Member], Any], workspace: Path, member: Member, code: str
 ) -> None:
     """A provider that raises any code of the vocabulary, even one that names a fault of the request,
-    has failed: the runner reports SandboxProviderFailed naming the code, and reclaims like any fault."""
-    error = await assert_faulted(misbehaving_rig(member), workspace, member, RAISING[code], SandboxProviderFailed)
+    has failed: the runner reports SandboxProviderFailed naming the code, and reclaims like any fault; except a
+    refusal the contract lists as the request's own (``REFUSALS``: readFiles over its bound, exec's cwd), which
+    keeps the instance (issue 29: it must not cost the user their sandbox)."""
+    kept = code in REFUSALS.get(member, frozenset())
+    error = await assert_faulted(
+        misbehaving_rig(member), workspace, member, RAISING[code], SandboxProviderFailed, kept=kept
+    )
     assert isinstance(error, SandboxProviderFailed)
     if code == "SandboxProviderFailed":
         assert error.reported_code is None
@@ -230,9 +236,10 @@ async def test_any_code_a_provider_raises_is_its_own_failure(
 
 
 async def assert_faulted(
-    rig: Any, workspace: Path, member: Member, fault: Misbehaviour, expected: type[SandboxError]
+    rig: Any, workspace: Path, member: Member, fault: Misbehaviour, expected: type[SandboxError], *, kept: bool = False
 ) -> SandboxError:
-    """Call ``member`` under ``fault``: the one typed error, compensation by key, nothing left behind."""
+    """Call ``member`` under ``fault``: the one typed error, compensation by key (none when ``kept``: the instance
+    stays active and held), nothing left behind."""
     scene = await build_scene(rig, workspace, member)
     session = scene.session
     keys_before = {r.allocation_key for r in rig.journal.allocations_for_run(session.run_id)}
@@ -250,7 +257,12 @@ async def assert_faulted(
     faulted = [e for e in new_events if e.member == member][-1]  # an open process's stream fault comes after its start
     assert (faulted.outcome, faulted.error_code) == ("error", expected.__name__)
     compensations = [e for e in new_events if e.member == "compensate"]
-    if key is None:
+    if kept:
+        assert compensations == [] and key is not None and key in rig.held_keys()
+        assert scene.inst.state == "active"
+        row = rig.journal.allocation(key)
+        assert row is not None and row.state == "live"
+    elif key is None:
         assert compensations == []  # nothing was allocated, so nothing to reclaim
     else:
         # compensation ran, by the allocation key, and succeeded ...
@@ -268,7 +280,7 @@ async def assert_faulted(
     states = {r.allocation_key: r.state for r in rig.journal.allocations_for_run(session.run_id)}
     assert "pending" not in states.values(), states
     if key is not None:
-        assert states[key] == "compensated"
+        assert states[key] == ("released" if kept else "compensated")
     return caught.value
 
 

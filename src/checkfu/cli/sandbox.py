@@ -438,7 +438,13 @@ def exec_command(
             if as_json:
                 res = await live.exec(command, env=values, cwd=workdir, timeout=timeout)
                 code = TIMEOUT_EXIT if res.timed_out else int(res.exit_code)
-                doc: dict[str, Any] = {"sandbox_id": sandbox_id, "exit_code": code, "timed_out": res.timed_out}
+                doc: dict[str, Any] = {
+                    "sandbox_id": sandbox_id,
+                    "exit_code": code,
+                    "timed_out": res.timed_out,
+                    "stdout_truncated": res.stdout_truncated,
+                    "stderr_truncated": res.stderr_truncated,
+                }
                 for name, data in (("stdout", res.stdout), ("stderr", res.stderr)):
                     try:
                         doc[name] = data.decode("utf-8")
@@ -447,6 +453,7 @@ def exec_command(
 
                         doc[name] = None
                         doc[f"{name}_base64"] = base64.b64encode(data).decode()
+                _say_cut(res, "run it without --json to stream all of it")
                 print(json.dumps({"ok": True, **doc}))
                 return code
             return await _stream(live, command, values, workdir, timeout, interactive, use_tty)
@@ -460,6 +467,16 @@ def exec_command(
     raise typer.Exit(code)
 
 
+def _say_cut(res: Any, how: str) -> None:
+    """Warn on stderr that ``exec``'s answer cut a stream at the runner's bound."""
+    cut = [name for name in ("stdout", "stderr") if getattr(res, f"{name}_truncated")]
+    if cut:
+        err.print(
+            f"[bold yellow]warning[/]: {' and '.join(cut)} cut: the command wrote more than one exec answer keeps; "
+            f"{escape(how)}"
+        )
+
+
 async def _stream(
     live: Any, argv: list[str], env: dict[str, str], cwd: str | None, timeout: float, interactive: bool, tty: bool
 ) -> int:
@@ -469,6 +486,7 @@ async def _stream(
     if not live.streams():
         data = sys.stdin.buffer.read() if interactive else b""
         res = await live.exec(argv, env=env, cwd=cwd, timeout=timeout, stdin=data)
+        _say_cut(res, "its provider does not stream a process's output (no openProcess)")
         sys.stdout.buffer.write(res.stdout)
         sys.stdout.flush()
         sys.stderr.buffer.write(res.stderr)
@@ -545,6 +563,10 @@ def cp_command(
 
 
 async def _cp_out(live: Any, path: str, local: Path) -> list[str]:
+    """Copy ``path`` out of the sandbox to ``local``, keeping each file's permission bits (setuid, setgid and sticky
+    dropped). Files are read with ``readFiles`` in batches within the runner's read bound; a file larger than the
+    bound is streamed through ``cat`` in the sandbox (``openProcess``), never held whole in memory."""
+    from checkfu.contract.errors import SandboxBoundExceeded  # noqa: PLC0415
     from checkfu.contract.paths import admit_path  # noqa: PLC0415
 
     admit_path(path, field="path")
@@ -553,29 +575,144 @@ async def _cp_out(live: Any, path: str, local: Path) -> list[str]:
         raise SandboxNotFound(f"path: nothing at {path} in sandbox {live.sandbox_id}", field="path")
     into = local / PurePosixPath(path).name if local.is_dir() else local
     if listing.kind == "file":
-        read = await live.read_files([path])
-        data = next((f.data for f in read.files if f.path == path), None)
-        if data is None:
+        saved = await _read_out(live, [(path, None, None)], lambda p: into)
+        if not saved:
             raise SandboxNotFound(f"path: no file at {path} in sandbox {live.sandbox_id}", field="path")
-        into.write_bytes(data)
-        return [str(into)]
+        return saved
     if listing.kind != "dir":
         raise SandboxPathRejected(f"path: {path} is a {listing.kind}; links are never followed", field="path")
-    entries = (await live.list_dir(path, recursive=True)).entries
-    files = [e.path for e in entries if e.kind == "file"]
+    tree = await live.list_dir(path, recursive=True)
+    if tree.truncated:
+        raise SandboxBoundExceeded(
+            f"path: {path} holds more than {len(tree.entries)} entries, more than one listing returns; copy its "
+            "subdirectories one by one",
+            field="path",
+        )
+    entries = tree.entries
     into.mkdir(parents=True, exist_ok=True)
-    for e in entries:
-        if e.kind == "dir":
-            (into / PurePosixPath(e.path).relative_to(path)).mkdir(parents=True, exist_ok=True)
-    saved: list[str] = []
-    for i in range(0, len(files), 256):
-        res = await live.read_files(files[i : i + 256])
-        for f in res.files:
-            target = into / PurePosixPath(f.path).relative_to(path)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(f.data)
-            saved.append(str(target))
+    dirs = [e for e in entries if e.kind == "dir"]
+    for e in dirs:
+        (into / PurePosixPath(e.path).relative_to(path)).mkdir(parents=True, exist_ok=True)
+    files = [(e.path, e.size, e.mode) for e in entries if e.kind == "file"]
+    saved = await _read_out(live, files, lambda p: into / PurePosixPath(p).relative_to(path))
+    for e in sorted(dirs, key=lambda e: e.path.count("/"), reverse=True):  # the deepest first: a parent may shut
+        os.chmod(into / PurePosixPath(e.path).relative_to(path), e.mode & 0o777)
     return saved
+
+
+async def _read_out(
+    live: Any, files: list[tuple[str, int | None, int | None]], local_of: Callable[[str], Path]
+) -> list[str]:
+    """Save each ``(path, size, mode)`` at ``local_of(path)``: in ``readFiles`` batches of at most the runner's read
+    bound (and 256 paths), a file larger than the bound streamed by itself. A path with no regular file is skipped."""
+    bound = int(live.session.limits.max_read_bytes)
+    saved: list[str] = []
+    batch: list[str] = []
+    held = 0
+    large: list[tuple[str, int | None]] = []
+
+    async def flush() -> None:
+        nonlocal batch, held
+        if batch:
+            got, too_large = await _read_batch(live, batch, local_of)
+            saved.extend(got)
+            large.extend((p, None) for p in too_large)
+        batch, held = [], 0
+
+    for p, size, mode in files:
+        if size is not None and size > bound:
+            large.append((p, mode))
+            continue
+        if batch and (held + (size or 0) > bound or len(batch) >= 256):
+            await flush()
+        batch.append(p)
+        held += size or 0
+    await flush()
+    for p, mode in large:
+        saved.append(await _stream_out(live, p, local_of(p), mode))
+    return saved
+
+
+async def _read_batch(live: Any, paths: list[str], local_of: Callable[[str], Path]) -> tuple[list[str], list[str]]:
+    """Read ``paths`` with one ``readFiles`` and save them: what was saved, and what is too large to read so. A batch
+    refused for its size (the files grew since they were listed) is read again one file at a time."""
+    try:
+        res = await live.read_files(paths)
+    except SandboxProviderFailed as exc:
+        if exc.reported_code != "SandboxBoundExceeded":
+            raise
+        if len(paths) == 1:
+            return [], list(paths)
+        saved_each: list[str] = []
+        large: list[str] = []
+        for p in paths:
+            got, too_large = await _read_batch(live, [p], local_of)
+            saved_each.extend(got)
+            large.extend(too_large)
+        return saved_each, large
+    saved = []
+    for f in res.files:
+        target = local_of(f.path)  # its directory made from the listing: a local path missing is refused
+        target.write_bytes(f.data)
+        os.chmod(target, f.mode & 0o777)
+        saved.append(str(target))
+    return saved, []
+
+
+async def _stream_out(live: Any, path: str, target: Path, mode: int | None) -> str:
+    """Stream the file at ``path`` to ``target`` through ``cat`` in the sandbox, chunk by chunk; ``target`` is left
+    only once all of it arrived (a failure removes it).
+
+    Raises:
+        SandboxBoundExceeded: the provider cannot stream a process's output (no ``openProcess``), so a file larger
+            than the runner's read bound cannot be copied out.
+        SandboxProviderFailed: ``cat`` could not read it (its words say why).
+    """
+    from checkfu.contract.errors import SandboxBoundExceeded  # noqa: PLC0415
+    from checkfu.contract.process import ProcessExit, ProcessOutput  # noqa: PLC0415
+
+    if not live.streams():
+        bound = int(live.session.limits.max_read_bytes)
+        raise SandboxBoundExceeded(
+            f"path: {path} is larger than the runner's read bound ({bound} bytes) and provider "
+            f"{live.record.provider} cannot stream it (no openProcess)",
+            field="path",
+        )
+    if mode is None:
+        mode = await _mode_of(live, path)
+    partial = target.with_name(f".{target.name}.checkfu-part")
+    proc = await live.open_process(["cat", "--", path])
+    code: int | None = None
+    said = bytearray()
+    try:
+        await proc.close_stdin()
+        with partial.open("wb") as f:
+            async for event in proc.events():
+                if isinstance(event, ProcessOutput):
+                    if event.stream == "out":
+                        f.write(event.data)
+                    elif len(said) < 4096:
+                        said.extend(event.data)
+                elif isinstance(event, ProcessExit):
+                    code = event.exit_code
+        if code != 0:
+            why = said.decode("utf-8", "replace").strip()[:300] or f"exit {code}"
+            raise SandboxProviderFailed(f"path: {path} could not be read: {why}", field="path")
+        os.chmod(partial, (mode if mode is not None else 0o644) & 0o777)
+        os.replace(partial, target)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
+    finally:
+        await proc.kill()
+    return str(target)
+
+
+async def _mode_of(live: Any, path: str) -> int | None:
+    """The permission bits of the file at ``path``, from its directory's listing (``None``: not found there)."""
+    parent = str(PurePosixPath(path).parent)
+    listing = await live.list_dir(parent)
+    return next((e.mode for e in listing.entries if e.path == path), None)
 
 
 async def _cp_in(live: Any, local: Path, path: str) -> list[str]:

@@ -279,6 +279,10 @@ class ProcessStarted(Result):
     allocation_key: AllocationKey
     instance_id: Identifier
     process_id: Identifier
+    pid: PosInt | None = Field(
+        default=None,
+        description="the process's id inside the instance, where the provider knows it; null or omitted: not known",
+    )
 
 
 # readFiles, listDir -----------------------------------------------------------------------

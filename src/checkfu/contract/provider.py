@@ -439,3 +439,13 @@ MAY_RAISE: Mapping[Member, frozenset[str]] = {
 """The vocabulary codes each member may raise, by wire name: the ``Raises:`` of its docstring above.
 
 An error whose code is not listed for its member is out of contract."""
+
+REFUSALS: Mapping[Member, frozenset[str]] = {
+    "exec": frozenset({"SandboxPathRejected"}),
+    "openProcess": frozenset({"SandboxPathRejected"}),
+    "readFiles": frozenset({"SandboxBoundExceeded"}),
+}
+"""Of ``MAY_RAISE``, the codes by which a member refuses the request itself (a working directory that cannot be one,
+files larger than the bound asked), saying nothing against the instance. The runner reports such a refusal as any
+other error, but keeps the instance: the sandbox stays usable. Any other error about an instance makes the runner
+reclaim it."""

@@ -364,6 +364,23 @@ def installed_entry_points() -> tuple[EntryPoint, ...]:
     return tuple(entry_points(group=ENTRY_POINT_GROUP))
 
 
+def check_provider_name(provider: str, adapters: Path | None) -> None:
+    """Refuse, before anything else is read or asked, a provider name nothing here can serve: not a provider
+    service's URL, not installed, and no adapters file (``adapters``) that might name it.
+
+    Raises:
+        SandboxAdapterUnavailable: no provider of that name is installed (field ``provider``; the message names the
+            installed ones).
+    """
+    if is_endpoint(provider) or adapters is not None:
+        return
+    installed = sorted({ep.name for ep in installed_entry_points()})
+    if provider not in installed:
+        raise SandboxAdapterUnavailable(
+            f"provider: no provider named {provider!r} (installed: {', '.join(installed) or 'none'})", field="provider"
+        )
+
+
 def entry_point_factories(names: Iterable[str] | None = None) -> dict[str, tuple[Factory, bool]]:
     """Factories by entry point name, each with whether it is one of this package's in-tree providers."""
     wanted = set(names) if names is not None else None

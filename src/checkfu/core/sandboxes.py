@@ -101,6 +101,17 @@ Wanted = tuple[str, str | None]
 """A provider's name and a site (``None``: the one without a site; a URL: a provider service's endpoint)."""
 
 
+IS_A_DIRECTORY = 21
+"""``files.write``'s script's exit status for a path that is a directory (``EISDIR``)."""
+WRITE_SCRIPT = (
+    'umask 022; if [ -d "$1" ]; then echo "$1: is a directory" >&2; exit 21; fi; '
+    'd=$(dirname -- "$1") && mkdir -p -- "$d" || exit; t="$d/.checkfu-write.$$"; '
+    'cat > "$t" && chmod "$2" -- "$t" && mv -f -- "$t" "$1" && exit 0; s=$?; rm -f -- "$t"; exit "$s"'
+)
+"""Write stdin to ``$1`` with mode ``$2``: into a temporary name beside it, renamed over it once complete (a failed
+write leaves nothing behind, and ``$1`` as it was)."""
+
+
 def new_sandbox_id() -> str:
     return f"sb-{uuid.uuid4().hex[:20]}"
 
@@ -493,6 +504,11 @@ class LiveSandbox:
         told.retryable = False
         return told
 
+    def remaining(self) -> float:
+        """Seconds until the sandbox's time-to-live ends, as this process last read it (a command given no
+        timeout of its own runs at most this long)."""
+        return self.record.expires_at - self.host.clock.now()
+
     async def exec(
         self,
         argv: Sequence[str],
@@ -501,9 +517,20 @@ class LiveSandbox:
         cwd: str | None = None,
         stdin: bytes = b"",
         timeout: float = 60.0,
+        max_output_bytes: int | None = None,
     ) -> ExecResult:
+        """Run ``argv`` to its end; each stream keeps its first ``max_output_bytes`` (at most the runner's bound),
+        the rest dropped and flagged (``stdout_truncated``, ``stderr_truncated``).
+
+        Raises:
+            SandboxProfileInvalid: an argument, an environment name or value, or ``cwd`` the contract refuses (named
+                by field, before the provider is asked anything).
+        """
+        _admit(argv, env, cwd)
         try:
-            return await self.session.exec(self.inst, argv, env=env, cwd=cwd, stdin=stdin, timeout=timeout)
+            return await self.session.exec(
+                self.inst, argv, env=env, cwd=cwd, stdin=stdin, timeout=timeout, max_output_bytes=max_output_bytes
+            )
         except SandboxError as exc:
             raise await self._lost(exc) from exc
 
@@ -519,6 +546,7 @@ class LiveSandbox:
         cwd: str | None = None,
         tty: tuple[int, int] | None = None,
     ) -> CheckedProcess:
+        _admit(argv, env, cwd)
         try:
             return await self.session.open_process(self.inst, argv, env=env, cwd=cwd, tty=tty)
         except SandboxError as exc:
@@ -550,21 +578,36 @@ class LiveSandbox:
         """Write ``data`` to ``path`` in the active sandbox (parents made), through ``exec`` with ``data`` as stdin.
 
         ``writeFile`` is a provisioning member (mounts are staged with it before activation); an active
-        sandbox takes files the way its own programs do, so the image needs a POSIX ``sh``.
+        sandbox takes files the way its own programs do, so the image needs a POSIX ``sh``. The bytes go to a
+        temporary name beside ``path``, renamed over it only once all of them are written: a write that fails
+        (the sandbox out of space) leaves no partial file, and ``path`` as it was.
 
         Raises:
-            SandboxPathRejected: ``path`` is not absolute and normal.
+            SandboxPathRejected: ``path`` is not absolute and normal, or is a directory.
+            SandboxBoundExceeded: the sandbox has no space left for the file (nothing was left of it).
             SandboxProviderFailed: the file could not be written (the shell's words say why).
         """
-        from checkfu.contract.errors import SandboxProviderFailed  # noqa: PLC0415
+        from checkfu.contract.errors import (  # noqa: PLC0415
+            SandboxBoundExceeded,
+            SandboxPathRejected,
+            SandboxProviderFailed,
+        )
         from checkfu.contract.paths import admit_path  # noqa: PLC0415
 
         admit_path(path, field="path")
-        script = 'umask 022; d=$(dirname -- "$1") && mkdir -p -- "$d" && cat > "$1" && chmod "$2" -- "$1"'
-        res = await self.exec(["sh", "-c", script, "sh", path, f"{mode:o}"], stdin=data, timeout=timeout)
-        if res.exit_code != 0:
-            why = res.stderr.decode("utf-8", "replace").strip()[:300] or f"exit {res.exit_code}"
-            raise SandboxProviderFailed(f"path: {path} could not be written: {why}", field="path")
+        res = await self.exec(["sh", "-c", WRITE_SCRIPT, "sh", path, f"{mode:o}"], stdin=data, timeout=timeout)
+        if res.exit_code == 0:
+            return
+        why = res.stderr.decode("utf-8", "replace").strip()[:300] or f"exit {res.exit_code}"
+        if res.exit_code == IS_A_DIRECTORY:
+            raise SandboxPathRejected(f"path: {path} is a directory in sandbox {self.sandbox_id}", field="path")
+        if any(said in why for said in ("No space left on device", "Disk quota exceeded")):
+            raise SandboxBoundExceeded(
+                f"path: {path} could not be written, the sandbox has no space left for {len(data)} bytes (its "
+                f"disk_mib); nothing of it was left: {why}",
+                field="path",
+            )
+        raise SandboxProviderFailed(f"path: {path} could not be written: {why}", field="path")
 
     async def snapshot(self, *, keep: float | None = None) -> SnapshotRecord:
         """Snapshot the sandbox; the snapshot outlives it (until it is deleted, or expires).
@@ -1017,6 +1060,25 @@ class SandboxHost:
         await call(
             self.book.update, rec.sandbox_id, only_if=["live", "provisioning"], state=state, reason=reason, ended_at=now
         )
+
+
+def _admit(argv: Sequence[str], env: Mapping[str, str] | None, cwd: str | None) -> None:
+    """Refuse, before any provider work, a command the contract cannot carry (every problem at once).
+
+    Raises:
+        SandboxProfileInvalid: a bad argument or environment entry (``argv.N``, ``env.NAME``).
+        SandboxPathRejected: ``cwd`` is not an absolute, normal path.
+        SandboxBoundExceeded: too many or too long arguments or values.
+    """
+    from checkfu.core.admission import (  # noqa: PLC0415
+        argv_problems,
+        env_problems,
+        raise_problems,
+        sandbox_path_problems,
+    )
+
+    where = [] if cwd is None else sandbox_path_problems(cwd, "cwd", what="the working directory")
+    raise_problems(argv_problems(argv) + env_problems(dict(env or {})) + where)
 
 
 async def _again(specs: Sequence[MountSpec], plans: Sequence[MountPlan]) -> list[ResolvedMount]:

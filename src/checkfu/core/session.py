@@ -48,6 +48,7 @@ from checkfu.contract.errors import (
     SandboxError,
     SandboxNotFound,
     SandboxOperationUnsupported,
+    SandboxProviderFailed,
     SandboxResultInvalid,
 )
 from checkfu.contract.lifecycle import (
@@ -97,7 +98,7 @@ from checkfu.contract.model import Model, format_timestamp, parse_timestamp
 from checkfu.contract.mounts import MountPlan
 from checkfu.contract.paths import admit_path
 from checkfu.contract.profile import SandboxProfile
-from checkfu.contract.provider import ProcessStream
+from checkfu.contract.provider import REFUSALS, ProcessStream
 from checkfu.contract.target import ExecutionTarget, Lease
 from checkfu.contract.vocabulary import Platform, RetentionMode
 
@@ -162,6 +163,12 @@ class Accepted(Generic[V]):
 
     value: V
     effects: tuple[Effect, ...] = ()
+
+
+def refused_request(member: Member, error: SandboxError) -> bool:
+    """Whether ``error`` is the provider refusing the request itself by a code the contract lists for ``member``
+    (``checkfu.contract.provider.REFUSALS``): the instance it was asked of is not in question."""
+    return isinstance(error, SandboxProviderFailed) and error.reported_code in REFUSALS.get(member, frozenset())
 
 
 def _nothing(_: SandboxError | None = None) -> tuple[Effect, ...]:
@@ -371,10 +378,13 @@ class SessionCore:
         self.rows[key] = after
         return SettleRow(key, after, object_id, expires_at)
 
-    def _reclaim(self, inst: Instance) -> Callable[[SandboxError], tuple[Effect, ...]]:
-        """On a provider fault about ``inst``: nothing it says of ``inst`` is trusted; compensate it by key."""
+    def _reclaim(self, inst: Instance, member: Member | None = None) -> Callable[[SandboxError], tuple[Effect, ...]]:
+        """On a provider fault about ``inst``: nothing it says of ``inst`` is trusted; compensate it by key. A refusal
+        the contract lists for ``member`` as the request's own (``REFUSALS``) leaves ``inst`` as it is."""
 
-        def on_fault(_: SandboxError) -> tuple[Effect, ...]:
+        def on_fault(error: SandboxError) -> tuple[Effect, ...]:
+            if member is not None and refused_request(member, error):
+                return ()
             self._move(inst, "compensate")
             return (Compensate(inst.allocation_key),)
 
@@ -448,7 +458,7 @@ class SessionCore:
             deadline=self.limits.deadline(member) + extra_seconds,
             accept=accept,
             allocation_key=inst.allocation_key,
-            on_fault=self._reclaim(inst),
+            on_fault=self._reclaim(inst, member),
         )
 
     # materialize ------------------------------------------------------------------------------
@@ -687,7 +697,7 @@ class SessionCore:
             deadline=self.limits.deadline("openProcess"),
             accept=accept,
             allocation_key=inst.allocation_key,
-            on_fault=self._reclaim(inst),
+            on_fault=self._reclaim(inst, "openProcess"),
         )
 
     def read_files(

@@ -387,9 +387,10 @@ class RunnerService:
         """
         from checkfu.core.job import QuietObserver, host_platform_value, resolve_mounts  # noqa: PLC0415
         from checkfu.core.mounts import parse_mount  # noqa: PLC0415
-        from checkfu.core.registry import is_endpoint  # noqa: PLC0415
+        from checkfu.core.registry import check_provider_name, is_endpoint  # noqa: PLC0415
         from checkfu.core.sandboxes import DEFAULT_TTL, check_ttl  # noqa: PLC0415
 
+        check_provider_name(provider, self.config.adapters)
         specs = [parse_mount(m) if isinstance(m, str) else m for m in mounts]
         resolved = await resolve_mounts(specs, QuietObserver())
         site = provider if is_endpoint(provider) else None

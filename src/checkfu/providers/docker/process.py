@@ -244,6 +244,19 @@ def _close_write(sock: Stream) -> None:
         sock.shutdown(socket.SHUT_WR)
 
 
+ENGINE_SAID = b"OCI runtime exec failed"
+"""How the engine's own words start when an exec's program could not be started: it writes them into the exec's
+output stream as if the program had printed them (``docker exec`` prints them on stderr)."""
+
+
+def engine_words(stdout: bytes, stderr: bytes, code: int) -> tuple[bytes, bytes]:
+    """stdout and stderr as a shell would have them: a program that could not be started (126, 127) has the engine's
+    reason on stderr, as ``docker exec`` and ``sh`` put it, not on stdout."""
+    if code in (CANNOT_EXECUTE, NOT_FOUND) and not stderr and stdout.startswith(ENGINE_SAID):
+        return b"", stdout.replace(b"\r\n", b"\n")
+    return stdout, stderr
+
+
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 CANNOT_EXECUTE, NOT_FOUND = 126, 127
 
@@ -314,6 +327,32 @@ def running_pid(api: Any, exec_id: str, *, limit: float = PID_WAIT) -> int | Non
             raise SandboxProviderFailed(f"exec {exec_id[:12]}: the engine reports it running with no pid")
         time.sleep(pause)
         pause = min(pause * 2, 0.05)
+
+
+def sandbox_pid(engine: Engine, exec_id: str, container_id: str) -> int | None:
+    """The id of exec ``exec_id``'s process in the sandbox's own pid namespace (what ``ps`` inside it shows), read
+    from this host's ``/proc`` (checked to belong to the sandbox's cgroup first); ``None`` when the process has ended
+    already, or the engine is not local (its ``/proc`` is not this host's)."""
+    if not engine.local:
+        return None
+    try:
+        pid = running_pid(engine.api, exec_id)
+    except SandboxProviderFailed:
+        return None
+    if pid is None:
+        return None
+    try:
+        with open(f"/proc/{pid}/cgroup", encoding="utf-8") as f:
+            if container_id not in f.read():
+                return None
+        with open(f"/proc/{pid}/status", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("NSpid:"):
+                    inside = int(line.split()[-1])
+                    return inside if inside > 0 else None
+    except (OSError, ValueError):
+        return None
+    return None
 
 
 def kill_group(engine: Engine, exec_id: str, container_id: str) -> None:
@@ -414,11 +453,12 @@ def run_exec(
     if code is None:
         raise SandboxProviderFailed(f"exec {exec_id[:12]}: the engine reports no exit status; none is made up")
     code = exit_as_shell(api, container_id, code, argv[0] if argv else "", cwd, env)
+    stdout, stderr = engine_words(bytes(out.data), bytes(err.data), code)
     return ExecOutcome(
         exit_code=code,
         timed_out=(overran or not ended) and not cancel.is_set(),
-        stdout=bytes(out.data),
-        stderr=bytes(err.data),
+        stdout=stdout,
+        stderr=stderr,
         stdout_truncated=out.truncated,
         stderr_truncated=err.truncated,
     )
@@ -506,18 +546,37 @@ class DockerProcess:
         decoder = FrameDecoder()
         pending = decoder.feed(self._initial)
         self._initial = b""
+        first = True
+        held: bytes | None = None  # a first output that may be the engine's words, not the program's
         try:
             while True:
                 for stream, payload in pending:
                     if payload and stream in (STDOUT, STDERR):
+                        if first and stream == STDOUT and payload.startswith(ENGINE_SAID):
+                            first, held = False, payload
+                            continue
+                        first = False
+                        if held is not None:
+                            yield ProcessOutput(stream="out", data=held)
+                            held = None
                         yield ProcessOutput(stream="out" if stream == STDOUT else "err", data=payload)
                 data = await self._engine.run("openProcess read", self._recv)
                 if not data:
                     break
                 pending = decoder.feed(data)
+            if held is None:
+                yield ProcessStreamEnd(stream="out")
+                yield ProcessStreamEnd(stream="err")
+                yield await self._exit()
+                return
+            ended = await self._exit()  # the engine's words only when the program was never started
+            out, err = engine_words(held, b"", ended.exit_code)
+            for name, data in (("out", out), ("err", err)):
+                if data:
+                    yield ProcessOutput(stream="out" if name == "out" else "err", data=data)
             yield ProcessStreamEnd(stream="out")
             yield ProcessStreamEnd(stream="err")
-            yield await self._exit()
+            yield ended
         finally:
             self._sock.close()  # also when the engine went away meanwhile, or the reader stopped reading
 

@@ -113,7 +113,14 @@ from checkfu.providers.docker import labels as L
 from checkfu.providers.docker.engine import DEFAULT_WORKERS, Engine
 from checkfu.providers.docker.envelope import HostFacts, build_envelope, check_target, host_facts, require_served
 from checkfu.providers.docker.materialize import BuildLine, Materializer
-from checkfu.providers.docker.process import DockerProcess, ExecOutcome, hijack, resize_exec, run_exec
+from checkfu.providers.docker.process import (
+    DockerProcess,
+    ExecOutcome,
+    hijack,
+    resize_exec,
+    run_exec,
+    sandbox_pid,
+)
 from checkfu.providers.docker.record import Handle, Instance, Records
 from checkfu.providers.docker.staging import (
     Spools,
@@ -1073,7 +1080,9 @@ class DockerProvider:
                 self._groups = spec.ProcessGroups(remapped=remapped)
         return self._groups.user(self.user)
 
-    def _open_blocking(self, container_id: str, request: OpenProcessRequest, user: str) -> tuple[str, Any, bytes]:
+    def _open_blocking(
+        self, container_id: str, request: OpenProcessRequest, user: str
+    ) -> tuple[str, Any, bytes, int | None]:
         api = self.engine.api
         tty = request.tty is not None
         created = api.exec_create(
@@ -1090,13 +1099,14 @@ class DockerProvider:
         )
         exec_id = str(created["Id"])
         sock, initial = hijack(self.engine.dial, self.engine.api_version, exec_id, tty=tty)
-        if request.tty is not None:
-            try:
+        try:
+            if request.tty is not None:
                 resize_exec(api, exec_id, request.tty.rows, request.tty.cols)
-            except BaseException:
-                sock.close()
-                raise
-        return exec_id, sock, initial
+            pid = sandbox_pid(self.engine, exec_id, container_id)
+        except BaseException:
+            sock.close()
+            raise
+        return exec_id, sock, initial, pid
 
     async def open_process(self, request: OpenProcessRequest) -> DockerProcess:
         """Start one process as the sandbox user with streamed stdin, stdout and stderr.
@@ -1108,14 +1118,14 @@ class DockerProvider:
         container_id = await self._running_id(request, "openProcess")
         user = await self._process_user()
         try:
-            exec_id, sock, initial = await self.engine.run(
+            exec_id, sock, initial, pid = await self.engine.run(
                 "openProcess", self._open_blocking, container_id, request, user
             )
         except SandboxError as exc:
             if exc.code in ("SandboxNotFound", "SandboxStateConflict"):
                 await self._explain(request, "openProcess", exc)
             raise
-        started = ProcessStarted(**echo(request, process_id=exec_id))
+        started = ProcessStarted(**echo(request, process_id=exec_id, pid=pid))
         launch = (request.argv[0], request.cwd or self.user.home, dict(request.env))
         return DockerProcess(
             self.engine, started, sock, initial, container_id, tty=request.tty is not None, launch=launch

@@ -330,7 +330,7 @@ class HostProcessProvider:
         if isinstance(tree, NotStarted):
             started = ProcessStarted(**echo(request, process_id=f"p-none-{uuid.uuid4().hex[:12]}"))
             return FailedStart(started, tree.message, tree.status)
-        started = ProcessStarted(**echo(request, process_id=f"p-{tree.pid}"))
+        started = ProcessStarted(**echo(request, process_id=f"p-{tree.pid}", pid=tree.pid))
         finished = partial(cg.remove_spawn_dir, tree.spawn_dir) if tree.spawn_dir else None
         try:
             with seam("openProcess"):
