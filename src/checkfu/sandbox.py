@@ -474,7 +474,7 @@ class AsyncCommands:
             cmd,
             env=envs,
             cwd=cwd,
-            timeout=60.0 if timeout is None else timeout,
+            timeout=timeout,
             stdin=stdin,
             on_stdout=on_stdout,
             on_stderr=on_stderr,
