@@ -23,6 +23,7 @@ import typer
 from rich.markup import escape
 
 from checkfu.cli.consoles import console
+from checkfu.cli.interrupts import Interrupted, run_interruptible, sigterm_interrupts
 from checkfu.cli.state import open_journal, runner_tag
 from checkfu.contract.errors import (
     SandboxError,
@@ -108,13 +109,20 @@ def _fail(exc: SandboxError | JournalError, as_json: bool, code: int = EXIT_FAIL
 
 
 def _run(body: Callable[[], Awaitable[T]], as_json: bool) -> T:
+    """Run ``body`` on an event loop: SIGINT and SIGTERM stop it where it is, what it was making is released, and
+    the command exits 130 or 143 (``checkfu.cli.interrupts``)."""
+
     async def main() -> T:
         return await body()
 
     try:
-        return asyncio.run(main())
+        with sigterm_interrupts():
+            return run_interruptible(main())
     except (SandboxError, JournalError) as exc:
         _fail(exc, as_json)
+    except Interrupted as exc:
+        err.print(f"[bold red]interrupted[/] by {escape(exc.name)}")
+        raise typer.Exit(exc.exit_code) from None
     except KeyboardInterrupt:
         err.print("[bold red]interrupted[/]")
         raise typer.Exit(130) from None
