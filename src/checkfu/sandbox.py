@@ -25,6 +25,7 @@ Any process attaches to a live sandbox with ``Sandbox.connect(sandbox_id)``.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import math
 import threading
 import warnings
@@ -991,12 +992,30 @@ class _Portal:
 
     @classmethod
     def call(cls, coro: Coroutine[Any, Any, T]) -> T:
+        """Run ``coro`` on the loop thread and wait for it. Ctrl-C (``KeyboardInterrupt``) meanwhile cancels it
+        and waits for it to wind up (a sandbox being made is released, its Run settled) before going on: the
+        loop's thread is a daemon, which ends with this process, and the interrupt may end it at once."""
         loop = cls.loop()
-        future = asyncio.run_coroutine_threadsafe(coro, loop)
+        running: list[asyncio.Task[Any]] = []
+
+        async def body() -> T:
+            task = asyncio.current_task()
+            if task is not None:
+                running.append(task)
+            return await coro
+
+        future = asyncio.run_coroutine_threadsafe(body(), loop)
         try:
             return future.result()
         except KeyboardInterrupt:
-            future.cancel()
+            # not started yet: cancelling the future stops it before it does anything
+            loop.call_soon_threadsafe(lambda: running[0].cancel() if running else future.cancel())
+            while True:
+                try:
+                    concurrent.futures.wait([future])
+                    break
+                except KeyboardInterrupt:
+                    continue  # a second Ctrl-C does not cut the wind-up short
             raise
 
 

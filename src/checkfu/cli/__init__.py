@@ -126,9 +126,12 @@ def run_here(*, warm: bool = False) -> None:
         if running and exc.code == EXIT_USAGE and not _finished():
             sys.exit(EXIT_RUN_REFUSED)
         raise
-    except KeyboardInterrupt:
-        _err().print("interrupted")
-        sys.exit(EXIT_INTERRUPTED)
+    except KeyboardInterrupt as exc:
+        # Ctrl-C, or a command's own ``checkfu.cli.interrupts.Interrupted`` (SIGINT or SIGTERM, after it wound up
+        # what it held): 128 + the signal, 130 or 143.
+        code = getattr(exc, "exit_code", EXIT_INTERRUPTED)
+        _err().print("interrupted" + (f" by {exc.args[0]}" if code != EXIT_INTERRUPTED and exc.args else ""))
+        sys.exit(code)
     except Exception as exc:
         # The contract's errors and the journal's are told by their classes, looked up only where their modules
         # were loaded (an exception of a module that was never imported cannot be one of its classes).

@@ -29,6 +29,7 @@ from checkfu.cli.common import (
     pin_image,
     refused,
 )
+from checkfu.cli.interrupts import Interrupted, run_interruptible, sigterm_interrupts
 from checkfu.cli.state import current_engine, open_journal, runner_tag, service_of, state_dir
 from checkfu.contract.errors import SandboxError
 from checkfu.contract.profile import SandboxProfile
@@ -125,7 +126,8 @@ def pool_fill(
         raise_problems(read.problems)
         journal = open_journal(db)
         prof = pin_image(read, provider, as_json)
-        made = asyncio.run(_fill(provider, prof, targets, n, ttl, journal, db, as_json))
+        with sigterm_interrupts():  # SIGINT and SIGTERM stop the fill; the sandbox being made is released
+            made = run_interruptible(_fill(provider, prof, targets, n, ttl, journal, db, as_json))
         tag = runner_tag(db)
         shape = json.dumps([provider, prof.digest, targets])
         _remember(
@@ -142,6 +144,13 @@ def pool_fill(
     except SandboxError as exc:
         refused(exc, None, summary)
         raise typer.Exit(EXIT_REFUSED) from None
+    except Interrupted as exc:
+        kept = ready(journal, runner_tag(db)) if journal is not None else []
+        said = f"[bold red]interrupted[/] by {escape(exc.name)}"
+        if kept:  # made before the signal: ready for Runs to adopt, as a fill means them to be
+            said += f"; {len(kept):d} ready pooled sandbox(es) are kept (`checkfu pool drain` releases them)"
+        err.print(said)
+        raise typer.Exit(exc.exit_code) from None
     finally:
         if journal is not None:
             journal.close()

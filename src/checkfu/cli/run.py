@@ -47,6 +47,7 @@ from checkfu.cli.common import (
     write_json,
 )
 from checkfu.cli.engines import EngineCertsOpt, EngineOpt, engine_sites
+from checkfu.cli.interrupts import signals_cancel, sigterm_interrupts
 from checkfu.cli.state import (
     client_credential,
     close_journal,
@@ -464,33 +465,34 @@ def run_command(
     summary: dict[str, Any] = {"ok": False}
     try:
         overrides, allowed = overrides_of(image, memory, cpus, pids, disk, network, allow or [])
-        code = _admit_and_run(
-            command=command,
-            profile=profile,
-            mounts=mount or [],
-            no_ignore=no_ignore,
-            env_values=env or [],
-            env_files=env_file or [],
-            workdir=workdir,
-            interactive=interactive,
-            use_tty=use_tty,
-            quiet=quiet,
-            name=name,
-            remote=remote,
-            explicit=provider is not None,
-            captures=capture or [],
-            capture_dir=capture_dir,
-            db=db,
-            timeout=timeout,
-            credential_file=credential_file,
-            allow=allowed,
-            warnings=warnings,
-            summary=summary,
-            pool=pool,
-            adapters=adapters_file(adapters),
-            overrides=overrides,
-            publish=publish or [],
-        )
+        with sigterm_interrupts():  # until the Run's event loop takes both signals over (`_run`)
+            code = _admit_and_run(
+                command=command,
+                profile=profile,
+                mounts=mount or [],
+                no_ignore=no_ignore,
+                env_values=env or [],
+                env_files=env_file or [],
+                workdir=workdir,
+                interactive=interactive,
+                use_tty=use_tty,
+                quiet=quiet,
+                name=name,
+                remote=remote,
+                explicit=provider is not None,
+                captures=capture or [],
+                capture_dir=capture_dir,
+                db=db,
+                timeout=timeout,
+                credential_file=credential_file,
+                allow=allowed,
+                warnings=warnings,
+                summary=summary,
+                pool=pool,
+                adapters=adapters_file(adapters),
+                overrides=overrides,
+                publish=publish or [],
+            )
     except SandboxError as exc:
         refused(exc, json_file, summary)
         raise typer.Exit(EXIT_REFUSED) from None
@@ -633,80 +635,63 @@ async def _run(
     ports: list[PortSpec] | None = None,
 ) -> int:
     observer = ConsoleObserver(quiet=quiet)
-    # Mounts are read, bounded and hashed before any provider is asked anything (describe included).
-    t0 = time.perf_counter()
-    resolved = await resolve_mounts(specs, observer)
-    resolve_seconds = time.perf_counter() - t0
-    observer.phase("resolve", resolve_seconds)
-    service = service_of(journal, db, adapters)
-    registry = await load_adapters(service, name, credential, observer)
-    if isinstance(prof, ReadProfile):  # a provider service: the provider it serves decides who pins a tag
-        (adapter,) = registry.adapters
-        target = adapter.target
-        prof = _allowing(pin_image(prof, adapter.envelope.provider, quiet), allow)
-    else:
-        target = choose(registry, name, explicit)
-    task = asyncio.current_task()
-    loop = asyncio.get_running_loop()
     got: list[int] = []
+    # From the first phase on, SIGINT and SIGTERM stop the Run wherever it is (``checkfu.cli.interrupts``).
+    with signals_cancel(got):
+        try:
+            # Mounts are read, bounded and hashed before any provider is asked anything (describe included).
+            t0 = time.perf_counter()
+            resolved = await resolve_mounts(specs, observer)
+            resolve_seconds = time.perf_counter() - t0
+            observer.phase("resolve", resolve_seconds)
+            service = service_of(journal, db, adapters)
+            registry = await load_adapters(service, name, credential, observer)
+            if isinstance(prof, ReadProfile):  # a provider service: the provider it serves decides who pins a tag
+                (adapter,) = registry.adapters
+                target = adapter.target
+                prof = _allowing(pin_image(prof, adapter.envelope.provider, quiet), allow)
+            else:
+                target = choose(registry, name, explicit)
+            interact = None
+            if interactive or tty is not None:
 
-    def on_signal(signum: int) -> None:
-        got.append(signum)
-        if task is not None:
-            task.cancel()
+                async def interact(proc: Any) -> None:
+                    terminal = _terminal()
+                    with terminal.raw_mode(tty is not None and interactive and terminal.stdin_is_terminal()):
+                        observer.raw = tty is not None and interactive
+                        try:
+                            await terminal.feed(proc, stdin=interactive, resize=tty is not None)
+                        finally:
+                            observer.raw = False
 
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, on_signal, sig)
-    interact = None
-    if interactive or tty is not None:
-
-        async def interact(proc: Any) -> None:
-            terminal = _terminal()
-            with terminal.raw_mode(tty is not None and interactive and terminal.stdin_is_terminal()):
-                observer.raw = tty is not None and interactive
-                try:
-                    await terminal.feed(proc, stdin=interactive, resize=tty is not None)
-                finally:
-                    observer.raw = False
-
-    into = capture_dir
-    try:
-        result = await service.run(
-            registry,
-            target,
-            prof,
-            command,
-            mounts=specs,
-            captures=captures,
-            capture_dir=into,
-            observer=observer,
-            timeout=timeout,
-            env=env,
-            cwd=workdir,
-            interact=interact,
-            tty=tty,
-            resolved=resolved,
-            pool=pool,
-            ports=ports or [],
-        )
-        result.phases = {"resolve": resolve_seconds, **result.phases}
-    except asyncio.CancelledError:
-        signum = got[0] if got else signal.SIGINT
-        said = f"[bold red]interrupted[/] by {escape(signal.Signals(signum).name)}"
-        if not _report_left(observer.attempt, db, said):
-            err.print(f"{said}: released and compensated; nothing is left behind")
-        summary.update(ok=False, exit_code=128 + signum, interrupted=signal.Signals(signum).name)
-        summary.update(_left_of(observer.attempt))
-        return 128 + signum
-    except (SandboxError, JournalError):
-        _report_left(observer.attempt, db, "[bold red]failed[/]")
-        summary.update(_left_of(observer.attempt))
-        raise
-    finally:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.remove_signal_handler(sig)
-        if observer.attempt is not None and observer.attempt.session.adopted is not None:
-            refill_in_background(db)
+            result = await service.run(
+                registry,
+                target,
+                prof,
+                command,
+                mounts=specs,
+                captures=captures,
+                capture_dir=capture_dir,
+                observer=observer,
+                timeout=timeout,
+                env=env,
+                cwd=workdir,
+                interact=interact,
+                tty=tty,
+                resolved=resolved,
+                pool=pool,
+                ports=ports or [],
+            )
+            result.phases = {"resolve": resolve_seconds, **result.phases}
+        except asyncio.CancelledError:
+            return _interrupted(got, observer.attempt, db, summary)
+        except (SandboxError, JournalError):
+            _report_left(observer.attempt, db, "[bold red]failed[/]")
+            summary.update(_left_of(observer.attempt))
+            raise
+        finally:
+            if observer.attempt is not None and observer.attempt.session.adopted is not None:
+                refill_in_background(db)
     chosen = registry.select(target)
     grade = assess(chosen.envelope, in_tree=chosen.in_tree)  # graded as the grade card grades it
     label = grade.label
@@ -787,6 +772,34 @@ def _summary(
 LEFT_BEHIND_EXIT = EXIT_REFUSED
 """The exit status of a Run that finished but left something of its sandbox behind (see ``_report_left``): a
 sandbox failure around the command, so checkfu's own 125, never a status the command could have had."""
+
+
+def _interrupted(got: list[int], attempt: Attempt | None, db: str | None, summary: dict[str, Any]) -> int:
+    """Say how the Run was interrupted and, truthfully, what is left of it; returns 128 + the signal."""
+    signum = got[0] if got else signal.SIGINT
+    name = signal.Signals(signum).name
+    said = f"[bold red]interrupted[/] by {escape(name)}"
+    if not _report_left(attempt, db, said):
+        err.print(f"{said}: {_nothing_left(attempt, db)}")
+    summary.update(ok=False, exit_code=128 + signum, interrupted=name)
+    summary.update(_left_of(attempt))
+    return 128 + signum
+
+
+def _nothing_left(attempt: Attempt | None, db: str | None) -> str:
+    """What may be said of a Run wound up with nothing ``left``: that nothing is left behind only when nothing was
+    allocated, or the provider's own list (``listAllocations``) showed nothing of the Run after its wind-up."""
+    if attempt is None:
+        return "nothing was allocated; nothing is left behind"
+    session = attempt.session
+    if session.confirmed:
+        return "released and compensated; nothing is left behind"
+    finish = "checkfu runner reconcile" + (f" --db {shlex.quote(db)}" if db else "")
+    why = session.unconfirmed or "the provider was not asked what it still holds"
+    return (
+        f"released and compensated every allocation, but {escape(why)}, so nothing confirms that none is left; "
+        f"`{escape(finish)}` reclaims whatever is"
+    )
 
 
 def _left_of(attempt: Attempt | None) -> dict[str, Any]:

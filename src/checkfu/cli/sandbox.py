@@ -33,6 +33,7 @@ from checkfu.cli.common import (
     resolved_text,
 )
 from checkfu.cli.consoles import console
+from checkfu.cli.interrupts import Interrupted, run_interruptible, sigterm_interrupts
 from checkfu.cli.state import open_journal, runner_tag
 from checkfu.contract.errors import (
     SandboxError,
@@ -120,40 +121,19 @@ def _fail(exc: SandboxError | JournalError, as_json: bool, code: int = EXIT_FAIL
 
 
 def _run(body: Callable[[], Awaitable[T]], as_json: bool, db: str | None) -> T:
-    got: list[int] = []
+    """Run ``body`` on an event loop: SIGINT and SIGTERM stop it where it is, what it was making is released
+    (``checkfu.cli.interrupts``), and the command says truthfully what is left before it exits 130 or 143."""
 
     async def main() -> T:
-        # SIGINT and SIGTERM cancel the command, so that it undoes what it had begun (a snapshot's capture, a
-        # clone's or a resume's new sandbox) on its way out, as `checkfu run` does; a second one is not waited for.
-        task = asyncio.current_task()
-        loop = asyncio.get_running_loop()
-
-        def on_signal(signum: int) -> None:
-            got.append(signum)
-            if task is not None and len(got) == 1:
-                task.cancel()
-            else:
-                raise KeyboardInterrupt
-
-        handled: list[signal.Signals] = []
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            try:
-                loop.add_signal_handler(sig, on_signal, sig)
-            except (RuntimeError, ValueError):  # not the main thread (a command run in-process): signals stay as set
-                break
-            handled.append(sig)
-        try:
-            return await body()
-        finally:
-            for taken in handled:
-                loop.remove_signal_handler(taken)
+        return await body()
 
     try:
-        return asyncio.run(main())
+        with sigterm_interrupts():
+            return run_interruptible(main())
     except (SandboxError, JournalError) as exc:
         _fail(exc, as_json)
-    except (KeyboardInterrupt, asyncio.CancelledError):
-        signum = got[0] if got else signal.SIGINT
+    except KeyboardInterrupt as exc:
+        signum = exc.signum if isinstance(exc, Interrupted) else signal.SIGINT
         name = signal.Signals(signum).name
         left = _left_here(db)
         if left is None:

@@ -179,7 +179,11 @@ class ProviderDoor:
                 pending = method(plan.request, plan.data or b"")
             else:
                 pending = method(plan.request)
-            return await asyncio.wait_for(pending, timeout=plan.deadline)
+            # ``asyncio.timeout``, not ``wait_for``: on Python 3.11, ``wait_for`` returns the answer of a call that
+            # finished just as the caller was cancelled and drops the cancellation, so a signal during staging (one
+            # short ``writeFile`` after another) was lost and the Run carried on (issue 29).
+            async with asyncio.timeout(plan.deadline):
+                return await pending
         except TimeoutError:
             raise ProviderFault(
                 SandboxProviderTimeout(f"{plan.member}: no answer within {plan.deadline:g} s", field=plan.member)

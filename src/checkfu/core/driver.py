@@ -115,6 +115,15 @@ class RunSession:
         """The allocation key of the pooled sandbox this attempt adopted (``adopt``), if any."""
         self.detached: set[str] = set()
         """Allocation keys this session let go of (``detach``): its wind-up leaves them as they are."""
+        self.abandoned = False
+        """A call was abandoned while the provider worked on it (the caller was cancelled, by a signal or a
+        deadline): its wind-up asks the provider what it still holds (``release_all(confirm=True)``)."""
+        self.confirmed: bool | None = None
+        """After ``release_all(confirm=True)``: whether the provider's own list (``listAllocations``) showed nothing of
+        this Run beyond ``left``; ``None`` when it was not asked, ``False`` when it could not be (``unconfirmed``)."""
+        self.unconfirmed = ""
+        """Why the provider could not be asked what it still holds (it does not serve ``listAllocations``, or it
+        failed), when ``confirmed`` is ``False``."""
 
     @property
     def envelope(self) -> SandboxProviderCapabilities:
@@ -223,6 +232,7 @@ class RunSession:
             await self._apply(plan.on_fault(fault.error))
             raise fault.error from None
         except BaseException:
+            self.abandoned = True
             await self._apply(plan.on_abandon())
             raise
         await self._apply_now(accepted.effects, winding_up=winding_up)
@@ -392,7 +402,7 @@ class RunSession:
         for mount in mounts:
             files = mount.files()
             try:
-                while (item := await asyncio.to_thread(next, files, None)) is not None:
+                while (item := await _in_thread(next, files, None)) is not None:
                     f, data = item
                     # a directory file's sha256 digest was just checked against these bytes: not hashed again
                     digest = f.digest if f.digest.startswith("sha256:") else None
@@ -403,7 +413,7 @@ class RunSession:
                     if progress is not None:
                         progress(done, total)
             finally:
-                await asyncio.to_thread(files.close)
+                await _in_thread(files.close)
         return done
 
     async def activate(self, inst: Instance) -> InstanceResult:
@@ -535,11 +545,14 @@ class RunSession:
     async def list_allocations(self) -> ListAllocationsResult:
         return await self._run(self._plan("listAllocations", self.core.list_allocations))
 
-    async def release_all(self) -> dict[str, str]:
+    async def release_all(self, *, confirm: bool = False) -> dict[str, str]:
         """Release every live instance and compensate whatever cannot be released; used on the way out.
 
         A journal that cannot be written does not stop it. Returns (and keeps in ``left``) what is still
         held in the provider, by allocation key, with the error that kept it: empty when nothing is.
+        With ``confirm`` (or once a call was ``abandoned``), the provider is then asked what it still lists of this
+        Run (``confirmed``): anything is compensated once more, and what is listed after that is ``left`` too, so
+        that "nothing is left" is said only when the provider's own list says so.
         """
         left: dict[str, str] = {}
         for inst in self.core.unreleased():
@@ -565,6 +578,8 @@ class RunSession:
             failed = await self._compensate_quietly(key)
             if failed is not None:
                 left[key] = f"{failed.code}: {failed.message}"
+        if confirm or self.abandoned:
+            await self._confirm(left)
         self.left = left
         self.undestroyed = {
             key: f"{why}; compensated by its key since, on the provider's word alone"
@@ -572,6 +587,48 @@ class RunSession:
             if key not in left
         }
         return left
+
+    async def confirm(self) -> dict[str, str]:
+        """After ``release_all`` without ``confirm``: ask the provider what it still lists of this Run now (a signal
+        came while it was released). Returns ``left``, updated."""
+        left = dict(self.left)
+        await self._confirm(left)
+        self.left = left
+        self.undestroyed = {key: why for key, why in self.undestroyed.items() if key not in left}
+        return left
+
+    async def _confirm(self, left: dict[str, str]) -> None:
+        """Ask the provider what it still lists of this Run's allocations (``listAllocations`` under the runner tag,
+        by allocation key; a durable snapshot and what was detached outlive the Run by design): each is compensated
+        once more, and what is listed even after that is added to ``left``. Sets ``confirmed``."""
+        mine = {
+            key
+            for key, row in self.core.rows.items()
+            if key not in self.detached and not (key in self.core.snapshots and row == "live")
+        }
+        if not mine:
+            self.confirmed = True  # nothing was ever asked for
+            return
+        if not self.envelope.declares("listAllocations"):
+            self.confirmed, self.unconfirmed = False, f"{self.target} does not serve listAllocations"
+            return
+        held: list[str] = []
+        for again in (False, True):
+            try:
+                listed = await self._run(self._plan("listAllocations", self.core.list_allocations), winding_up=True)
+            except SandboxError as exc:
+                self.confirmed, self.unconfirmed = False, f"listAllocations failed: {exc.code}: {exc.message}"
+                return
+            held = sorted(({entry.allocation_key for entry in listed.allocations} & mine) - set(left))
+            if not held or again:
+                break
+            for key in held:
+                failed = await self._compensate_quietly(key)
+                if failed is not None:
+                    left[key] = f"{failed.code}: {failed.message}"
+        for key in held:
+            left.setdefault(key, "still listed by the provider after its release and compensation")
+        self.confirmed = True
 
 
 class CheckedProcess:
@@ -641,6 +698,28 @@ class CheckedProcess:
             check.end()
         except SandboxError as exc:
             raise await self._faulted(exc) from None
+
+
+async def _in_thread(fn: Callable[..., V], /, *args: object) -> V:
+    """``fn(*args)`` in a worker thread, awaited to its end even when the caller is cancelled meanwhile (the
+    cancellation is raised after): a thread cannot be stopped, and a mount's reader still reading in one cannot be
+    closed (``generator already executing``, when a signal came during staging)."""
+    pending = asyncio.ensure_future(asyncio.to_thread(fn, *args))
+    cancelled = False
+    while not pending.done():
+        try:
+            await asyncio.shield(pending)
+        except asyncio.CancelledError:
+            if pending.cancelled():
+                raise
+            cancelled = True
+        except Exception:  # it ended; its exception is read below
+            continue
+    if cancelled:
+        if not pending.cancelled():
+            pending.exception()
+        raise asyncio.CancelledError
+    return pending.result()
 
 
 @contextlib.contextmanager

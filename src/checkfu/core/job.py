@@ -346,7 +346,8 @@ async def run_job(
         if keeper is not None:
             keeper.stop()
         t0 = time.perf_counter()
-        interrupted = await _finish_releasing(session)
+        # A Run that did not run its course asks the provider what it still holds before anyone says nothing is.
+        interrupted = await _finish_releasing(session, confirm=status not in ("succeeded", "command_failed"))
         phases.seconds["release"] = time.perf_counter() - t0
         obs.phase("release", phases.seconds["release"])
         result.phases = phases.seconds
@@ -420,12 +421,21 @@ async def resolve_mounts(mounts: Sequence[MountSpec], obs: Observer) -> list[Res
     return out
 
 
-async def _finish_releasing(session: RunSession) -> bool:
-    """Release and compensate everything of the Run, to the end, even through repeated cancellation.
+async def _finish_releasing(session: RunSession, *, confirm: bool = False) -> bool:
+    """Release and compensate everything of the Run, to the end, even through repeated cancellation (with
+    ``confirm``, then ask the provider what it still holds: ``RunSession.release_all``).
 
     Returns whether a cancellation arrived meanwhile (the caller re-raises it afterwards).
     """
-    task = asyncio.ensure_future(session.release_all())
+    interrupted = await _to_the_end(session.release_all(confirm=confirm))
+    if interrupted and session.confirmed is None:  # a signal came as it released: it will be said what is left
+        await _to_the_end(session.confirm())
+    return interrupted
+
+
+async def _to_the_end(work: Awaitable[object]) -> bool:
+    """Await ``work`` to its end through any number of cancellations; returns whether one arrived meanwhile."""
+    task = asyncio.ensure_future(work)
     interrupted = False
     while not task.done():
         try:

@@ -262,9 +262,12 @@ async def fill_one(
     except SandboxError as exc:
         status = f"refused:{exc.code}"
         raise
+    except asyncio.CancelledError:
+        status = "interrupted"
+        raise
     finally:
         if status != "ready":
-            task = asyncio.ensure_future(session.release_all())
+            task = asyncio.ensure_future(session.release_all(confirm=True))
             while not task.done():
                 try:
                     await asyncio.shield(task)

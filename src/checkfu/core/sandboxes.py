@@ -1004,17 +1004,17 @@ class SandboxHost:
                 expires_at=until,
             )
             status = "live"
-        except asyncio.CancelledError:
-            status = "interrupted"
-            raise
         except SandboxError as exc:
             # A refusal is a Run that never got a sandbox: nothing was journaled for the provider to make. Once
             # something was, the provider was at work, and the making failed.
             status = "failed" if session.core.rows else f"refused:{exc.code}"
             raise
+        except asyncio.CancelledError:
+            status = "interrupted"  # a signal, or the caller gave up: what was made is released below
+            raise
         finally:
             if status != "live":
-                await _wind_up(session)
+                await _wind_up(session, confirm=True)
                 try:
                     await call(self.journal.finish_run, session.run_id, status=status, now=self.clock.now())
                     await call(runner.leases.end, session.lease)
@@ -1111,8 +1111,8 @@ def _only_site(registry: Registry, site: str) -> Registry:
     return narrowed
 
 
-async def _wind_up(session: RunSession) -> None:
-    task = asyncio.ensure_future(session.release_all())
+async def _wind_up(session: RunSession, *, confirm: bool = False) -> None:
+    task = asyncio.ensure_future(session.release_all(confirm=confirm))
     while not task.done():
         try:
             await asyncio.shield(task)

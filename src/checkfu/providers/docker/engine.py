@@ -5,6 +5,11 @@ for many sandboxes at once; the default ``asyncio.to_thread`` pool has only a
 handful of threads). Foreign errors are translated here, once, by type and by
 the HTTP status the Engine API returned, never by matching the text of a
 message; an unknown one becomes ``SandboxProviderFailed``.
+
+A thread cannot be stopped: a call whose caller is cancelled while its blocking
+part runs waits for that part to end before the cancellation goes on (except the
+calls in ``LEFT_RUNNING``), so whatever it created is on the engine when the
+compensation that follows lists the allocation's objects.
 """
 
 from __future__ import annotations
@@ -49,6 +54,13 @@ STATUS_ERRORS: dict[int, type[SandboxError]] = {
     409: SandboxStateConflict,
 }
 """Engine API statuses that mean something of their own; every other status is ``SandboxProviderFailed``."""
+
+LEFT_RUNNING = ("exec", "openProcess", "materialize")
+"""Calls (by the first word of ``Engine.run``'s ``what``) whose blocking part lasts as long as a process or an
+image build may: a cancelled caller does not wait for them (the process is killed, the image is the runner's
+cache, not an allocation's). Every other call is a few engine requests that create or remove an allocation's
+objects, and a cancelled caller waits for it: a provision abandoned while it created a sandbox went on creating
+volumes after the compensation had listed what was there, and they were left behind (issue 29)."""
 
 TYPE_ERRORS: tuple[tuple[type[BaseException], type[SandboxError], bool], ...] = (
     (requests.exceptions.Timeout, SandboxProviderTimeout, True),
@@ -281,6 +293,26 @@ def _early_info() -> dict[str, Any] | None:
     return info if isinstance(info, dict) else None
 
 
+async def to_the_end(pending: asyncio.Future[T]) -> T:
+    """``pending``'s result, awaited to its end through any number of cancellations of the caller; a cancellation
+    that arrived meanwhile is raised once it has ended (whatever it returned or raised: the caller was cancelled)."""
+    cancelled = False
+    while not pending.done():
+        try:
+            await asyncio.shield(pending)
+        except asyncio.CancelledError:
+            if pending.cancelled():
+                raise
+            cancelled = True
+        except Exception:  # it ended; its exception is read below
+            continue
+    if cancelled:
+        if not pending.cancelled():
+            pending.exception()  # read, so that it is never reported as unretrieved
+        raise asyncio.CancelledError
+    return pending.result()
+
+
 class Engine:
     """One docker-py client and the thread pool its blocking calls run in.
 
@@ -322,10 +354,17 @@ class Engine:
         return self.where.dial(timeout)
 
     async def run(self, what: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """Run blocking ``fn`` in the pool; a foreign error becomes a vocabulary member naming ``what``."""
+        """Run blocking ``fn`` in the pool; a foreign error becomes a vocabulary member naming ``what``.
+
+        Cancelled meanwhile, it waits for ``fn`` to return before the cancellation goes on (``to_the_end``),
+        unless ``what`` is one of ``LEFT_RUNNING``.
+        """
         loop = asyncio.get_running_loop()
+        pending = loop.run_in_executor(self._executor, functools.partial(fn, *args, **kwargs))
         try:
-            return await loop.run_in_executor(self._executor, functools.partial(fn, *args, **kwargs))
+            if what.split(" ", 1)[0] in LEFT_RUNNING:
+                return await pending
+            return await to_the_end(pending)
         except SandboxError:
             raise
         except Exception as exc:
