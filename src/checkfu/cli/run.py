@@ -8,7 +8,6 @@ import os
 import re
 import shlex
 import signal
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -47,6 +46,7 @@ from checkfu.cli.common import (
     write_json,
 )
 from checkfu.cli.engines import EngineCertsOpt, EngineOpt, engine_sites
+from checkfu.cli.outputs import is_dash
 from checkfu.cli.state import (
     client_credential,
     close_journal,
@@ -183,6 +183,9 @@ def _env(values: list[str], files: list[Path], warn: list[str]) -> tuple[dict[st
 def _capture_dir_problems(path: Path) -> list[Problem]:
     """``--capture-dir`` must be a directory this user can write, or creatable as one: a file is made and removed
     in it (or in its nearest existing parent), which is the only test that holds for root and read-only mounts."""
+    if is_dash(path):  # stdout or stdin, never a directory of that name
+        why = "- means stdout or stdin, but captures are a directory of files; name a path (one called - in full)"
+        return [Problem(SandboxPathRejected(f"--capture-dir: {why}", field="capture-dir"))]
     probe = path
     while not probe.exists() and probe != probe.parent:
         probe = probe.parent
@@ -374,7 +377,12 @@ def run_command(
     quiet: Annotated[bool, typer.Option("-q", "--quiet", help="print only the command's own output")] = False,
     json_file: Annotated[
         Path | None,
-        typer.Option("--json", help="write the summary as JSON to FILE", show_default=False, metavar="FILE"),
+        typer.Option(
+            "--json",
+            help="write the summary as JSON to FILE (- for stdout, after the command's own output)",
+            show_default=False,
+            metavar="FILE",
+        ),
     ] = None,
     provider: Annotated[
         str | None,
@@ -976,20 +984,17 @@ def _write_page(path: Path, r: Any, events: Any, allocs: Any, chunks: Any) -> No
         typer.Exit: it cannot be written (said on stderr, exit 1).
     """
     from checkfu.cli.logs import truncation_note  # noqa: PLC0415
+    from checkfu.cli.outputs import is_dash, write_named  # noqa: PLC0415
     from checkfu.cli.page import render  # noqa: PLC0415
 
     page = render(r, events, allocs, chunks, truncation_note(r))
-    if str(path) == "-":
-        sys.stdout.write(page)
-        return
     try:  # it holds the Run's argv and output: made 0600 (a file that exists keeps its mode)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as out:
-            out.write(page)
+        write_named(path, page, private=True)
     except OSError as exc:
         err.print(f"[bold red]cannot write --html {escape(str(path))}[/]: {escape(exc.strerror or str(exc))}")
         raise typer.Exit(1) from None
-    err.print(f"wrote {escape(str(path))} ({escape(human_bytes(len(page.encode())))})")
+    if not is_dash(path):
+        err.print(f"wrote {escape(str(path))} ({escape(human_bytes(len(page.encode())))})")
 
 
 @runner_app.command("reconcile")
