@@ -676,6 +676,7 @@ async def _run(
             tty=tty,
             resolved=resolved,
             pool=pool,
+            noted={"profile_source": profile_name} if profile_name else None,
         )
         result.phases = {"resolve": resolve_seconds, **result.phases}
     except asyncio.CancelledError:
@@ -878,7 +879,7 @@ def runs_list(
 
 @runs_app.command("show")
 def runs_show(
-    run: Annotated[str, typer.Argument(help="a run id or a unique prefix")],
+    run: Annotated[str, typer.Argument(help="a run id or a unique prefix (or a sandbox id: its Run)")],
     db: DbOpt = None,
     as_json: JsonOpt = False,
     html: Annotated[
@@ -892,12 +893,14 @@ def runs_show(
         ),
     ] = None,
 ) -> None:
-    """One Run: each member call with its duration and outcome."""
+    """One Run: each member call with its duration and outcome, its profile, network allowlist and timeout (and
+    whether it timed out). A sandbox id shows the sandbox's Run."""
+    from checkfu.cli.logs import find_run, history_lines, history_of, sandbox_of  # noqa: PLC0415 - logs imports this
+
     journal = open_journal(db)
     try:
-        from checkfu.cli.logs import find_run  # noqa: PLC0415 - logs imports this module
-
         r = find_run(journal, run, as_json=as_json)
+        sandbox = sandbox_of(journal, r)
         events = journal.events_for_run(r.run_id)
         allocs = journal.allocations_for_run(r.run_id)
         chunks = _all_output(journal, r.run_id) if html is not None else []
@@ -918,6 +921,7 @@ def runs_show(
                     "adapter": str(r.target) if r.target else None,
                     "profile_digest": r.profile_digest,
                     "command": r.command,
+                    **history_of(r, sandbox),
                     "summary": r.summary,
                     "events": [
                         {
@@ -943,7 +947,10 @@ def runs_show(
     out = Console(highlight=False)
     # Everything recorded is data, never markup (an argv of '[/]', an adapter named '[local]'): plain Text only.
     out.print(Text(f"run {r.run_id}  {run_status(r)}  exit {r.exit_code}  {r.target}"))
-    out.print(Text(f"command {shlex.join(r.command or [])}"))
+    if r.command is not None or sandbox is None:
+        out.print(Text(f"command {shlex.join(r.command or [])}"))
+    for line in history_lines(r, sandbox):
+        out.print(Text(line))
     if r.owner:
         out.print(Text(f"owner {describe_owner(r.owner)}"))
     reason = (r.summary or {}).get("reason")

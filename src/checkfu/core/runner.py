@@ -51,6 +51,15 @@ STORY_FILES = 10_000
 """Staged files a Run's story lists by name and digest (all mounts together); beyond it they are counted."""
 
 
+def profile_story(profile: SandboxProfile) -> dict[str, Any]:
+    """What a Run's history keeps of its profile: the document as admitted (its tag pinned) and the network
+    allowlist (empty unless the network mode is ``allowlist``)."""
+    return {
+        "profile": profile.model_dump(mode="json"),
+        "allowlist": list(profile.network_policy.allowlist),
+    }
+
+
 def story_of(adapter: Adapter, plans: Sequence[tuple[MountPlan, str]] = ()) -> dict[str, Any]:
     """What a Run's page tells besides its events: the adapter and its grade, the nine axes and who enforces each,
     and every staged file with its digest (the first ``STORY_FILES``; the rest counted). ``plans`` pairs each
@@ -257,12 +266,13 @@ class Runner:
 
         ``owner`` (``leases.current_owner()``): the Run lives only as long as that process, which is recorded so
         that a Run it leaves behind is reaped as an orphan. ``mounts`` (each plan with its source described) are
-        recorded in the Run's story with every file's digest; ``noted`` is added to the story as it is (the caller's
-        facts about where the Run went, such as the engine a reaper must reach)."""
+        recorded in the Run's story with every file's digest, as are the profile and its network allowlist; ``noted``
+        is added to the story as it is (the caller's facts about where the Run went, such as the engine a reaper must
+        reach, and the Run's timeout)."""
         adapter = self.select(target, profile, platform=platform, mount_count=mount_count, needs=needs)
         run_id = run_id or new_run_id()
         now = self.clock.now()
-        story = {**story_of(adapter, mounts), **(noted or {})}
+        story = {**story_of(adapter, mounts), **profile_story(profile), **(noted or {})}
         lease = self._begin(run_id, adapter, profile, command, now, owner=owner, story=story)
         not_enforced = tuple(adapter.envelope.enforcement.not_counting())
         attempt = Attempt(
