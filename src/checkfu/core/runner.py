@@ -8,6 +8,7 @@ one ``SandboxCapabilityUnavailable``.
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from checkfu.contract.requirements import require_capabilities
 from checkfu.contract.target import ExecutionTarget, Lease
 from checkfu.contract.tiers import assess
 from checkfu.contract.vocabulary import Platform
+from checkfu.core.admission import BUILD_NETWORK_ENV, build_network_problems, raise_problems
 from checkfu.core.clock import Clock, SystemClock
 from checkfu.core.driver import Limits, RunSession
 from checkfu.core.journal import Journal
@@ -148,10 +150,12 @@ class Runner:
         Raises:
             SandboxAdapterUnavailable: no adapter advertises ``target``.
             SandboxAdapterAmbiguous: more than one does.
-            SandboxCapabilityUnavailable: listing every requirement the envelope does not meet.
+            SandboxCapabilityUnavailable: listing every requirement the envelope does not meet; or the profile names
+                packages and ``CHECKFU_BUILD_NETWORK=none`` forbids the image build that would fetch them.
         """
         adapter = self._adapter(target)
         self._admit(adapter)
+        raise_problems(build_network_problems(profile.packages.items(), os.environ.get(BUILD_NETWORK_ENV)))
         n = needs or Needs()
         require_capabilities(
             adapter.envelope,
