@@ -10,7 +10,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from checkfu.cli.outputs import is_dash, write_named
+from checkfu.cli.outputs import is_dash, shown, write_named
 from checkfu.contract.envelope import SandboxProviderCapabilities
 from checkfu.contract.errors import SandboxError
 from checkfu.contract.model import Model
@@ -48,7 +48,7 @@ def _check(model: type[Model], key: str, file: Path, as_json: bool, *, quiet: bo
     if as_json:
         print(json.dumps({"ok": True, key: dump(value)}))
     else:
-        out.print(f"[bold green]ok[/] {escape(str(file))} is a valid {escape(model.__name__)}")
+        out.print(f"[bold green]ok[/] {escape(shown(file))} is a valid {escape(model.__name__)}")
     return value
 
 
@@ -121,7 +121,7 @@ def profile_check(file: FileArg, as_json: JsonOpt = False) -> None:
                 )
             )
         else:
-            err.print(f"[bold red]refused[/] {escape(str(file))}: {len(read.problems)} problem(s)")
+            err.print(f"[bold red]refused[/] {escape(shown(file))}: {len(read.problems)} problem(s)")
             for p in read.problems:
                 where = f" (field {p.field})" if p.field else ""
                 err.print(f"  {escape(p.code)}{escape(where)}: {escape(p.message)}")
@@ -135,7 +135,7 @@ def profile_check(file: FileArg, as_json: JsonOpt = False) -> None:
         print(json.dumps({"ok": True, "profile": value, "digest": digest, "notes": read.notes}))
         return
     out = Console(highlight=False)
-    out.print(f"[bold green]ok[/] {escape(str(file))} is a valid SandboxProfile")
+    out.print(f"[bold green]ok[/] {escape(shown(file))} is a valid SandboxProfile")
     for note in read.notes:
         out.print(f"note      {escape(note)}")
     out.print(f"digest    {escape(digest or 'computed at admission, once base_image is pinned')}")

@@ -24,6 +24,11 @@ def is_dash(path: Path | str | None) -> bool:
     return path is not None and str(path) == DASH
 
 
+def shown(path: Path | str) -> str:
+    """How a named file is called in what a command says: ``-`` is ``stdin`` (or ``stdout``, to a writer)."""
+    return "stdin" if is_dash(path) else str(path)
+
+
 def write_named(path: Path, data: str | bytes, *, private: bool = False) -> None:
     """Write ``data`` to the file ``path`` (made or truncated), or to stdout when it is ``-``.
 
