@@ -13,13 +13,14 @@ from pathlib import Path
 import pytest
 
 from checkfu.contract.enforcement import AXES
-from checkfu.contract.errors import SandboxResultInvalid
+from checkfu.contract.errors import SandboxLeaseFenced, SandboxResultInvalid
 from checkfu.contract.vocabulary import Platform
-from checkfu.control.grading import grade, grade_envelope
+from checkfu.control.grading import grade, grade_envelope, render_text
 from checkfu.core.clock import ManualClock
 from checkfu.core.journal import Journal, sqlite_url
 from checkfu.core.registry import Adapter, Registry
 from checkfu.core.runner import Runner
+from checkfu.core.sandboxes import SandboxHost
 from checkfu.testing import MemoryProvider, day_one_envelope, memory_profile
 from checkfu.testing.misbehave import Misbehaving, release_keeps
 
@@ -113,6 +114,34 @@ async def test_a_broken_release_promise_is_a_fault_on_the_cards_history(tmp_path
         journal.close()
     (fault,) = card.history
     assert (fault["member"], fault["error_code"]) == ("release", "SandboxResultInvalid")
+
+
+async def test_a_sandbox_past_its_own_time_to_live_is_no_fault_on_the_cards_history(tmp_path: Path) -> None:
+    memory = MemoryProvider()
+    adapter = Adapter(envelope=memory.envelope, provider=memory, source="memory")
+    registry = Registry()
+    registry.add(adapter)
+    journal = Journal(sqlite_url(tmp_path / "journal.sqlite"))
+    clock = ManualClock()
+    try:
+        host = SandboxHost(registry, journal, runner_tag="grade-card", clock=clock)
+        made = await host.create(
+            adapter.target, memory_profile(), Platform(os="linux", architecture="amd64"), ttl=60, detached=True
+        )
+        clock.advance(120)  # the user's own time-to-live passes
+        with pytest.raises(SandboxLeaseFenced) as caught:
+            await made.exec(["true"])
+        assert caught.value.field == "ttl"
+        # The Run's history keeps the refusal; the provider's record does not count it against the provider.
+        history = journal.events_for_run(made.record.run_id)
+        assert [e.error_code for e in history if e.outcome == "error"] == ["SandboxLeaseFenced"]
+        card = grade(adapter, history=journal.provider_faults(adapter.target))
+        await made.release()  # reclaimed as the next command would: nothing is left in the provider
+        assert memory.live_objects() == ()
+    finally:
+        journal.close()
+    assert card.history == []
+    assert not any(line.startswith("fault") for line in render_text(card))
 
 
 @pytest.mark.skipif(

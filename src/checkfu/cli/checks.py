@@ -10,6 +10,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from checkfu.cli.outputs import is_dash, shown, write_named
 from checkfu.contract.envelope import SandboxProviderCapabilities
 from checkfu.contract.errors import SandboxError
 from checkfu.contract.model import Model
@@ -21,7 +22,7 @@ from checkfu.core.profiles import DEFAULTS, read_profile
 envelope_app = typer.Typer(help="Capability envelopes (SandboxProviderCapabilities).", no_args_is_help=True)
 profile_app = typer.Typer(help="Sandbox profiles.", no_args_is_help=True)
 
-FileArg = Annotated[Path, typer.Argument(help="a JSON or TOML file", show_default=False)]
+FileArg = Annotated[Path, typer.Argument(help="a JSON or TOML file (- for stdin)", show_default=False)]
 JsonOpt = Annotated[bool, typer.Option("--json", help="print one JSON object instead of a summary")]
 
 
@@ -47,7 +48,7 @@ def _check(model: type[Model], key: str, file: Path, as_json: bool, *, quiet: bo
     if as_json:
         print(json.dumps({"ok": True, key: dump(value)}))
     else:
-        out.print(f"[bold green]ok[/] {escape(str(file))} is a valid {escape(model.__name__)}")
+        out.print(f"[bold green]ok[/] {escape(shown(file))} is a valid {escape(model.__name__)}")
     return value
 
 
@@ -120,7 +121,7 @@ def profile_check(file: FileArg, as_json: JsonOpt = False) -> None:
                 )
             )
         else:
-            err.print(f"[bold red]refused[/] {escape(str(file))}: {len(read.problems)} problem(s)")
+            err.print(f"[bold red]refused[/] {escape(shown(file))}: {len(read.problems)} problem(s)")
             for p in read.problems:
                 where = f" (field {p.field})" if p.field else ""
                 err.print(f"  {escape(p.code)}{escape(where)}: {escape(p.message)}")
@@ -134,7 +135,7 @@ def profile_check(file: FileArg, as_json: JsonOpt = False) -> None:
         print(json.dumps({"ok": True, "profile": value, "digest": digest, "notes": read.notes}))
         return
     out = Console(highlight=False)
-    out.print(f"[bold green]ok[/] {escape(str(file))} is a valid SandboxProfile")
+    out.print(f"[bold green]ok[/] {escape(shown(file))} is a valid SandboxProfile")
     for note in read.notes:
         out.print(f"note      {escape(note)}")
     out.print(f"digest    {escape(digest or 'computed at admission, once base_image is pinned')}")
@@ -143,7 +144,10 @@ def profile_check(file: FileArg, as_json: JsonOpt = False) -> None:
 @profile_app.command("init")
 def profile_init(
     file: Annotated[
-        Path, typer.Argument(help="where to write it (default: profile.toml)", show_default=False, metavar="FILE")
+        Path,
+        typer.Argument(
+            help="where to write it (default: profile.toml; - for stdout)", show_default=False, metavar="FILE"
+        ),
     ] = Path("profile.toml"),
     provider: Annotated[
         str, typer.Option("--provider", help="the tier it is for: docker or host-process", metavar="NAME")
@@ -153,11 +157,14 @@ def profile_init(
     """Write the built-in default profile of `checkfu run` to FILE, to edit (docs/profiles.md has every field)."""
     if provider not in DEFAULTS:
         raise typer.BadParameter(f"{provider!r} is not one of {', '.join(DEFAULTS)}", param_hint="--provider")
+    name, text = DEFAULTS[provider]
+    if is_dash(file):
+        write_named(file, text)
+        return
     if file.exists() and not force:
         raise typer.BadParameter(f"{file} exists; --force overwrites it", param_hint="FILE")
-    name, text = DEFAULTS[provider]
     try:
-        file.write_text(text, encoding="utf-8")
+        write_named(file, text)
     except OSError as exc:
         raise typer.BadParameter(f"cannot write {file}: {exc.strerror}", param_hint="FILE") from None
     Console(highlight=False).print(

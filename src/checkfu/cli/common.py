@@ -312,8 +312,11 @@ def refused(exc: SandboxError, json_file: Path | None, summary: dict[str, Any]) 
 
 
 def write_json(path: Path, summary: dict[str, Any]) -> None:
+    """Write ``summary`` to ``path`` (``-``: stdout, after the command's own output)."""
+    from checkfu.cli.outputs import write_named  # noqa: PLC0415
+
     try:
-        path.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+        write_named(path, json.dumps(summary, indent=2) + "\n")
     except OSError as exc:
         why = exc.strerror or str(exc)
         err.print(f"[bold yellow]warning[/]: cannot write --json {escape(str(path))}: {escape(why)}")

@@ -10,6 +10,7 @@ import typer
 from rich.markup import escape
 
 from checkfu.cli.consoles import console
+from checkfu.cli.outputs import refuse_dash
 from checkfu.conformance.evidence import EvidenceError, generate_keys, load_public_key, verify_evidence
 from checkfu.contract.envelope import SandboxProviderCapabilities
 from checkfu.core.documents import DocumentError, read_bounded
@@ -77,6 +78,7 @@ def keys_generate(
 
     Both files are made new: a file, directory or link (even a dangling one) at PATH or PATH.pub is refused,
     never overwritten or followed (exit 2)."""
+    refuse_dash(out, "--out", "a key pair is two files (PATH and PATH.pub)")
     try:
         private, public = generate_keys(out)
     except EvidenceError as exc:

@@ -9,6 +9,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from checkfu.cli.outputs import refuse_dash
 from checkfu.conformance.author_kit import export_kit
 
 app = typer.Typer(help="The provider author kit: JSON Schemas and golden vectors.", no_args_is_help=True)
@@ -17,6 +18,7 @@ app = typer.Typer(help="The provider author kit: JSON Schemas and golden vectors
 @app.command("export")
 def export(directory: Annotated[Path, typer.Argument(help="where to write the kit", show_default=False)]) -> None:
     """Write JSON Schemas (draft 2020-12) and golden vectors for every wire message."""
+    refuse_dash(directory, "DIRECTORY", "the kit is a directory of files")
     try:
         count = export_kit(directory)
     except OSError as exc:

@@ -37,14 +37,25 @@ LOGS_HELP = (
 
 
 def find_run(journal: Journal, run: str, *, as_json: bool = False) -> RunRow:
-    """The one Run whose id starts with ``run``.
+    """The one Run whose id starts with ``run``; or, when no Run's does, the Run of the one sandbox whose id starts
+    with it (a long-lived sandbox is one Run: its calls, its profile, how it ended).
 
     Raises:
         typer.Exit: none or several match (said on stderr, or as JSON on stdout with ``as_json``; exit 1).
     """
     found = journal.find_runs(run)
+    boxes = ""
+    if not found and run and not "run-".startswith(run[:4]):  # a Run's id starts run-; a sandbox's, sb-
+        from checkfu.core.sandboxes import SandboxBook  # noqa: PLC0415 - only for a sandbox id
+
+        rows = [journal.run(b.run_id) for b in SandboxBook(journal).find(run)]
+        found = [r for r in rows if r is not None]
+        boxes = " and no sandbox id does" if not found else " (by sandbox id)"
     if len(found) != 1:
-        message = f"{'no' if not found else len(found)} runs match {run!r} (`checkfu runs list` lists them)"
+        where = ", `checkfu ps` the live sandboxes" if boxes else ""
+        message = (
+            f"{'no' if not found else len(found)} runs match {run!r}{boxes} (`checkfu runs list` lists them{where})"
+        )
         if as_json:
             error = {"code": "SandboxNotFound", "message": message, "field": "run"}
             print(json.dumps({"ok": False, "error": error}))
@@ -52,6 +63,72 @@ def find_run(journal: Journal, run: str, *, as_json: bool = False) -> RunRow:
             err.print(f"[bold red]SandboxNotFound[/]: {escape(message)} (field: run)")
         raise typer.Exit(1)
     return found[0]
+
+
+def sandbox_of(journal: Journal, row: RunRow) -> dict[str, Any] | None:
+    """The long-lived sandbox whose Run ``row`` is (its id, state, why it ended, its time-to-live's deadline and
+    what it was made from), else ``None``."""
+    if row.command is not None:  # a Run of a command: no sandbox outlives it
+        return None
+    from checkfu.core.sandboxes import SandboxBook  # noqa: PLC0415 - only for a sandbox's Run
+
+    for box in SandboxBook(journal).find(row.run_id):
+        if box.run_id == row.run_id:
+            return {
+                "sandbox_id": box.sandbox_id,
+                "state": box.state,
+                "reason": box.reason,
+                "expires_at": box.expires_at,
+                "origin": box.origin,
+            }
+    return None
+
+
+def history_of(row: RunRow, sandbox: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What the journal keeps of how a Run was asked for and how it ended, besides its calls: its ``timeout`` in
+    seconds, whether it ``timed_out``, its network ``allowlist``, its ``profile`` (where it was read from, its
+    digest, the document as admitted) and, for a long-lived sandbox's Run, the ``sandbox`` (``sandbox_of``). A value
+    the journal does
+    not hold is ``None`` (a Run recorded before it was kept; ``timed_out`` of a Run not yet ended, or of a
+    sandbox, which has a time-to-live instead)."""
+    story, summary = row.story or {}, row.summary or {}
+    document = story.get("profile")
+    network = document.get("network_policy") if isinstance(document, dict) else None
+    timed_out = summary.get("timed_out")
+    return {
+        "timeout": story.get("timeout"),
+        "timed_out": timed_out if isinstance(timed_out, bool) else None,
+        "allowlist": story.get("allowlist"),
+        "profile": {
+            "source": story.get("profile_source"),
+            "digest": row.profile_digest,
+            "network": network.get("mode") if isinstance(network, dict) else None,
+            "document": document,
+        },
+        "sandbox": sandbox,
+    }
+
+
+def history_lines(row: RunRow, sandbox: dict[str, Any] | None = None) -> list[str]:
+    """``history_of`` as plain lines for a terminal (data, never markup: the caller prints them as Text)."""
+    h = history_of(row, sandbox)
+    lines = []
+    box = h["sandbox"]
+    if box:
+        why = f" ({box['reason']})" if box["reason"] else ""
+        lines.append(f"sandbox   {box['sandbox_id']} {box['state']}{why}")
+    p = h["profile"]
+    source = p["source"] or ("not recorded" if p["document"] is None else "as admitted")
+    lines.append(f"profile   {source} ({p['digest'] or 'no digest recorded'})")
+    if p["document"] is not None:
+        allow = ", ".join(h["allowlist"] or []) or "none"
+        lines.append(f"network   {p['network']}; allowlist: {allow}")
+    if h["timeout"] is not None:
+        said = {True: "timed out: killed at the timeout", False: "did not time out", None: "not ended"}
+        lines.append(f"timeout   {h['timeout']:g} s; {said[h['timed_out']]}")
+    elif not box:
+        lines.append("timeout   not recorded")
+    return lines
 
 
 def truncation(row: RunRow) -> dict[str, Any]:
@@ -100,12 +177,13 @@ def _chunk_json(chunk: OutputRow) -> dict[str, Any]:
     }
 
 
-def _end_json(row: RunRow, shown: str) -> dict[str, Any]:
+def _end_json(row: RunRow, shown: str, sandbox: dict[str, Any] | None = None) -> dict[str, Any]:
     t = truncation(row)
     return {
         "run_id": row.run_id,
         "status": shown,
         "exit_code": row.exit_code,
+        **history_of(row, sandbox),
         "truncated": bool(t.get("dropped_bytes")),
         "kept_bytes": t.get("kept_bytes"),
         "dropped_bytes": t.get("dropped_bytes", 0),
@@ -114,7 +192,7 @@ def _end_json(row: RunRow, shown: str) -> dict[str, Any]:
 
 
 def logs_command(
-    run: Annotated[str, typer.Argument(help="a run id or a unique prefix", metavar="RUN")],
+    run: Annotated[str, typer.Argument(help="a run id or a unique prefix (or a sandbox id: its Run)", metavar="RUN")],
     follow: Annotated[bool, typer.Option("-f", "--follow", help="follow a running Run's output until it ends")] = False,
     db: DbOpt = None,
     as_json: JsonOpt = False,
@@ -154,11 +232,12 @@ def logs_command(
                 continue
             time.sleep(pause)
             pause = min(pause * 1.5, POLL_MAX)
+        sandbox = sandbox_of(journal, row)
     finally:
         journal.close()
     shown = run_status(row)
     if as_json:
-        end = _end_json(row, shown)
+        end = _end_json(row, shown, sandbox)
         if follow:
             print(json.dumps({"end": end}))
         else:
@@ -171,5 +250,16 @@ def logs_command(
     note = truncation_note(row)
     if note:
         err.print(f"[yellow]checkfu[/]: {escape(note)}")
-    if not last and not (row.summary or {}).get("output_cap_bytes") and is_terminal(row.status):
+    history = history_of(row)
+    if history["timed_out"]:
+        err.print(
+            f"[yellow]checkfu[/]: Run {escape(row.run_id)} timed out: the command ran past its timeout of "
+            f"{escape(format(history['timeout'], 'g'))} s and was killed (exit {escape(str(row.exit_code))})"
+        )
+    if sandbox is not None and not last:
+        err.print(
+            f"[dim]checkfu: Run {escape(row.run_id)} is a long-lived sandbox's: what `checkfu exec` printed went to "
+            f"its caller, not to the journal (`checkfu runs show {escape(row.run_id)}` lists each call)[/]"
+        )
+    elif not last and not (row.summary or {}).get("output_cap_bytes") and is_terminal(row.status):
         err.print("[dim]checkfu: no output was kept for this Run[/]")

@@ -14,6 +14,7 @@ from html import escape
 from typing import Any
 
 from checkfu.cli.common import human_bytes
+from checkfu.cli.logs import history_of
 from checkfu.core.journal import AllocationRow, EventRow, OutputRow, RunRow
 from checkfu.core.output import OUTPUT_CAP
 from checkfu.core.reconcile import describe_owner, run_status
@@ -73,6 +74,19 @@ def _header(row: RunRow, status: str) -> str:
         ("owner", _e(describe_owner(row.owner)) if row.owner else "(a Run of the fleet, or recorded before owners)"),
         ("runner tag", f"<code>{_e(row.runner_tag)}</code>"),
         ("profile digest", f"<code>{_e(row.profile_digest)}</code>"),
+    ]
+    h = history_of(row)
+    said = {True: "timed out: killed at the timeout", False: "did not time out", None: "not ended"}
+    timeout = "not recorded" if h["timeout"] is None else f"{h['timeout']:g} s"
+    rows += [
+        ("profile", _e(h["profile"]["source"] or ("not recorded" if h["profile"]["document"] is None else ""))),
+        ("network", _e(h["profile"]["network"] or "not recorded")),
+        ("allowlist", f'<span id="allowlist">{_e(", ".join(h["allowlist"] or []) or "none")}</span>'),
+        (
+            "timeout",
+            f'<span id="timeout">{_e(timeout)}</span>'
+            + (f' <span id="timed-out">{_e(said[h["timed_out"]])}</span>' if h["timeout"] is not None else ""),
+        ),
     ]
     summary = row.summary or {}
     if summary.get("reason"):

@@ -14,6 +14,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from checkfu.cli.consoles import console
+from checkfu.cli.outputs import is_dash, write_named
 from checkfu.cli.state import client_credential, is_url, open_journal, open_service, service_of, state_dir
 from checkfu.conformance.cases import CASES, Case, CaseResult
 from checkfu.conformance.evidence import EvidenceError, load_private_key, load_public_key, sign
@@ -201,24 +202,41 @@ def provider_test(
     credential_file: CredentialOpt = None,
     profile: ProfileOpt = None,
     case: CaseOpt = None,
-    json_out: Annotated[Path | None, typer.Option("--json", help="write the report as JSON to FILE")] = None,
-    junit_out: Annotated[Path | None, typer.Option("--junit", help="write a JUnit XML report to FILE")] = None,
+    json_out: Annotated[
+        Path | None, typer.Option("--json", help="write the report as JSON to FILE (- for stdout)")
+    ] = None,
+    junit_out: Annotated[
+        Path | None, typer.Option("--junit", help="write a JUnit XML report to FILE (- for stdout)")
+    ] = None,
 ) -> None:
     """Run the nine conformance cases against a provider; exits 0 only when no case failed."""
     report = _run_cases(target, _credential(credential, credential_file), profile, case, quiet=False)
     _table(report)
     if json_out is not None:
-        report.write_json(json_out)
+        _write(json_out, "--json", json.dumps(report.as_json(), indent=2) + "\n")
     if junit_out is not None:
-        report.write_junit(junit_out)
+        _write(junit_out, "--junit", report.junit_xml())
     raise typer.Exit(0 if report.ok else 1)
+
+
+def _write(path: Path, option: str, data: str | bytes) -> None:
+    """Write ``data`` to ``path`` (``-``: stdout).
+
+    Raises:
+        typer.Exit: it cannot be written (said on stderr, naming the option; exit 1).
+    """
+    try:
+        write_named(path, data)
+    except OSError as exc:
+        err.print(f"[bold red]cannot write {escape(option)} {escape(str(path))}[/]: {escape(exc.strerror or str(exc))}")
+        raise typer.Exit(1) from None
 
 
 @provider_app.command("verify")
 def provider_verify(
     target: TargetArg,
     key: Annotated[Path, typer.Option("--key", help="the Ed25519 private key that signs (checkfu keys generate)")],
-    out: Annotated[Path, typer.Option("--out", help="where the signed evidence (DSSE, JSON) goes")],
+    out: Annotated[Path, typer.Option("--out", help="where the signed evidence (DSSE, JSON) goes (- for stdout)")],
     credential: SecretOpt = None,
     credential_file: CredentialOpt = None,
     profile: ProfileOpt = None,
@@ -227,8 +245,9 @@ def provider_verify(
     private = _private_key(key)
     report = _run_cases(target, _credential(credential, credential_file), profile, None, quiet=False)
     _table(report)
-    out.write_text(json.dumps(sign(report, private), indent=2) + "\n", encoding="utf-8")
-    err.print(f"evidence written to {escape(str(out))} ({'no case failed' if report.ok else 'cases FAILED'})")
+    _write(out, "--out", json.dumps(sign(report, private), indent=2) + "\n")
+    where = "stdout" if is_dash(out) else str(out)
+    err.print(f"evidence written to {escape(where)} ({'no case failed' if report.ok else 'cases FAILED'})")
     raise typer.Exit(0 if report.ok else 1)
 
 
@@ -403,7 +422,9 @@ def _listing(source: str, card: GradeCard) -> dict[str, Any]:
 def provider_grade(
     target: TargetArg,
     as_json: Annotated[bool, typer.Option("--json", help="print the card as one JSON object")] = False,
-    html_out: Annotated[Path | None, typer.Option("--html", help="write the card as one self-contained page")] = None,
+    html_out: Annotated[
+        Path | None, typer.Option("--html", help="write the card as one self-contained page to FILE (- for stdout)")
+    ] = None,
     test: Annotated[bool, typer.Option("--test", help="run the conformance cases now and show their tally")] = False,
     credential: SecretOpt = None,
     credential_file: CredentialOpt = None,
@@ -422,10 +443,12 @@ def provider_grade(
     finally:
         service.close()
     if html_out is not None:
-        html_out.write_text(render_html(card), encoding="utf-8")
+        _write(html_out, "--html", render_html(card))
     if as_json:
         print(json.dumps(card.as_json()))
         return
+    if is_dash(html_out):
+        return  # stdout holds the page: the text card would spoil it
     out = Console(highlight=False)
     for line in render_text(card):
         style = "bold red" if line.startswith(("warning", "fault")) else ""

@@ -8,7 +8,6 @@ import os
 import re
 import shlex
 import signal
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -48,6 +47,7 @@ from checkfu.cli.common import (
 )
 from checkfu.cli.engines import EngineCertsOpt, EngineOpt, engine_sites
 from checkfu.cli.interrupts import signals_cancel, sigterm_interrupts
+from checkfu.cli.outputs import is_dash
 from checkfu.cli.state import (
     client_credential,
     close_journal,
@@ -185,6 +185,9 @@ def _env(values: list[str], files: list[Path], warn: list[str]) -> tuple[dict[st
 def _capture_dir_problems(path: Path) -> list[Problem]:
     """``--capture-dir`` must be a directory this user can write, or creatable as one: a file is made and removed
     in it (or in its nearest existing parent), which is the only test that holds for root and read-only mounts."""
+    if is_dash(path):  # stdout or stdin, never a directory of that name
+        why = "- means stdout or stdin, but captures are a directory of files; name a path (one called - in full)"
+        return [Problem(SandboxPathRejected(f"--capture-dir: {why}", field="capture-dir"))]
     probe = path
     while not probe.exists() and probe != probe.parent:
         probe = probe.parent
@@ -388,7 +391,12 @@ def run_command(
     quiet: Annotated[bool, typer.Option("-q", "--quiet", help="print only the command's own output")] = False,
     json_file: Annotated[
         Path | None,
-        typer.Option("--json", help="write the summary as JSON to FILE", show_default=False, metavar="FILE"),
+        typer.Option(
+            "--json",
+            help="write the summary as JSON to FILE (- for stdout, after the command's own output)",
+            show_default=False,
+            metavar="FILE",
+        ),
     ] = None,
     provider: Annotated[
         str | None,
@@ -681,6 +689,7 @@ async def _run(
                 resolved=resolved,
                 pool=pool,
                 ports=ports or [],
+                noted={"profile_source": profile_name} if profile_name else None,
             )
             result.phases = {"resolve": resolve_seconds, **result.phases}
         except asyncio.CancelledError:
@@ -907,7 +916,7 @@ def runs_list(
 
 @runs_app.command("show")
 def runs_show(
-    run: Annotated[str, typer.Argument(help="a run id or a unique prefix")],
+    run: Annotated[str, typer.Argument(help="a run id or a unique prefix (or a sandbox id: its Run)")],
     db: DbOpt = None,
     as_json: JsonOpt = False,
     html: Annotated[
@@ -921,12 +930,14 @@ def runs_show(
         ),
     ] = None,
 ) -> None:
-    """One Run: each member call with its duration and outcome."""
+    """One Run: each member call with its duration and outcome, its profile, network allowlist and timeout (and
+    whether it timed out). A sandbox id shows the sandbox's Run."""
+    from checkfu.cli.logs import find_run, history_lines, history_of, sandbox_of  # noqa: PLC0415 - logs imports this
+
     journal = open_journal(db)
     try:
-        from checkfu.cli.logs import find_run  # noqa: PLC0415 - logs imports this module
-
         r = find_run(journal, run, as_json=as_json)
+        sandbox = sandbox_of(journal, r)
         events = journal.events_for_run(r.run_id)
         allocs = journal.allocations_for_run(r.run_id)
         chunks = _all_output(journal, r.run_id) if html is not None else []
@@ -947,6 +958,7 @@ def runs_show(
                     "adapter": str(r.target) if r.target else None,
                     "profile_digest": r.profile_digest,
                     "command": r.command,
+                    **history_of(r, sandbox),
                     "summary": r.summary,
                     "events": [
                         {
@@ -972,7 +984,10 @@ def runs_show(
     out = Console(highlight=False)
     # Everything recorded is data, never markup (an argv of '[/]', an adapter named '[local]'): plain Text only.
     out.print(Text(f"run {r.run_id}  {run_status(r)}  exit {r.exit_code}  {r.target}"))
-    out.print(Text(f"command {shlex.join(r.command or [])}"))
+    if r.command is not None or sandbox is None:
+        out.print(Text(f"command {shlex.join(r.command or [])}"))
+    for line in history_lines(r, sandbox):
+        out.print(Text(line))
     if r.owner:
         out.print(Text(f"owner {describe_owner(r.owner)}"))
     reason = (r.summary or {}).get("reason")
@@ -1013,20 +1028,17 @@ def _write_page(path: Path, r: Any, events: Any, allocs: Any, chunks: Any) -> No
         typer.Exit: it cannot be written (said on stderr, exit 1).
     """
     from checkfu.cli.logs import truncation_note  # noqa: PLC0415
+    from checkfu.cli.outputs import is_dash, write_named  # noqa: PLC0415
     from checkfu.cli.page import render  # noqa: PLC0415
 
     page = render(r, events, allocs, chunks, truncation_note(r))
-    if str(path) == "-":
-        sys.stdout.write(page)
-        return
     try:  # it holds the Run's argv and output: made 0600 (a file that exists keeps its mode)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as out:
-            out.write(page)
+        write_named(path, page, private=True)
     except OSError as exc:
         err.print(f"[bold red]cannot write --html {escape(str(path))}[/]: {escape(exc.strerror or str(exc))}")
         raise typer.Exit(1) from None
-    err.print(f"wrote {escape(str(path))} ({escape(human_bytes(len(page.encode())))})")
+    if not is_dash(path):
+        err.print(f"wrote {escape(str(path))} ({escape(human_bytes(len(page.encode())))})")
 
 
 @runner_app.command("reconcile")

@@ -78,6 +78,10 @@ class Report:
         path.write_text(json.dumps(self.as_json(), indent=2) + "\n", encoding="utf-8")
 
     def write_junit(self, path: Path) -> None:
+        path.write_bytes(self.junit_xml())
+
+    def junit_xml(self) -> bytes:
+        """The report as a JUnit XML document (UTF-8, with its declaration)."""
         suite = ET.Element(
             "testsuite",
             name="checkfu conformance",
@@ -102,7 +106,8 @@ class Report:
                 ET.SubElement(case, "system-out").text = "\n".join(c.evidence)
         root = ET.Element("testsuites")
         root.append(suite)
-        ET.ElementTree(root).write(path, encoding="utf-8", xml_declaration=True)
+        xml: bytes = ET.tostring(root, encoding="utf-8", xml_declaration=True)
+        return xml
 
 
 def host_platform_value() -> Platform:

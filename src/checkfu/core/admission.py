@@ -12,7 +12,9 @@ What is checked here (beside the profile, which its decoder checks):
   longer than 255 bytes, and none inside ``/proc`` or ``/sys`` (a working directory there is how runc's
   CVE-2024-21626 escaped; no sandbox path of a Run needs to be there);
 - mount targets apart from one another;
-- the runner tag: an identifier of the journal's and the labels' own alphabet.
+- the runner tag: an identifier of the journal's and the labels' own alphabet;
+- a profile's packages against the operator's ``CHECKFU_BUILD_NETWORK``: with ``none``, no image build may reach
+  the network, so a profile naming packages (which a build fetches from their registries) is refused by field.
 """
 
 from __future__ import annotations
@@ -193,6 +195,47 @@ def runner_tag_problems(tag: str) -> list[Problem]:
                 field="runner_tag",
             )
         )
+    ]
+
+
+BUILD_NETWORK_ENV = "CHECKFU_BUILD_NETWORK"
+"""The operator's word on whether an image build may reach the network: ``host`` (the default: a build for
+``packages`` runs on the host's network, to reach the package registries) or ``none`` (no build may)."""
+BUILD_NETWORKS = ("host", "none")
+
+
+def build_network_problems(packages: Iterable[tuple[str, Sequence[str]]], value: str | None) -> list[Problem]:
+    """A profile's ``packages`` (its items) against ``CHECKFU_BUILD_NETWORK``'s ``value`` (``None``: unset).
+
+    Every package manager named is one problem (``SandboxCapabilityUnavailable``, field ``profile.packages.M``) when
+    the value is ``none``; a value that is neither ``host`` nor ``none`` refuses them as ``SandboxProfileInvalid``,
+    field ``CHECKFU_BUILD_NETWORK``, rather than guess what the operator meant."""
+    named = {m: list(names) for m, names in sorted(packages) if names}
+    if not named or value is None or value == "" or value == "host":
+        return []
+    if value not in BUILD_NETWORKS:
+        return [
+            Problem(
+                SandboxProfileInvalid(
+                    f"{BUILD_NETWORK_ENV}={_shown(value)} is neither host nor none, and this profile names packages "
+                    "an image build would fetch over the network",
+                    field=BUILD_NETWORK_ENV,
+                )
+            )
+        ]
+    return [
+        Problem(
+            SandboxCapabilityUnavailable(
+                [
+                    Unmet(
+                        f"profile.packages.{m}",
+                        f"installing {', '.join(names)} takes an image build that reaches the network, and "
+                        f"{BUILD_NETWORK_ENV}=none forbids it (use a base_image that holds them)",
+                    )
+                ]
+            )
+        )
+        for m, names in named.items()
     ]
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import stat
+import sys
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -33,12 +34,20 @@ class DocumentError(ValueError):
     """A document that cannot be read or parsed; the message names the file and what is wrong."""
 
 
+STDIN = "-"
+"""The name a person gives for stdin: wherever a document is read, ``-`` reads stdin to its end (a full path names a
+file called ``-``), as every command that writes a named file writes ``-`` to stdout."""
+
+
 def read_bounded(path: Path, *, limit: int = MAX_DOCUMENT_FILE_BYTES) -> bytes:
-    """The bytes of the regular file at ``path`` (a symlink is followed to what it names).
+    """The bytes of the regular file at ``path`` (a symlink is followed to what it names), or of stdin to its end
+    when ``path`` is ``-``, bounded alike.
 
     Raises:
         DocumentError: it cannot be opened, is not a regular file, or holds more than ``limit`` bytes.
     """
+    if str(path) == STDIN:
+        return _read_stdin(limit)
     try:
         # O_NONBLOCK: opening a FIFO with no writer returns at once instead of waiting for one.
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
@@ -63,6 +72,37 @@ def read_bounded(path: Path, *, limit: int = MAX_DOCUMENT_FILE_BYTES) -> bytes:
         os.close(fd)
     if size > limit:
         raise DocumentError(f"{path}: larger than {limit} bytes")
+    return b"".join(chunks)
+
+
+def is_toml(path: Path, raw: bytes) -> bool:
+    """Whether the document read from ``path`` is TOML: its name ends in ``.toml``; stdin (``-``, which has no name)
+    is TOML unless it opens as JSON does (``{`` or ``[``)."""
+    if str(path) == STDIN:
+        return not raw.lstrip().startswith((b"{", b"["))
+    return path.suffix.lower() == ".toml"
+
+
+def _read_stdin(limit: int) -> bytes:
+    """Stdin to its end, at most ``limit`` bytes (a pipe, a file or a terminal alike).
+
+    Raises:
+        DocumentError: stdin is closed, cannot be read, or holds more than ``limit`` bytes.
+    """
+    try:
+        fd = sys.stdin.fileno() if sys.stdin is not None else 0
+        chunks: list[bytes] = []
+        size = 0
+        while size <= limit:
+            chunk = os.read(fd, min(1 << 20, limit + 1 - size))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    except (OSError, ValueError) as exc:
+        raise DocumentError(f"cannot read - (stdin): {getattr(exc, 'strerror', None) or exc}") from None
+    if size > limit:
+        raise DocumentError(f"- (stdin): larger than {limit} bytes")
     return b"".join(chunks)
 
 

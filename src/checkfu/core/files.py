@@ -8,7 +8,14 @@ from typing import Any, TypeVar
 
 from checkfu.contract.codec import decode_value, strict_json
 from checkfu.contract.model import Model
-from checkfu.core.documents import MAX_DOCUMENT_FILE_BYTES, DocumentError, check_nesting, parse_toml, read_bounded
+from checkfu.core.documents import (
+    MAX_DOCUMENT_FILE_BYTES,
+    DocumentError,
+    check_nesting,
+    is_toml,
+    parse_toml,
+    read_bounded,
+)
 
 M = TypeVar("M", bound=Model)
 
@@ -43,7 +50,7 @@ def parse_document(model: type[M], raw: bytes, path: Path) -> Any:
             raise DocumentError(f"{path}: larger than {MAX_FILE_BYTES} bytes")
         if not raw.strip():
             raise DocumentError(f"{path}: the file is empty")
-        if path.suffix.lower() == ".toml":
+        if is_toml(path, raw):
             return parse_toml(raw, path)
         try:
             value = strict_json(raw.decode("utf-8"))  # bytes would let json guess UTF-16 or UTF-32

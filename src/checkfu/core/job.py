@@ -187,6 +187,8 @@ class JobResult:
     """With ``pool``: the allocation key of the pooled sandbox the Run adopted (``None``: it provisioned one)."""
     ports: list[PublishedPort] = field(default_factory=list)
     """The ports published for the Run (``ports``), open while its command ran."""
+    timed_out: bool = False
+    """The command ran past ``timeout`` and was killed (``exit_code`` is then ``TIMEOUT_EXIT``)."""
 
 
 class _Phases:
@@ -247,8 +249,8 @@ async def run_job(
     (``leases.current_owner()``, for a Run started in place): a Run it leaves behind is reaped as an
     orphan. With ``keep_output`` (a cap in bytes), the first that many bytes of output are kept in the
     journal as they stream (``checkfu logs``), every value of ``env`` masked; the summary says what was kept
-    and dropped. ``noted`` goes
-    into the Run's story as given. With ``pool``, the Run adopts a ready pooled sandbox of its adapter, profile
+    and dropped. ``noted`` goes into the Run's story as given, with ``timeout``; the summary says whether the
+    command ``timed_out``. With ``pool``, the Run adopts a ready pooled sandbox of its adapter, profile
     digest, sealed mount targets and engine (``noted["engine"]``) when there is one (``checkfu.core.pool``),
     else provisions as always; either way its mounts are staged before it is activated. ``ports`` are published
     once the sandbox is active, before the command starts (``obs.published`` and ``result.ports`` say where), and
@@ -291,7 +293,7 @@ async def run_job(
             needs=needs,
             owner=owner,
             mounts=[(r.plan, source_text(r)) for r in resolved],
-            noted=noted,
+            noted={**(noted or {}), "timeout": timeout},
         )
     session = attempt.session
     keeper: OutputKeeper | None = None
@@ -362,6 +364,7 @@ async def run_job(
             "tty": tty is not None,
             "stdin": interact is not None,
             "writable": list(result.writable),
+            "timed_out": result.timed_out,
         }
         if pool:
             summary["adopted"] = result.adopted
@@ -487,7 +490,7 @@ async def _drive(
                 result.ports.append(published)
                 obs.published(published)
     async with phases.run("process"):
-        result.exit_code = await _process(session, inst, argv, obs, env, cwd, timeout, interact, tty)
+        result.exit_code, result.timed_out = await _process(session, inst, argv, obs, env, cwd, timeout, interact, tty)
     if captures:
         async with phases.run("capture"):
             into = capture_dir or Path("captures") / session.run_id
@@ -509,7 +512,8 @@ async def _process(
     timeout: float,
     interact: Interact | None,
     tty: tuple[int, int] | None,
-) -> int:
+) -> tuple[int, bool]:
+    """The command's exit status, and whether it ran past ``timeout`` (then killed: ``TIMEOUT_EXIT``)."""
     if session.envelope.declares("openProcess"):
         proc = await session.open_process(inst, argv, env=env, cwd=cwd, tty=tty)
         feeding: asyncio.Future[None] | None = None
@@ -526,20 +530,20 @@ async def _process(
                     if isinstance(event, ProcessOutput):
                         obs.output(event.stream, event.data)
                     elif isinstance(event, ProcessExit):
-                        return event.exit_code
+                        return event.exit_code, False
         except TimeoutError:
             obs.warning(f"the command ran longer than {timeout:g} s and was killed")
-            return TIMEOUT_EXIT
+            return TIMEOUT_EXIT, True
         finally:
             if feeding is not None:
                 feeding.cancel()
                 await asyncio.gather(feeding, return_exceptions=True)
             await proc.kill()
-        return -1  # unreachable: events() ends with an exit or raises
+        return -1, False  # unreachable: events() ends with an exit or raises
     res = await session.exec(inst, argv, env=env, cwd=cwd, timeout=timeout)
     obs.output("out", res.stdout)
     obs.output("err", res.stderr)
-    return TIMEOUT_EXIT if res.timed_out else res.exit_code
+    return (TIMEOUT_EXIT, True) if res.timed_out else (res.exit_code, False)
 
 
 async def _capture(session: RunSession, inst: Instance, paths: Sequence[str], into: Path, obs: Observer) -> list[str]:

@@ -47,7 +47,7 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.pool import StaticPool
 
 from checkfu.contract.codec import decode
-from checkfu.contract.errors import SandboxLeaseFenced
+from checkfu.contract.errors import ERROR_CLASSES, SandboxLeaseFenced
 from checkfu.contract.lifecycle import OPEN_ROW_STATES, RowKind, RowState
 from checkfu.contract.target import ExecutionTarget, Lease
 from checkfu.core import owner_only
@@ -1311,11 +1311,20 @@ class Journal:
 
     @journaled("provider_faults")
     def provider_faults(self, target: ExecutionTarget, limit: int = 20) -> list[EventRow]:
-        """The most recent provider calls of Runs on ``target`` that ended in an error, newest first."""
+        """The most recent provider calls of Runs on ``target`` that ended in the provider's fault, newest first.
+
+        A call the runner refused for the caller's sake (a request error: an undeclared member) or because the world
+        moved under the caller (a state error: a sandbox whose own time-to-live passed, a lease taken over) is in the
+        Run's history but is no fault of the provider's: only the provider and transport branches of the vocabulary
+        count (a code it does not know is a provider's, as ``error_for_code`` reads it)."""
         q = (
             sa.select(events)
             .join(runs, runs.c.run_id == events.c.run_id)
-            .where(runs.c.target == target.model_dump_json(), events.c.outcome == "error")
+            .where(
+                runs.c.target == target.model_dump_json(),
+                events.c.outcome == "error",
+                sa.or_(events.c.error_code.is_(None), events.c.error_code.not_in(NOT_THE_PROVIDERS)),
+            )
             .order_by(events.c.id.desc())
             .limit(limit)
         )
@@ -1328,6 +1337,10 @@ class Journal:
         with self.tx() as c:
             rows = c.execute(events.select().where(events.c.run_id == run_id).order_by(events.c.id)).mappings().all()
         return [EventRow(**{k: r[k] for k in EventRow.__dataclass_fields__}) for r in rows]
+
+
+NOT_THE_PROVIDERS = tuple(sorted(code for code, cls in ERROR_CLASSES.items() if cls.fault in ("request", "state")))
+"""Error codes that are no provider's fault: the caller's request, or the world moving under the caller."""
 
 
 def _event_of(call: CallRecord) -> dict[str, Any]:

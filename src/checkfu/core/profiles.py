@@ -21,7 +21,7 @@ from checkfu.contract.codec import strict_json, translate_all
 from checkfu.contract.errors import SandboxError, SandboxProfileInvalid
 from checkfu.contract.profile import SandboxProfile
 from checkfu.core.admission import Problem
-from checkfu.core.documents import DocumentError, check_nesting, parse_toml, read_bounded
+from checkfu.core.documents import DocumentError, check_nesting, is_toml, parse_toml, read_bounded
 
 MAX_FILE_BYTES = 1 << 20
 """A profile is a few hundred bytes; a megabyte is generous, and a reader of ``/dev/zero`` stops there."""
@@ -107,7 +107,7 @@ def read_document(path: Path) -> tuple[dict[str, Any] | None, list[Problem]]:
         raw = read_bounded(path, limit=MAX_FILE_BYTES)
         if not raw.strip():
             raise DocumentError(f"{path}: the file is empty")
-        if path.suffix.lower() == ".toml":
+        if is_toml(path, raw):
             doc: Any = parse_toml(raw, path)
         else:
             try:

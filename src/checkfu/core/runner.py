@@ -8,6 +8,7 @@ one ``SandboxCapabilityUnavailable``.
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from checkfu.contract.requirements import require_capabilities
 from checkfu.contract.target import ExecutionTarget, Lease
 from checkfu.contract.tiers import assess
 from checkfu.contract.vocabulary import Platform
+from checkfu.core.admission import BUILD_NETWORK_ENV, build_network_problems, raise_problems
 from checkfu.core.clock import Clock, SystemClock
 from checkfu.core.driver import Limits, RunSession
 from checkfu.core.journal import Journal
@@ -49,6 +51,15 @@ def new_run_id() -> str:
 
 STORY_FILES = 10_000
 """Staged files a Run's story lists by name and digest (all mounts together); beyond it they are counted."""
+
+
+def profile_story(profile: SandboxProfile) -> dict[str, Any]:
+    """What a Run's history keeps of its profile: the document as admitted (its tag pinned) and the network
+    allowlist (empty unless the network mode is ``allowlist``)."""
+    return {
+        "profile": profile.model_dump(mode="json"),
+        "allowlist": list(profile.network_policy.allowlist),
+    }
 
 
 def story_of(adapter: Adapter, plans: Sequence[tuple[MountPlan, str]] = ()) -> dict[str, Any]:
@@ -139,10 +150,12 @@ class Runner:
         Raises:
             SandboxAdapterUnavailable: no adapter advertises ``target``.
             SandboxAdapterAmbiguous: more than one does.
-            SandboxCapabilityUnavailable: listing every requirement the envelope does not meet.
+            SandboxCapabilityUnavailable: listing every requirement the envelope does not meet; or the profile names
+                packages and ``CHECKFU_BUILD_NETWORK=none`` forbids the image build that would fetch them.
         """
         adapter = self._adapter(target)
         self._admit(adapter)
+        raise_problems(build_network_problems(profile.packages.items(), os.environ.get(BUILD_NETWORK_ENV)))
         n = needs or Needs()
         require_capabilities(
             adapter.envelope,
@@ -257,12 +270,13 @@ class Runner:
 
         ``owner`` (``leases.current_owner()``): the Run lives only as long as that process, which is recorded so
         that a Run it leaves behind is reaped as an orphan. ``mounts`` (each plan with its source described) are
-        recorded in the Run's story with every file's digest; ``noted`` is added to the story as it is (the caller's
-        facts about where the Run went, such as the engine a reaper must reach)."""
+        recorded in the Run's story with every file's digest, as are the profile and its network allowlist; ``noted``
+        is added to the story as it is (the caller's facts about where the Run went, such as the engine a reaper must
+        reach, and the Run's timeout)."""
         adapter = self.select(target, profile, platform=platform, mount_count=mount_count, needs=needs)
         run_id = run_id or new_run_id()
         now = self.clock.now()
-        story = {**story_of(adapter, mounts), **(noted or {})}
+        story = {**story_of(adapter, mounts), **profile_story(profile), **(noted or {})}
         lease = self._begin(run_id, adapter, profile, command, now, owner=owner, story=story)
         not_enforced = tuple(adapter.envelope.enforcement.not_counting())
         attempt = Attempt(

@@ -330,6 +330,16 @@ class SandboxBook:
             row = c.execute(sandboxes.select().where(sandboxes.c.sandbox_id == sandbox_id)).mappings().first()
         return _sandbox(row) if row else None
 
+    @journaled("sandbox find")
+    def find(self, ref: str) -> list[SandboxRecord]:
+        """The sandboxes whose id starts with ``ref`` (live or ended), or whose Run is ``ref``, oldest first."""
+        q = sandboxes.select().where(
+            sa.or_(sandboxes.c.sandbox_id.startswith(ref, autoescape=True), sandboxes.c.run_id == ref)
+        )
+        with self.journal.tx() as c:
+            rows = c.execute(q.order_by(sandboxes.c.created_at)).mappings().all()
+        return [_sandbox(r) for r in rows]
+
     @journaled("sandbox list")
     def live(self, runner_tag: str | None = None) -> list[SandboxRecord]:
         q = sandboxes.select().where(sandboxes.c.state.in_(["provisioning", "live"]))

@@ -362,8 +362,8 @@ class RunnerService:
         job.setdefault("capture_root", self.config.captures())
         job.setdefault("owner", current_owner())
         job.setdefault("keep_output", output_cap())
-        if target.provider == "docker":
-            job.setdefault("noted", {"engine": self.config.engine_name()})
+        if target.provider == "docker":  # the caller's notes are kept beside it (a profile's source, say)
+            job["noted"] = {"engine": self.config.engine_name(), **(job.get("noted") or {})}
         return await run_job(self.runner(registry), target, profile, list(command), **job)
 
     async def create_sandbox(

@@ -86,6 +86,9 @@ async def test_real_apt_and_pip_install_then_cache_hit(kit: Kit, debian_id: str,
     try:
         first = await provider.materialize(request(kit, profile))
         assert first.built is True and first.image != debian_id
+        # the build says first that it reaches the network, for which packages, and how an operator forbids it
+        assert seen[0].startswith(f"building the image for packages.apt: {JQ}; packages.pip: {TOML}: "), seen[:2]
+        assert "reach the package registries" in seen[0] and "CHECKFU_BUILD_NETWORK=none" in seen[0]
         assert any(line.startswith("Step 1/") for line in seen), seen[:5]
         assert all(line and "\n" not in line for line in seen)
         labels = client.images.get(first.image).labels

@@ -9,7 +9,11 @@ packages materializes to its base image itself.
 The Dockerfile starts ``FROM`` the pinned base image, installs as root with the
 host's network (so the package registries are reachable) and, for pip, the
 host's CA bundle, then ends with ``USER`` the sandbox user. The base image must
-be on this engine already: nothing is ever pulled.
+be on this engine already: nothing is ever pulled. A build says first, as its
+first line of output, that it reaches the network and for which packages: the
+profile's ``network_policy`` binds the sandbox, never its image's build. An
+operator forbids such builds with ``CHECKFU_BUILD_NETWORK=none``, which the
+runner enforces at admission (``checkfu.core.admission``), before any build.
 """
 
 from __future__ import annotations
@@ -78,6 +82,15 @@ def dockerfile(profile: SandboxProfile, user: SandboxUser, *, with_ca: bool) -> 
     return "\n".join(lines) + "\n"
 
 
+def network_notice(profile: SandboxProfile) -> str:
+    """The first line of a build's output: that it reaches the network, for which packages, and how to forbid it."""
+    wanted = "; ".join(f"packages.{m}: {', '.join(names)}" for m, names in sorted(profile.packages.items()) if names)
+    return (
+        f"building the image for {wanted}: the build runs on the host's network to reach the package registries "
+        "(the profile's network_policy binds the sandbox, not this build; CHECKFU_BUILD_NETWORK=none forbids it)"
+    )
+
+
 def _context(text: str, ca: bytes | None) -> io.BytesIO:
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
@@ -143,6 +156,8 @@ class Materializer:
         ca = HOST_CA_BUNDLE.read_bytes() if "pip" in profile.package_managers and HOST_CA_BUNDLE.exists() else None
         text = dockerfile(profile, self._user, with_ca=ca is not None)
         labels = L.object_labels(cache_key(digest), self._cache_tag, "image", **{L.MATERIALIZATION: digest})
+        if emit is not None:
+            emit(network_notice(profile))
         client = self._build_api()
         try:
             events: Iterable[dict[str, Any]] = client.build(
