@@ -330,7 +330,7 @@ class Tools:
             stdout_truncated=seen.cut["stdout"],
             stderr_truncated=seen.cut["stderr"],
             run_id=result.run_id,
-            timed_out=None,
+            timed_out=result.timed_out,
             warnings=seen.warnings,
         )
 
