@@ -353,6 +353,49 @@ def test_a_project_whose_venv_is_a_symlink_is_staged(dcli: Cli, tmp_path: Path) 
     assert everything.code == 125 and ".venv" in everything.said  # --no-ignore stages (so checks) everything
 
 
+@pytest.mark.docker
+def test_a_non_git_project_leaves_its_venv_out_by_checkfuignore_or_exclude(dcli: Cli, tmp_path: Path) -> None:
+    """Issue 32: outside Git, ``.checkfuignore`` (gitignore syntax) and ``--exclude GLOB`` leave files out; the
+    summary says how much each top-level entry staged, so a ``.venv`` staged by mistake is seen."""
+    proj = tmp_path / "proj"
+    (proj / ".venv" / "bin").mkdir(parents=True)
+    (proj / ".venv" / "bin" / "python").symlink_to("/usr/bin/python3")  # leads outside: staging it is refused
+    (proj / ".venv" / "lib.bin").write_bytes(b"v" * 300_000)
+    (proj / "src").mkdir()
+    (proj / "src" / "app.py").write_text("print('app')\n")
+    (proj / "src" / "app.pyc").write_text("compiled\n")
+    (proj / "README").write_text("readme\n")
+    listing = "cd /w && find . \\( -type f -o -type l \\) | sort"
+
+    whole = dcli("run", "--profile", BUSYBOX, "--mount", f"{proj}:/w", "--", "true")
+    assert whole.code == 125 and "SandboxPathRejected" in whole.said and ".venv/bin/python" in whole.said
+
+    (proj / ".checkfuignore").write_text("# the interpreter stays on the host\n.venv/\n*.pyc\n")
+    summary_file = tmp_path / "summary.json"
+    done = dcli(
+        "run", "--profile", BUSYBOX, "--json", str(summary_file), "--mount", f"{proj}:/w", "--", "sh", "-c", listing
+    )
+    assert done.code == 0, str(done)
+    assert done.out.decode().split() == ["./.checkfuignore", "./README", "./src/app.py"]
+    tops = json.loads(summary_file.read_text())["staged_top_level"]
+    assert set(tops["/w"]) == {".checkfuignore", "README", "src/"} and tops["/w"]["src/"] == len("print('app')\n")
+
+    (proj / ".checkfuignore").unlink()
+    flag = dcli(
+        "run", "--profile", BUSYBOX, "--exclude", ".venv", "--exclude", "*.pyc", "--mount", f"{proj}:/w", "--",
+        "sh", "-c", listing,
+    )  # fmt: skip
+    assert flag.code == 0, str(flag)
+    assert flag.out.decode().split() == ["./README", "./src/app.py"]
+
+    # Without an exclusion a large .venv is staged, and the summary names it first (largest first).
+    (proj / ".venv" / "bin" / "python").unlink()
+    seen = dcli("run", "--profile", BUSYBOX, "--mount", f"{proj}:/w", "--", "true")
+    assert seen.code == 0, str(seen)
+    line = next(x for x in seen.err.splitlines() if x.strip().startswith("/w "))
+    assert line.split()[1] == ".venv/", line
+
+
 # staging in bounded memory -------------------------------------------------------------------------------
 
 PEAK = """

@@ -80,7 +80,7 @@ from checkfu.core.admission import (
 from checkfu.core.documents import DocumentError, read_bounded
 from checkfu.core.job import JobResult, resolve_mounts
 from checkfu.core.journal import ORPHANED, JournalError
-from checkfu.core.mounts import DirectorySource, MountSpec, parse_mount
+from checkfu.core.mounts import DirectorySource, MountSpec, parse_mount, top_level_sizes
 from checkfu.core.output import CAP_ENV, output_cap
 from checkfu.core.profiles import Overrides, ReadProfile, parse_seconds, read_profile
 from checkfu.core.reconcile import describe_owner, run_status
@@ -236,6 +236,7 @@ def check_run_inputs(
     warnings: list[str],
     adapters: Path | None = None,
     overrides: Overrides | None = None,
+    excludes: tuple[str, ...] = (),
 ) -> CheckedRun:
     """Every check of ``checkfu run``'s inputs that asks no provider anything, every problem listed.
 
@@ -272,7 +273,7 @@ def check_run_inputs(
     specs: list[MountSpec] = []
     for i, text in enumerate(mounts):
         try:
-            specs.append(parse_mount(text, stage_all=no_ignore))
+            specs.append(parse_mount(text, stage_all=no_ignore, excludes=excludes))
         except SandboxError as exc:
             problems.append(Problem(type(exc)(f"mounts.{i}: {exc.message}", field=f"mounts.{i}")))
     problems.extend(target_problems([s.target for s in specs]))
@@ -343,6 +344,16 @@ def run_command(
     no_ignore: Annotated[
         bool, typer.Option("--no-ignore", help="stage what git ignores too (a directory inside a git work tree)")
     ] = False,
+    exclude: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--exclude",
+            help="leave files matching GLOB (gitignore syntax) out of every directory mount, as its "
+            ".checkfuignore does (repeatable)",
+            show_default=False,
+            metavar="GLOB",
+        ),
+    ] = None,
     env: Annotated[
         list[str] | None,
         typer.Option(
@@ -456,6 +467,7 @@ def run_command(
             profile=profile,
             mounts=mount or [],
             no_ignore=no_ignore,
+            excludes=tuple(exclude or ()),
             env_values=env or [],
             env_files=env_file or [],
             workdir=workdir,
@@ -512,6 +524,7 @@ def _admit_and_run(
     pool: bool = False,
     adapters: Path | None = None,
     overrides: Overrides | None = None,
+    excludes: tuple[str, ...] = (),
 ) -> int:
     """Every input checked (every problem listed), then the Run. Returns the exit status.
 
@@ -538,6 +551,7 @@ def _admit_and_run(
         warnings=warnings,
         adapters=adapters,
         overrides=overrides,
+        excludes=excludes,
     )
     read, specs, env, timeout = checked.read, checked.specs, checked.env, checked.timeout
     for line in warnings:
@@ -710,17 +724,24 @@ async def _run(
         not_enforced=list(result.not_enforced),
         allowed=list(allowed),
         resolved_profile=resolved_profile(prof, timeout, image_name),
+        staged_top_level={m.plan.target: top_level_sizes(m.plan) for m in resolved},
     )
     if pool:
         summary["adopted"] = result.adopted
     if not quiet:
-        _summary(result, label, allowed, profile_name, env, workdir, summary["resolved_profile"])
+        _summary(
+            result, label, allowed, profile_name, env, workdir, summary["resolved_profile"], summary["staged_top_level"]
+        )
     if _report_left(observer.attempt, db, f"[bold red]the command exited {result.exit_code:d}, but[/]"):
         summary.update(ok=False, exit_code=LEFT_BEHIND_EXIT, **_left_of(observer.attempt))
         return LEFT_BEHIND_EXIT
     if result.unjournaled:
         summary["unjournaled"] = dict(result.unjournaled)
     return result.exit_code
+
+
+TOP_LEVEL_SHOWN = 8
+"""Top-level entries of a mount the summary names, largest first (``--json`` has them all)."""
 
 
 def _summary(
@@ -731,6 +752,7 @@ def _summary(
     env: dict[str, str],
     workdir: str | None,
     resolved: dict[str, Any] | None = None,
+    top_level: dict[str, dict[str, int]] | None = None,
 ) -> None:
     err.print()
     err.print(f"[bold]run[/]        {escape(result.run_id)}")
@@ -742,6 +764,10 @@ def _summary(
     err.print("[bold]phases[/]     " + ", ".join(f"{escape(k)} {v * 1000:.0f} ms" for k, v in result.phases.items()))
     if result.staged_bytes:
         err.print(f"[bold]staged[/]     {escape(human_bytes(result.staged_bytes))}")
+    for target, sizes in (top_level or {}).items():  # how much each top-level entry staged: nothing left out silently
+        shown = [f"{name} {human_bytes(size)}" for name, size in list(sizes.items())[:TOP_LEVEL_SHOWN]]
+        more = len(sizes) - TOP_LEVEL_SHOWN
+        err.print(f"[bold]  {escape(target)}[/] " + escape(", ".join(shown) + (f", {more:d} more" if more > 0 else "")))
     if env:
         err.print("[bold]env[/]        " + escape(", ".join(sorted(env))) + " [dim](names only)[/]")
     if workdir:
