@@ -37,6 +37,7 @@ from checkfu.core.journal import JournalError
 from checkfu.core.mounts import GitSource, MountSpec, ResolvedMount, resolve_mount
 from checkfu.core.output import MASK_MIN, OutputKeeper
 from checkfu.core.pool import adopt
+from checkfu.core.profiles import describe_resolved
 from checkfu.core.runner import Attempt, Needs, Runner
 
 TIMEOUT_EXIT = 124
@@ -276,7 +277,7 @@ async def run_job(
             needs=needs,
             owner=owner,
             mounts=[(r.plan, source_text(r)) for r in resolved],
-            noted=noted,
+            noted={"profile": describe_resolved(profile, timeout), **(noted or {})},  # the Run page's header
         )
     session = attempt.session
     keeper: OutputKeeper | None = None
