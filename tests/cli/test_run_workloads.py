@@ -396,6 +396,51 @@ def test_a_non_git_project_leaves_its_venv_out_by_checkfuignore_or_exclude(dcli:
     assert line.split()[1] == ".venv/", line
 
 
+@pytest.mark.docker
+def test_a_rw_sync_mount_copies_its_changes_back_into_src_and_never_through_a_link(dcli: Cli, tmp_path: Path) -> None:
+    """Issue 32: ``--mount SRC:TARGET:rw,sync`` applies the sandbox's changes to SRC when the Run ends, counts
+    them, refuses by name (``--mount``) what would leave SRC or go through a link, and never deletes from SRC."""
+    proj = tmp_path / "proj"
+    (proj / "sub").mkdir(parents=True)
+    (proj / "a.txt").write_text("old\n")
+    (proj / "sub" / "old.txt").write_text("below\n")  # an empty directory is not staged
+    (proj / "keep.txt").write_text("untouched\n")
+    (proj / "del.txt").write_text("the Run removes me\n")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (proj / "escape").symlink_to(outside)  # a link out of SRC, left out of the mount by .checkfuignore
+    (proj / ".checkfuignore").write_text("/escape\n")
+    script = (
+        "echo new > /w/a.txt && echo added > /w/sub/new.txt && rm /w/del.txt && ln -s /etc/passwd /w/evil"
+        " && mkdir /w/escape && echo pwned > /w/escape/x && chmod +x /w/sub/new.txt"
+    )
+    summary_file = tmp_path / "summary.json"
+    done = dcli(
+        "run", "--profile", BUSYBOX, "--json", str(summary_file), "--mount", f"{proj}:/w:rw,sync", "--",
+        "sh", "-c", script,
+    )  # fmt: skip
+    assert done.code == 0, str(done)
+    assert (proj / "a.txt").read_text() == "new\n"
+    assert (proj / "sub" / "new.txt").read_text() == "added\n" and os.access(proj / "sub" / "new.txt", os.X_OK)
+    assert (proj / "keep.txt").read_text() == "untouched\n"
+    assert (proj / "del.txt").exists()  # deletions do not propagate
+    assert not (proj / "evil").exists() and not (proj / "evil").is_symlink()
+    assert list(outside.iterdir()) == []  # nothing written through the link out of SRC
+    (synced,) = json.loads(summary_file.read_text())["synced"]
+    assert (synced["added"], synced["changed"], synced["removed"]) == (1, 1, 1), synced
+    assert synced["paths"] == {"added": ["sub/new.txt"], "changed": ["a.txt"], "removed": ["del.txt"]}
+    assert synced["deletions_propagated"] is False
+    refused = {r["path"]: r for r in synced["refused"]}
+    assert set(refused) == {"evil", "escape/x"}, refused
+    assert all(r["code"] == "SandboxPathRejected" and r["field"] == "--mount" for r in refused.values())
+    assert "1 added, 1 changed, 1 removed" in done.err and "SandboxPathRejected (--mount)" in done.err
+
+    # Without sync a writable mount is still never written back.
+    (proj / "a.txt").write_text("old\n")
+    plain = dcli("run", "--profile", BUSYBOX, "--mount", f"{proj}:/w:rw", "--", "sh", "-c", "echo new > /w/a.txt")
+    assert plain.code == 0 and (proj / "a.txt").read_text() == "old\n", str(plain)
+
+
 # staging in bounded memory -------------------------------------------------------------------------------
 
 PEAK = """

@@ -336,7 +336,8 @@ def run_command(
         list[str] | None,
         typer.Option(
             "--mount",
-            help="SRC:TARGET[:rw]: a directory or REPO@REF at an absolute sandbox path; sealed read-only unless :rw",
+            help="SRC:TARGET[:rw]: a directory or REPO@REF at an absolute sandbox path; sealed read-only unless :rw; "
+            ":rw,sync copies the target back into a directory SRC when the Run ends",
             show_default=False,
             metavar="SRC:TARGET[:rw]",
         ),
@@ -726,6 +727,8 @@ async def _run(
         resolved_profile=resolved_profile(prof, timeout, image_name),
         staged_top_level={m.plan.target: top_level_sizes(m.plan) for m in resolved},
     )
+    if result.synced:
+        summary["synced"] = result.synced
     if pool:
         summary["adopted"] = result.adopted
     if not quiet:
@@ -780,6 +783,12 @@ def _summary(
         err.print(f"[bold]captured[/]   {len(result.captured):d} files into {escape(str(result.capture_dir))}")
     if result.writable:
         err.print("[bold]writable[/]   " + escape(", ".join(result.writable)) + " (:rw, not sealed)")
+    for synced in result.synced:  # :rw,sync: what came back into SRC (deletions never propagate)
+        err.print(
+            f"[bold]synced[/]     {escape(synced['target'])} → {escape(synced['source'])}: "
+            f"{synced['added']:d} added, {synced['changed']:d} changed, {synced['removed']:d} removed in the "
+            f"sandbox (kept in SRC), {len(synced['refused']):d} refused"
+        )
     if result.not_enforced:
         err.print("[bold yellow]not enforced[/] " + escape(", ".join(result.not_enforced)))
     else:

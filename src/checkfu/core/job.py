@@ -15,7 +15,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Protocol
+from typing import Any, Protocol
 
 from checkfu.contract.errors import SandboxError, SandboxPathRejected
 from checkfu.contract.process import ProcessExit, ProcessOutput
@@ -34,11 +34,12 @@ from checkfu.core.admission import (
 )
 from checkfu.core.driver import CheckedProcess, Instance, RunSession
 from checkfu.core.journal import JournalError
-from checkfu.core.mounts import GitSource, MountSpec, ResolvedMount, resolve_mount
+from checkfu.core.mounts import DirectorySource, GitSource, MountSpec, ResolvedMount, resolve_mount
 from checkfu.core.output import MASK_MIN, OutputKeeper
 from checkfu.core.pool import adopt
 from checkfu.core.profiles import describe_resolved
 from checkfu.core.runner import Attempt, Needs, Runner
+from checkfu.core.syncback import sync_back
 
 TIMEOUT_EXIT = 124
 """The exit status of a command stopped by ``timeout`` (as coreutils ``timeout`` reports it)."""
@@ -161,6 +162,8 @@ class JobResult:
     exit_code: int
     phases: dict[str, float] = field(default_factory=dict)
     captured: list[str] = field(default_factory=list)
+    synced: list[dict[str, Any]] = field(default_factory=list)
+    """Per ``:rw,sync`` mount, what was copied back (``checkfu.core.syncback.SyncReport.doc``)."""
     not_enforced: tuple[str, ...] = ()
     adapter: str = ""
     tier: str = ""
@@ -347,6 +350,8 @@ async def run_job(
             "stdin": interact is not None,
             "writable": list(result.writable),
         }
+        if result.synced:
+            summary["synced"] = [{k: v for k, v in s.items() if k != "paths"} for s in result.synced]
         if pool:
             summary["adopted"] = result.adopted
         if session.left:
@@ -456,6 +461,15 @@ async def _drive(
         await session.activate(inst)
     async with phases.run("process"):
         result.exit_code = await _process(session, inst, argv, obs, env, cwd, timeout, interact, tty)
+    syncing = [r for r in resolved if r.sync and isinstance(r.source, DirectorySource)]
+    if syncing and result.exit_code >= 0:
+        async with phases.run("sync"):
+            for r in syncing:
+                assert isinstance(r.source, DirectorySource)
+                report = await sync_back(session, inst, r.plan, r.source.path)
+                for refused in report.refused:
+                    obs.warning(f"{refused['code']} ({refused['field']}): {refused['message']}")
+                result.synced.append(report.doc())
     if captures:
         async with phases.run("capture"):
             into = capture_dir or Path("captures") / session.run_id

@@ -75,7 +75,7 @@ class GitSource:
 
 MountSource = DirectorySource | GitSource
 
-MODES = ("ro", "rw")
+MODES = ("ro", "rw", "rw,sync")
 
 
 @dataclass(frozen=True)
@@ -89,22 +89,26 @@ class MountSpec:
     excludes: tuple[str, ...] = ()
     """gitignore patterns (``--exclude GLOB``) left out of a directory source, with its ``.checkfuignore``."""
 
+    sync: bool = False
+    """``:rw,sync``: the target's files are copied back into a directory SRC when the Run ends
+    (``checkfu.core.syncback``)."""
+
     def describe(self) -> str:
         src = self.source
         where = f"{src.repo}@{src.ref}" if isinstance(src, GitSource) else str(src.path)
-        return f"{where}:{self.target}" + (":rw" if self.writable else "")
+        return f"{where}:{self.target}" + (":rw,sync" if self.sync else ":rw" if self.writable else "")
 
 
 def parse_mount(spec: str, *, stage_all: bool = False, excludes: tuple[str, ...] = ()) -> MountSpec:
-    """``SRC:TARGET[:ro|:rw]`` where SRC is a directory or ``REPO@REF`` (a Git repository at a ref).
+    """``SRC:TARGET[:ro|:rw|:rw,sync]`` where SRC is a directory or ``REPO@REF`` (a Git repository at a ref).
 
     Raises:
-        SandboxProfileInvalid: the spec has no target or no source.
+        SandboxProfileInvalid: the spec has no target or no source, or ``sync`` names a Git source.
     """
-    body, writable = spec, False
+    body, writable, sync = spec, False, False
     head, sep, mode = spec.rpartition(":")
     if sep and mode in MODES and ":" in head:
-        body, writable = head, mode == "rw"
+        body, writable, sync = head, mode.startswith("rw"), mode == "rw,sync"
     src, sep, target = body.rpartition(":")
     if not sep or not src or not target:
         raise SandboxProfileInvalid(
@@ -113,8 +117,12 @@ def parse_mount(spec: str, *, stage_all: bool = False, excludes: tuple[str, ...]
     if "@" in src:
         repo, _, ref = src.rpartition("@")
         if repo and ref:
+            if sync:
+                raise SandboxProfileInvalid(
+                    f"mount {spec!r}: rw,sync copies back into a directory; {src} is a Git ref", field="mounts"
+                )
             return MountSpec(GitSource(Path(repo), ref), target, writable, stage_all, excludes)
-    return MountSpec(DirectorySource(Path(src)), target, writable, stage_all, excludes)
+    return MountSpec(DirectorySource(Path(src)), target, writable, stage_all, excludes, sync)
 
 
 IGNORE_FILE = ".checkfuignore"
@@ -218,6 +226,8 @@ class ResolvedMount:
     git_format: str = "sha1"
     blobs: tuple[str, ...] = field(default=())
     """For a Git mount, each file's blob id, in plan order."""
+    sync: bool = False
+    """``:rw,sync``: copied back into the source directory when the Run ends."""
 
     @property
     def writable(self) -> bool:
@@ -685,7 +695,7 @@ def resolve_mount(
     plan = build(MountPlan, target=spec.target, files=files, **({"writable": True} if spec.writable else {}))
     if expected is not None:
         _compare(plan, expected, where)
-    return ResolvedMount(plan=plan, source=spec.source, git_format=fmt, blobs=tuple(blobs))
+    return ResolvedMount(plan=plan, source=spec.source, git_format=fmt, blobs=tuple(blobs), sync=spec.sync)
 
 
 def _compare(plan: MountPlan, expected: MountPlan, where: str) -> None:
