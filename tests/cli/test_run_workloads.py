@@ -410,9 +410,11 @@ def test_a_rw_sync_mount_copies_its_changes_back_into_src_and_never_through_a_li
     outside.mkdir()
     (proj / "escape").symlink_to(outside)  # a link out of SRC, left out of the mount by .checkfuignore
     (proj / ".checkfuignore").write_text("/escape\n")
+    (proj / "inward").symlink_to("sub")  # a link inside SRC: staged as a link
     script = (
         "echo new > /w/a.txt && echo added > /w/sub/new.txt && rm /w/del.txt && ln -s /etc/passwd /w/evil"
         " && mkdir /w/escape && echo pwned > /w/escape/x && chmod +x /w/sub/new.txt"
+        " && rm /w/inward && mkdir /w/inward && echo through > /w/inward/x"
     )
     summary_file = tmp_path / "summary.json"
     done = dcli(
@@ -425,15 +427,17 @@ def test_a_rw_sync_mount_copies_its_changes_back_into_src_and_never_through_a_li
     assert (proj / "keep.txt").read_text() == "untouched\n"
     assert (proj / "del.txt").exists()  # deletions do not propagate
     assert not (proj / "evil").exists() and not (proj / "evil").is_symlink()
-    assert list(outside.iterdir()) == []  # nothing written through the link out of SRC
+    assert list(outside.iterdir()) == []  # nothing written through the link out of SRC (excluded: never synced)
+    assert (proj / "inward").is_symlink() and not (proj / "sub" / "x").exists()  # nor through one inside it
     (synced,) = json.loads(summary_file.read_text())["synced"]
-    assert (synced["added"], synced["changed"], synced["removed"]) == (1, 1, 1), synced
-    assert synced["paths"] == {"added": ["sub/new.txt"], "changed": ["a.txt"], "removed": ["del.txt"]}
-    assert synced["deletions_propagated"] is False
+    assert (synced["added"], synced["changed"], synced["removed"]) == (1, 1, 2), synced
+    removed = ["del.txt", "inward"]  # the link became a directory in the sandbox
+    assert synced["paths"] == {"added": ["sub/new.txt"], "changed": ["a.txt"], "removed": removed}
+    assert synced["deletions_propagated"] is False and synced["excluded"] == 1
     refused = {r["path"]: r for r in synced["refused"]}
-    assert set(refused) == {"evil", "escape/x"}, refused
+    assert set(refused) == {"evil", "inward/x"}, refused
     assert all(r["code"] == "SandboxPathRejected" and r["field"] == "--mount" for r in refused.values())
-    assert "1 added, 1 changed, 1 removed" in done.err and "SandboxPathRejected (--mount)" in done.err
+    assert "1 added, 1 changed, 2 removed" in done.err and "SandboxPathRejected (--mount)" in done.err
 
     # Without sync a writable mount is still never written back.
     (proj / "a.txt").write_text("old\n")

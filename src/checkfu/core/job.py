@@ -466,7 +466,7 @@ async def _drive(
         async with phases.run("sync"):
             for r in syncing:
                 assert isinstance(r.source, DirectorySource)
-                report = await sync_back(session, inst, r.plan, r.source.path)
+                report = await sync_back(session, inst, r.plan, r.source.path, r.excludes)
                 for refused in report.refused:
                     obs.warning(f"{refused['code']} ({refused['field']}): {refused['message']}")
                 result.synced.append(report.doc())

@@ -228,6 +228,8 @@ class ResolvedMount:
     """For a Git mount, each file's blob id, in plan order."""
     sync: bool = False
     """``:rw,sync``: copied back into the source directory when the Run ends."""
+    excludes: tuple[str, ...] = ()
+    """The spec's ``--exclude`` patterns: what they (and ``.checkfuignore``) leave out is never copied back."""
 
     @property
     def writable(self) -> bool:
@@ -695,7 +697,9 @@ def resolve_mount(
     plan = build(MountPlan, target=spec.target, files=files, **({"writable": True} if spec.writable else {}))
     if expected is not None:
         _compare(plan, expected, where)
-    return ResolvedMount(plan=plan, source=spec.source, git_format=fmt, blobs=tuple(blobs), sync=spec.sync)
+    return ResolvedMount(
+        plan=plan, source=spec.source, git_format=fmt, blobs=tuple(blobs), sync=spec.sync, excludes=spec.excludes
+    )
 
 
 def _compare(plan: MountPlan, expected: MountPlan, where: str) -> None:

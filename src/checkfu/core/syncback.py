@@ -9,7 +9,9 @@ left as they are; the rest is still applied. What changed is counted: ``added`` 
 ``changed`` (different bytes or executable bit), ``removed`` (a staged file no longer in the sandbox).
 
 Deletions do not propagate: a file the Run removed is counted under ``removed`` and named, but stays in ``SRC``
-(a copy back never deletes the user's files). An empty directory made in the sandbox is not copied back.
+(a copy back never deletes the user's files). An empty directory made in the sandbox is not copied back, nor is
+a path the mount's exclusions (``--exclude``, ``.checkfuignore``) match: it was never staged, and SRC's own copy
+(a ``.venv``) is not the sandbox's to overwrite; it is counted as ``excluded``.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import Any
 from checkfu.contract.errors import SandboxPathRejected
 from checkfu.contract.mounts import MountPlan
 from checkfu.core.driver import Instance, RunSession
+from checkfu.core.mounts import exclusion
 
 READ_BATCH = 64
 REFUSED_FIELD = "--mount"
@@ -36,6 +39,7 @@ class SyncReport:
     added: list[str] = field(default_factory=list)
     changed: list[str] = field(default_factory=list)
     removed: list[str] = field(default_factory=list)
+    excluded: list[str] = field(default_factory=list)
     refused: list[dict[str, str]] = field(default_factory=list)
 
     def doc(self) -> dict[str, Any]:
@@ -45,6 +49,7 @@ class SyncReport:
             "added": len(self.added),
             "changed": len(self.changed),
             "removed": len(self.removed),
+            "excluded": len(self.excluded),
             "deletions_propagated": False,
             "paths": {"added": self.added, "changed": self.changed, "removed": self.removed},
             "refused": self.refused,
@@ -115,9 +120,13 @@ def _write(root: Path, rel: str, data: bytes, executable: bool) -> bool | None:
     return new
 
 
-async def sync_back(session: RunSession, inst: Instance, plan: MountPlan, src: Path) -> SyncReport:
-    """Copy ``plan.target`` in the sandbox back into ``src``, as the module says."""
+async def sync_back(
+    session: RunSession, inst: Instance, plan: MountPlan, src: Path, excludes: tuple[str, ...] = ()
+) -> SyncReport:
+    """Copy ``plan.target`` in the sandbox back into ``src``, as the module says; what ``excludes`` and
+    ``src``'s ``.checkfuignore`` leave out of the mount is left out of the copy back too (counted as ``excluded``)."""
     report = SyncReport(target=plan.target, source=str(src))
+    skip = exclusion(src, excludes, f"{src}:{plan.target}")
     listing = await session.list_dir(inst, plan.target, recursive=True)
     if listing.kind != "dir":
         report.refuse(plan.target, f"is a {listing.kind} in the sandbox, not a directory")
@@ -134,6 +143,9 @@ async def sync_back(session: RunSession, inst: Instance, plan: MountPlan, src: P
         if e.kind == "dir":
             continue
         seen.add(rel)
+        if skip is not None and skip.match_file(rel):
+            report.excluded.append(rel)
+            continue
         if e.kind == "symlink":
             report.refuse(rel, "is a symlink made in the sandbox (links are never copied back)")
         elif e.kind != "file":
