@@ -222,6 +222,13 @@ def sandbox_create(
 
         seconds = parse_duration(ttl, "--ttl")
         specs = [parse_mount(m, stage_all=no_ignore) for m in mount or []]
+        for i, spec in enumerate(specs):
+            if spec.sync:  # a sandbox has no end of Run to copy back at: `checkfu cp` reads files out of it
+                raise SandboxProfileInvalid(
+                    f"--mount {spec.describe()}: rw,sync copies back when a Run ends; a sandbox is not a Run "
+                    "(use :rw, and `checkfu cp` to read files out)",
+                    field=f"mounts.{i}",
+                )
         given: Any = profile
         if flags.given():  # the flags over the profile (or the built-in one): each wins
             read = read_profile(profile, "docker" if "://" in provider else provider, flags)
