@@ -351,6 +351,41 @@ def test_runs_show_html_is_one_self_contained_page_a_browser_renders(dcli: Cli, 
     assert dom.text["command"] == shlex.join(argv)
 
 
+@pytest.mark.docker
+def test_the_run_page_leads_with_the_resolved_profile_and_folds_the_staged_files_below_the_output(
+    dcli: Cli, tmp_path: Path
+) -> None:
+    """Issue 32: the resolved profile (image, limits, network, allowlist, timeout) heads the page, the staged-file
+    list is folded below the output, and no Python repr (``True``, ``None``, ``0o755``) reaches the page."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "tool").write_text("#!/bin/sh\necho tool\n")
+    (src / "tool").chmod(0o755)
+    (src / "data.txt").write_text("data\n")
+    done = dcli("run", "--profile", BUSYBOX, "--timeout", "45s", "--mount", f"{src}:/work", "--", "/work/tool")
+    assert done.code == 0, str(done)
+    page = tmp_path / "run.html"
+    assert dcli("runs", "show", run_id_of(done), "--html", str(page)).code == 0
+
+    dom_text = chromium_dom(page)
+    dom = Dom()
+    dom.feed(dom_text)
+    profile = dom.text["profile"]
+    assert profile.startswith("imagesha256:")  # the image the Run was pinned to
+    for shown in ("0.5 cpus", "MiB memory", "MiB disk", "pids", "none", "45 s"):
+        assert shown in profile, (shown, profile)
+    order = [dom_text.index(f'id="{ident}"') for ident in ("profile", "adapter-section", "output", "staged")]
+    assert order == sorted(order), "profile first, the staged files after the output"
+    staged = dom_text[dom_text.index('id="staged"') :]
+    assert "<details>" in staged and staged.index("<details>") < staged.index("tool")  # folded
+    assert "0755" in dom.text["staged"] and "0644" in dom.text["staged"]
+    body = dom_text[dom_text.index("<body") :]
+    text_only = " ".join(dom.text.values())
+    for repr_ in ("True", "False", "None", "0o7", "0o6"):
+        assert repr_ not in text_only, repr_
+    assert ">True<" not in body and ">False<" not in body and "0o" not in body
+
+
 def test_every_recorded_text_on_the_page_is_escaped() -> None:
     """Hostile text in every field the page shows stays text: no element, attribute or entity of it survives."""
     evil = "<script>alert(1)</script>\"'><img src=x onerror=alert(2)>&amp;"
@@ -396,6 +431,6 @@ def test_every_recorded_text_on_the_page_is_escaped() -> None:
     parser.feed(page)
     assert set(parser.tags) <= {
         "html", "head", "meta", "title", "style", "body", "main", "h1", "h2", "code", "table", "tr", "td", "th",
-        "span", "section", "p", "div", "pre",
+        "span", "section", "p", "div", "pre", "details", "summary",
     }  # fmt: skip
     assert evil in parser.text["output"] and evil in parser.text["adapter"] and evil in parser.text["staged"]

@@ -353,6 +353,98 @@ def test_a_project_whose_venv_is_a_symlink_is_staged(dcli: Cli, tmp_path: Path) 
     assert everything.code == 125 and ".venv" in everything.said  # --no-ignore stages (so checks) everything
 
 
+@pytest.mark.docker
+def test_a_non_git_project_leaves_its_venv_out_by_checkfuignore_or_exclude(dcli: Cli, tmp_path: Path) -> None:
+    """Issue 32: outside Git, ``.checkfuignore`` (gitignore syntax) and ``--exclude GLOB`` leave files out; the
+    summary says how much each top-level entry staged, so a ``.venv`` staged by mistake is seen."""
+    proj = tmp_path / "proj"
+    (proj / ".venv" / "bin").mkdir(parents=True)
+    (proj / ".venv" / "bin" / "python").symlink_to("/usr/bin/python3")  # leads outside: staging it is refused
+    (proj / ".venv" / "lib.bin").write_bytes(b"v" * 300_000)
+    (proj / "src").mkdir()
+    (proj / "src" / "app.py").write_text("print('app')\n")
+    (proj / "src" / "app.pyc").write_text("compiled\n")
+    (proj / "README").write_text("readme\n")
+    listing = "cd /w && find . \\( -type f -o -type l \\) | sort"
+
+    whole = dcli("run", "--profile", BUSYBOX, "--mount", f"{proj}:/w", "--", "true")
+    assert whole.code == 125 and "SandboxPathRejected" in whole.said and ".venv/bin/python" in whole.said
+
+    (proj / ".checkfuignore").write_text("# the interpreter stays on the host\n.venv/\n*.pyc\n")
+    summary_file = tmp_path / "summary.json"
+    done = dcli(
+        "run", "--profile", BUSYBOX, "--json", str(summary_file), "--mount", f"{proj}:/w", "--", "sh", "-c", listing
+    )
+    assert done.code == 0, str(done)
+    assert done.out.decode().split() == ["./.checkfuignore", "./README", "./src/app.py"]
+    tops = json.loads(summary_file.read_text())["staged_top_level"]
+    assert set(tops["/w"]) == {".checkfuignore", "README", "src/"} and tops["/w"]["src/"] == len("print('app')\n")
+
+    (proj / ".checkfuignore").unlink()
+    flag = dcli(
+        "run", "--profile", BUSYBOX, "--exclude", ".venv", "--exclude", "*.pyc", "--mount", f"{proj}:/w", "--",
+        "sh", "-c", listing,
+    )  # fmt: skip
+    assert flag.code == 0, str(flag)
+    assert flag.out.decode().split() == ["./README", "./src/app.py"]
+
+    # Without an exclusion a large .venv is staged, and the summary names it first (largest first).
+    (proj / ".venv" / "bin" / "python").unlink()
+    seen = dcli("run", "--profile", BUSYBOX, "--mount", f"{proj}:/w", "--", "true")
+    assert seen.code == 0, str(seen)
+    line = next(x for x in seen.err.splitlines() if x.strip().startswith("/w "))
+    assert line.split()[1] == ".venv/", line
+
+
+@pytest.mark.docker
+def test_a_rw_sync_mount_copies_its_changes_back_into_src_and_never_through_a_link(dcli: Cli, tmp_path: Path) -> None:
+    """Issue 32: ``--mount SRC:TARGET:rw,sync`` applies the sandbox's changes to SRC when the Run ends, counts
+    them, refuses by name (``--mount``) what would leave SRC or go through a link, and never deletes from SRC."""
+    proj = tmp_path / "proj"
+    (proj / "sub").mkdir(parents=True)
+    (proj / "a.txt").write_text("old\n")
+    (proj / "sub" / "old.txt").write_text("below\n")  # an empty directory is not staged
+    (proj / "keep.txt").write_text("untouched\n")
+    (proj / "del.txt").write_text("the Run removes me\n")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (proj / "escape").symlink_to(outside)  # a link out of SRC, left out of the mount by .checkfuignore
+    (proj / ".checkfuignore").write_text("/escape\n")
+    (proj / "inward").symlink_to("sub")  # a link inside SRC: staged as a link
+    script = (
+        "echo new > /w/a.txt && echo added > /w/sub/new.txt && rm /w/del.txt && ln -s /etc/passwd /w/evil"
+        " && mkdir /w/escape && echo pwned > /w/escape/x && chmod +x /w/sub/new.txt"
+        " && rm /w/inward && mkdir /w/inward && echo through > /w/inward/x"
+    )
+    summary_file = tmp_path / "summary.json"
+    done = dcli(
+        "run", "--profile", BUSYBOX, "--json", str(summary_file), "--mount", f"{proj}:/w:rw,sync", "--",
+        "sh", "-c", script,
+    )  # fmt: skip
+    assert done.code == 0, str(done)
+    assert (proj / "a.txt").read_text() == "new\n"
+    assert (proj / "sub" / "new.txt").read_text() == "added\n" and os.access(proj / "sub" / "new.txt", os.X_OK)
+    assert (proj / "keep.txt").read_text() == "untouched\n"
+    assert (proj / "del.txt").exists()  # deletions do not propagate
+    assert not (proj / "evil").exists() and not (proj / "evil").is_symlink()
+    assert list(outside.iterdir()) == []  # nothing written through the link out of SRC (excluded: never synced)
+    assert (proj / "inward").is_symlink() and not (proj / "sub" / "x").exists()  # nor through one inside it
+    (synced,) = json.loads(summary_file.read_text())["synced"]
+    assert (synced["added"], synced["changed"], synced["removed"]) == (1, 1, 2), synced
+    removed = ["del.txt", "inward"]  # the link became a directory in the sandbox
+    assert synced["paths"] == {"added": ["sub/new.txt"], "changed": ["a.txt"], "removed": removed}
+    assert synced["deletions_propagated"] is False and synced["excluded"] == 1
+    refused = {r["path"]: r for r in synced["refused"]}
+    assert set(refused) == {"evil", "inward/x"}, refused
+    assert all(r["code"] == "SandboxPathRejected" and r["field"] == "--mount" for r in refused.values())
+    assert "1 added, 1 changed, 2 removed" in done.err and "SandboxPathRejected (--mount)" in done.err
+
+    # Without sync a writable mount is still never written back.
+    (proj / "a.txt").write_text("old\n")
+    plain = dcli("run", "--profile", BUSYBOX, "--mount", f"{proj}:/w:rw", "--", "sh", "-c", "echo new > /w/a.txt")
+    assert plain.code == 0 and (proj / "a.txt").read_text() == "old\n", str(plain)
+
+
 # staging in bounded memory -------------------------------------------------------------------------------
 
 PEAK = """

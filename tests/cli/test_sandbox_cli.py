@@ -96,3 +96,13 @@ def test_refusals_without_an_engine(cli: Cli, tmp_path: Path) -> None:  # noqa: 
     cp = cli("cp", "--json", str(tmp_path), str(tmp_path / "b"))
     assert cp.code == 125 and json.loads(cp.out)["error"]["field"] == "path"
     assert cli.json("ps") == {"ok": True, "sandboxes": [], "runs": [], "snapshots": []}
+
+
+def test_a_sandbox_refuses_rw_sync_by_name(cli: Cli, tmp_path: Path) -> None:  # noqa: F811
+    """Issue 32: ``:rw,sync`` copies back when a Run ends; a sandbox has no such end, so it is refused, not ignored."""
+    done = cli("sandbox", "create", "--json", "--mount", f"{tmp_path}:/w:rw,sync")
+    assert done.code == 125, str(done)
+    error = json.loads(done.out)["error"]
+    assert error["code"] == "SandboxProfileInvalid" and error["field"] == "mounts.0"
+    assert "checkfu cp" in error["message"]
+    assert cli.json("ps") == {"ok": True, "sandboxes": [], "runs": [], "snapshots": []}

@@ -63,6 +63,48 @@ def _kv(rows: Sequence[tuple[str, str]]) -> str:
     return f'<table class="kv">{body}</table>'
 
 
+def _word(value: object) -> str:
+    """A recorded value as the page says it: ``yes``/``no`` for a flag, never a Python repr (``True``, ``None``)."""
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if value is None:
+        return ""
+    if isinstance(value, (list, tuple)):
+        return ", ".join(_word(v) for v in value)
+    return str(value)
+
+
+def _mode(f: dict[str, Any]) -> str:
+    """A staged file's mode as ``ls`` and ``chmod`` write it (``0755``), not Python's ``0o755``."""
+    return "symlink" if f.get("symlink") else f"{int(f.get('mode', 0)):04o}"
+
+
+def _profile(row: RunRow, story: dict[str, Any]) -> str:
+    """The resolved profile the Run got (image, limits, network, allowlist, timeout), at the top of the page."""
+    prof = story.get("resolved_profile")
+    if not isinstance(prof, dict):
+        return (
+            '<h2>Profile</h2><p class="note" id="profile">the resolved profile is not recorded for this Run '
+            f"(its digest: <code>{_e(row.profile_digest)}</code>)</p>"
+        )
+    allow = prof.get("allowlist") or []
+    timeout = prof.get("timeout_seconds")
+    rows = [
+        ("image", f"<code>{_e(prof.get('image'))}</code>"),
+        (
+            "limits",
+            _e(
+                f"{float(prof.get('cpus', 0)):g} cpus, {_word(prof.get('memory_mib'))} MiB memory, "
+                f"{_word(prof.get('disk_mib'))} MiB disk, {_word(prof.get('pids'))} pids"
+            ),
+        ),
+        ("network", _e(_word(prof.get("network")))),
+        ("allowlist", _e(", ".join(map(str, allow))) if allow else "nothing"),
+        ("timeout", _e(f"{float(timeout):g} s") if timeout is not None else "none"),
+    ]
+    return '<h2>Profile</h2><section id="profile">' + _kv(rows) + "</section>"
+
+
 def _header(row: RunRow, status: str) -> str:
     rows = [
         ("status", _badge(status) + (" (its owner process is gone)" if status != row.status else "")),
@@ -103,7 +145,7 @@ def _adapter(row: RunRow, story: dict[str, Any]) -> str:
         ("adapter", f'<code id="adapter">{_e(story.get("adapter") or row.target)}</code>'),
         ("grade", f'<span id="grade">{_badge(str(grade.get("label", "not recorded")))}</span>'),
         ("short of next tier", _e("; ".join(map(str, short))) if short else "nothing (the top tier)"),
-        ("in tree", _e(story.get("in_tree"))),
+        ("in tree", _e(_word(story.get("in_tree")))),
         ("source", _e(story.get("source"))),
     ]
     if story.get("site"):
@@ -133,7 +175,7 @@ def _staged(story: dict[str, Any]) -> str:
         return '<h2>Staged files</h2><p class="note" id="staged">not recorded for this Run</p>'
     if not mounts:
         return '<h2>Staged files</h2><p class="note" id="staged">no mounts: nothing was staged</p>'
-    parts = ['<h2>Staged files</h2><section id="staged">']
+    parts = ['<h2>Staged files</h2><section id="staged">']  # below the output; each mount's list folded
     for m in mounts:
         files = m.get("files") or []
         count = int(m.get("file_count", len(files)))
@@ -142,15 +184,18 @@ def _staged(story: dict[str, Any]) -> str:
             f"{'(writable, not sealed)' if m.get('writable') else '(sealed read-only)'}: "
             f"{count:d} files, {_e(human_bytes(int(m.get('bytes', 0))))}</p>"
         )
-        parts.append("<table><tr><th>path</th><th>size</th><th>mode</th><th>digest</th></tr>")
+        parts.append(
+            f"<details><summary>{count:d} files</summary>"
+            "<table><tr><th>path</th><th>size</th><th>mode</th><th>digest</th></tr>"
+        )
         for f in files:
             kind = " (symlink)" if f.get("symlink") else ""
             parts.append(
                 f'<tr class="file"><td><code>{_e(f.get("path"))}</code>{kind}</td><td>{_e(f.get("size"))}</td>'
-                f"<td><code>{_e(oct(int(f.get('mode', 0))))}</code></td>"
+                f"<td><code>{_e(_mode(f))}</code></td>"
                 f'<td><code class="digest">{_e(f.get("digest"))}</code></td></tr>'
             )
-        parts.append("</table>")
+        parts.append("</table></details>")
         if count > len(files):
             parts.append(
                 f'<p class="note">{count - len(files):d} more files are not listed: a Run\'s story lists the first '
@@ -247,13 +292,14 @@ def render(
         f"<title>checkfu Run {_e(row.run_id)}</title><style>{STYLE}</style></head>"
         "<body><main>"
         + _header(row, status)
+        + _profile(row, story)
         + _adapter(row, story)
         + _axes(story)
-        + _staged(story)
         + _timeline(row, events)
         + _phases(row)
         + _allocations(allocs)
         + _output(row, chunks, note)
+        + _staged(story)
         + '<p class="note">Written by <code>checkfu runs show --html</code> from the journal.</p>'
         + "</main></body></html>\n"
     )

@@ -82,7 +82,7 @@ from checkfu.core.admission import (
 from checkfu.core.documents import DocumentError, read_bounded
 from checkfu.core.job import JobResult, resolve_mounts
 from checkfu.core.journal import ORPHANED, JournalError
-from checkfu.core.mounts import DirectorySource, MountSpec, parse_mount
+from checkfu.core.mounts import DirectorySource, MountSpec, parse_mount, top_level_sizes
 from checkfu.core.output import CAP_ENV, output_cap
 from checkfu.core.profiles import Overrides, ReadProfile, parse_seconds, read_profile
 from checkfu.core.reconcile import describe_owner, run_status
@@ -241,6 +241,7 @@ def check_run_inputs(
     warnings: list[str],
     adapters: Path | None = None,
     overrides: Overrides | None = None,
+    excludes: tuple[str, ...] = (),
 ) -> CheckedRun:
     """Every check of ``checkfu run``'s inputs that asks no provider anything, every problem listed.
 
@@ -277,7 +278,7 @@ def check_run_inputs(
     specs: list[MountSpec] = []
     for i, text in enumerate(mounts):
         try:
-            specs.append(parse_mount(text, stage_all=no_ignore))
+            specs.append(parse_mount(text, stage_all=no_ignore, excludes=excludes))
         except SandboxError as exc:
             problems.append(Problem(type(exc)(f"mounts.{i}: {exc.message}", field=f"mounts.{i}")))
     problems.extend(target_problems([s.target for s in specs]))
@@ -340,7 +341,8 @@ def run_command(
         list[str] | None,
         typer.Option(
             "--mount",
-            help="SRC:TARGET[:rw]: a directory or REPO@REF at an absolute sandbox path; sealed read-only unless :rw",
+            help="SRC:TARGET[:rw]: a directory or REPO@REF at an absolute sandbox path; sealed read-only unless :rw; "
+            ":rw,sync copies the target back into a directory SRC when the Run ends",
             show_default=False,
             metavar="SRC:TARGET[:rw]",
         ),
@@ -358,6 +360,16 @@ def run_command(
             "sandbox keeps its network (docs/egress.md#published-ports); Docker only",
             show_default=False,
             metavar="[HOST_IP:]HOST_PORT:PORT",
+        ),
+    ] = None,
+    exclude: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--exclude",
+            help="leave files matching GLOB (gitignore syntax) out of every directory mount, as its "
+            ".checkfuignore does (repeatable)",
+            show_default=False,
+            metavar="GLOB",
         ),
     ] = None,
     env: Annotated[
@@ -479,6 +491,7 @@ def run_command(
                 profile=profile,
                 mounts=mount or [],
                 no_ignore=no_ignore,
+                excludes=tuple(exclude or ()),
                 env_values=env or [],
                 env_files=env_file or [],
                 workdir=workdir,
@@ -537,6 +550,7 @@ def _admit_and_run(
     adapters: Path | None = None,
     overrides: Overrides | None = None,
     publish: list[str] | None = None,
+    excludes: tuple[str, ...] = (),
 ) -> int:
     """Every input checked (every problem listed), then the Run. Returns the exit status.
 
@@ -563,6 +577,7 @@ def _admit_and_run(
         warnings=warnings,
         adapters=adapters,
         overrides=overrides,
+        excludes=excludes,
     )
     read, specs, env, timeout = checked.read, checked.specs, checked.env, checked.timeout
     ports = admit_ports(publish or [], name)
@@ -724,19 +739,28 @@ async def _run(
         not_enforced=list(result.not_enforced),
         allowed=list(allowed),
         resolved_profile=resolved_profile(prof, timeout, image_name),
+        staged_top_level={m.plan.target: top_level_sizes(m.plan) for m in resolved},
     )
+    if result.synced:
+        summary["synced"] = result.synced
     if pool:
         summary["adopted"] = result.adopted
     if ports:
         summary["ports"] = [p.to_json() for p in result.ports]
     if not quiet:
-        _summary(result, label, allowed, profile_name, env, workdir, summary["resolved_profile"])
+        _summary(
+            result, label, allowed, profile_name, env, workdir, summary["resolved_profile"], summary["staged_top_level"]
+        )
     if _report_left(observer.attempt, db, f"[bold red]the command exited {result.exit_code:d}, but[/]"):
         summary.update(ok=False, exit_code=LEFT_BEHIND_EXIT, **_left_of(observer.attempt))
         return LEFT_BEHIND_EXIT
     if result.unjournaled:
         summary["unjournaled"] = dict(result.unjournaled)
     return result.exit_code
+
+
+TOP_LEVEL_SHOWN = 8
+"""Top-level entries of a mount the summary names, largest first (``--json`` has them all)."""
 
 
 def _summary(
@@ -747,6 +771,7 @@ def _summary(
     env: dict[str, str],
     workdir: str | None,
     resolved: dict[str, Any] | None = None,
+    top_level: dict[str, dict[str, int]] | None = None,
 ) -> None:
     err.print()
     err.print(f"[bold]run[/]        {escape(result.run_id)}")
@@ -758,6 +783,10 @@ def _summary(
     err.print("[bold]phases[/]     " + ", ".join(f"{escape(k)} {v * 1000:.0f} ms" for k, v in result.phases.items()))
     if result.staged_bytes:
         err.print(f"[bold]staged[/]     {escape(human_bytes(result.staged_bytes))}")
+    for target, sizes in (top_level or {}).items():  # how much each top-level entry staged: nothing left out silently
+        shown = [f"{name} {human_bytes(size)}" for name, size in list(sizes.items())[:TOP_LEVEL_SHOWN]]
+        more = len(sizes) - TOP_LEVEL_SHOWN
+        err.print(f"[bold]  {escape(target)}[/] " + escape(", ".join(shown) + (f", {more:d} more" if more > 0 else "")))
     if env:
         err.print("[bold]env[/]        " + escape(", ".join(sorted(env))) + " [dim](names only)[/]")
     if workdir:
@@ -772,6 +801,12 @@ def _summary(
         err.print(f"[bold]captured[/]   {len(result.captured):d} files into {escape(str(result.capture_dir))}")
     if result.writable:
         err.print("[bold]writable[/]   " + escape(", ".join(result.writable)) + " (:rw, not sealed)")
+    for synced in result.synced:  # :rw,sync: what came back into SRC (deletions never propagate)
+        err.print(
+            f"[bold]synced[/]     {escape(synced['target'])} → {escape(synced['source'])}: "
+            f"{synced['added']:d} added, {synced['changed']:d} changed, {synced['removed']:d} removed in the "
+            f"sandbox (kept in SRC), {len(synced['refused']):d} refused"
+        )
     if result.not_enforced:
         err.print("[bold yellow]not enforced[/] " + escape(", ".join(result.not_enforced)))
     else:

@@ -276,6 +276,13 @@ def sandbox_create(
 
         seconds = parse_duration(ttl, "--ttl")
         specs = [parse_mount(m, stage_all=no_ignore) for m in mount or []]
+        for i, mount_spec in enumerate(specs):
+            if mount_spec.sync:  # a sandbox has no end of Run to copy back at: `checkfu cp` reads files out of it
+                raise SandboxProfileInvalid(
+                    f"--mount {mount_spec.describe()}: rw,sync copies back when a Run ends; a sandbox is not a Run "
+                    "(use :rw, and `checkfu cp` to read files out)",
+                    field=f"mounts.{i}",
+                )
         ports = admit_ports(publish or [], provider)
         for spec in ports:
             warned = exposure_warning(spec)

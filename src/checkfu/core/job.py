@@ -15,7 +15,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Protocol
+from typing import Any, Protocol
 
 from checkfu.contract.errors import SandboxError, SandboxPathRejected
 from checkfu.contract.ports import PortSpec, PublishedPort
@@ -35,10 +35,12 @@ from checkfu.core.admission import (
 )
 from checkfu.core.driver import CheckedProcess, Instance, RunSession
 from checkfu.core.journal import JournalError
-from checkfu.core.mounts import GitSource, MountSpec, ResolvedMount, resolve_mount
+from checkfu.core.mounts import DirectorySource, GitSource, MountSpec, ResolvedMount, resolve_mount
 from checkfu.core.output import MASK_MIN, OutputKeeper
 from checkfu.core.pool import adopt
+from checkfu.core.profiles import describe_resolved
 from checkfu.core.runner import Attempt, Needs, Runner
+from checkfu.core.syncback import sync_back
 
 TIMEOUT_EXIT = 124
 """The exit status of a command stopped by ``timeout`` (as coreutils ``timeout`` reports it)."""
@@ -170,6 +172,8 @@ class JobResult:
     exit_code: int
     phases: dict[str, float] = field(default_factory=dict)
     captured: list[str] = field(default_factory=list)
+    synced: list[dict[str, Any]] = field(default_factory=list)
+    """Per ``:rw,sync`` mount, what was copied back (``checkfu.core.syncback.SyncReport.doc``)."""
     not_enforced: tuple[str, ...] = ()
     adapter: str = ""
     tier: str = ""
@@ -293,7 +297,11 @@ async def run_job(
             needs=needs,
             owner=owner,
             mounts=[(r.plan, source_text(r)) for r in resolved],
-            noted={**(noted or {}), "timeout": timeout},
+            noted={
+                "resolved_profile": describe_resolved(profile, timeout),
+                **(noted or {}),
+                "timeout": timeout,
+            },  # the Run page's header
         )
     session = attempt.session
     keeper: OutputKeeper | None = None
@@ -366,6 +374,8 @@ async def run_job(
             "writable": list(result.writable),
             "timed_out": result.timed_out,
         }
+        if result.synced:
+            summary["synced"] = [{k: v for k, v in s.items() if k != "paths"} for s in result.synced]
         if pool:
             summary["adopted"] = result.adopted
         if session.left:
@@ -491,6 +501,15 @@ async def _drive(
                 obs.published(published)
     async with phases.run("process"):
         result.exit_code, result.timed_out = await _process(session, inst, argv, obs, env, cwd, timeout, interact, tty)
+    syncing = [r for r in resolved if r.sync and isinstance(r.source, DirectorySource)]
+    if syncing and result.exit_code >= 0:
+        async with phases.run("sync"):
+            for r in syncing:
+                assert isinstance(r.source, DirectorySource)
+                report = await sync_back(session, inst, r.plan, r.source.path, r.excludes)
+                for refused in report.refused:
+                    obs.warning(f"{refused['code']} ({refused['field']}): {refused['message']}")
+                result.synced.append(report.doc())
     if captures:
         async with phases.run("capture"):
             into = capture_dir or Path("captures") / session.run_id

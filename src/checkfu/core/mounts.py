@@ -20,6 +20,12 @@ executable bit (``0755``; everything else ``0644``). A directory or file that
 cannot be read (another user's, mode ``000``) is refused by name, never left
 out: a mount holds all it says it holds or nothing (inside a Git work tree,
 what Git ignores is not looked at, readable or not).
+
+A directory source may also leave files out by name: a ``.checkfuignore`` file at its root and the
+``--exclude GLOB`` patterns of its spec, both read with gitignore semantics (``pathspec``), apply inside a Git
+work tree or outside one, with ``stage_all`` too. A directory they exclude is not walked (nor checked for
+readability); ``.checkfuignore`` itself is staged unless it excludes itself. Nothing else is left out silently:
+``top_level_sizes`` says how much each top-level entry staged, so a summary can show a ``.venv`` that was staged.
 """
 
 from __future__ import annotations
@@ -34,6 +40,8 @@ from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
+
+import pathspec
 
 from checkfu.contract.codec import build
 from checkfu.contract.errors import (
@@ -67,7 +75,7 @@ class GitSource:
 
 MountSource = DirectorySource | GitSource
 
-MODES = ("ro", "rw")
+MODES = ("ro", "rw", "rw,sync")
 
 
 @dataclass(frozen=True)
@@ -78,23 +86,29 @@ class MountSpec:
     """``:rw``: copied in, owned by the sandbox user and writable; otherwise sealed read-only."""
     stage_all: bool = False
     """Stage what Git ignores too (a directory inside a Git work tree)."""
+    excludes: tuple[str, ...] = ()
+    """gitignore patterns (``--exclude GLOB``) left out of a directory source, with its ``.checkfuignore``."""
+
+    sync: bool = False
+    """``:rw,sync``: the target's files are copied back into a directory SRC when the Run ends
+    (``checkfu.core.syncback``)."""
 
     def describe(self) -> str:
         src = self.source
         where = f"{src.repo}@{src.ref}" if isinstance(src, GitSource) else str(src.path)
-        return f"{where}:{self.target}" + (":rw" if self.writable else "")
+        return f"{where}:{self.target}" + (":rw,sync" if self.sync else ":rw" if self.writable else "")
 
 
-def parse_mount(spec: str, *, stage_all: bool = False) -> MountSpec:
-    """``SRC:TARGET[:ro|:rw]`` where SRC is a directory or ``REPO@REF`` (a Git repository at a ref).
+def parse_mount(spec: str, *, stage_all: bool = False, excludes: tuple[str, ...] = ()) -> MountSpec:
+    """``SRC:TARGET[:ro|:rw|:rw,sync]`` where SRC is a directory or ``REPO@REF`` (a Git repository at a ref).
 
     Raises:
-        SandboxProfileInvalid: the spec has no target or no source.
+        SandboxProfileInvalid: the spec has no target or no source, or ``sync`` names a Git source.
     """
-    body, writable = spec, False
+    body, writable, sync = spec, False, False
     head, sep, mode = spec.rpartition(":")
     if sep and mode in MODES and ":" in head:
-        body, writable = head, mode == "rw"
+        body, writable, sync = head, mode.startswith("rw"), mode == "rw,sync"
     src, sep, target = body.rpartition(":")
     if not sep or not src or not target:
         raise SandboxProfileInvalid(
@@ -103,8 +117,49 @@ def parse_mount(spec: str, *, stage_all: bool = False) -> MountSpec:
     if "@" in src:
         repo, _, ref = src.rpartition("@")
         if repo and ref:
-            return MountSpec(GitSource(Path(repo), ref), target, writable, stage_all)
-    return MountSpec(DirectorySource(Path(src)), target, writable, stage_all)
+            if sync:
+                raise SandboxProfileInvalid(
+                    f"mount {spec!r}: rw,sync copies back into a directory; {src} is a Git ref", field="mounts"
+                )
+            return MountSpec(GitSource(Path(repo), ref), target, writable, stage_all, excludes)
+    return MountSpec(DirectorySource(Path(src)), target, writable, stage_all, excludes, sync)
+
+
+IGNORE_FILE = ".checkfuignore"
+
+
+def exclusion(root: Path, excludes: tuple[str, ...], where: str) -> pathspec.GitIgnoreSpec | None:
+    """The gitignore-style patterns that leave files of directory source ``root`` out: its ``.checkfuignore``
+    (when there is one) and ``excludes``; ``None`` when there are none.
+
+    Raises:
+        SandboxProfileInvalid: ``.checkfuignore`` cannot be read, or a pattern is not a gitignore pattern.
+    """
+    lines = list(excludes)
+    ignore = root / IGNORE_FILE
+    if ignore.is_file():
+        try:
+            lines = ignore.read_text(encoding="utf-8", errors="surrogateescape").splitlines() + lines
+        except OSError as exc:
+            raise SandboxProfileInvalid(
+                f"mount {where}: cannot read {IGNORE_FILE}: {exc.strerror or exc}", field="mounts"
+            ) from None
+    if not any(line.strip() and not line.lstrip().startswith("#") for line in lines):
+        return None
+    try:
+        return pathspec.GitIgnoreSpec.from_lines(lines)
+    except (ValueError, TypeError) as exc:
+        raise SandboxProfileInvalid(f"mount {where}: exclude pattern: {exc}", field="mounts") from None
+
+
+def top_level_sizes(plan: MountPlan) -> dict[str, int]:
+    """Bytes staged under each top-level entry of a mount (a directory as ``name/``), largest first."""
+    sizes: dict[str, int] = {}
+    for f in plan.files:
+        head, sep, _ = f.path.partition("/")
+        key = head + "/" if sep else head
+        sizes[key] = sizes.get(key, 0) + f.size
+    return dict(sorted(sizes.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
 def git_blob_id(data: bytes, *, algorithm: str = "sha1") -> str:
@@ -171,6 +226,10 @@ class ResolvedMount:
     git_format: str = "sha1"
     blobs: tuple[str, ...] = field(default=())
     """For a Git mount, each file's blob id, in plan order."""
+    sync: bool = False
+    """``:rw,sync``: copied back into the source directory when the Run ends."""
+    excludes: tuple[str, ...] = ()
+    """The spec's ``--exclude`` patterns: what they (and ``.checkfuignore``) leave out is never copied back."""
 
     @property
     def writable(self) -> bool:
@@ -330,8 +389,8 @@ def _refuser(root: Path, where: str) -> Callable[[OSError], None]:
     return refuse
 
 
-def _walk(root: Path, where: str) -> list[str]:
-    """Every file and symlink below ``root``, as paths relative to it.
+def _walk(root: Path, where: str, skip: pathspec.GitIgnoreSpec | None = None) -> list[str]:
+    """Every file and symlink below ``root``, as paths relative to it; a directory ``skip`` matches is not entered.
 
     Raises:
         SandboxPathRejected: a directory below it cannot be listed.
@@ -340,6 +399,12 @@ def _walk(root: Path, where: str) -> list[str]:
     for dirpath, dirnames, filenames in os.walk(root, onerror=_refuser(root, where), followlinks=False):
         dirnames.sort()
         here = Path(dirpath)
+        if skip is not None:
+            dirnames[:] = [
+                d
+                for d in dirnames
+                if (here / d).is_symlink() or not skip.match_file((here / d).relative_to(root).as_posix() + "/")
+            ]
         for name in dirnames:  # a symlink to a directory is listed here; os.walk does not enter it
             if (here / name).is_symlink():
                 found.append((here / name).relative_to(root).as_posix())
@@ -347,7 +412,9 @@ def _walk(root: Path, where: str) -> list[str]:
     return found
 
 
-def _refuse_unreadable_directories(root: Path, where: str, listed: list[str]) -> None:
+def _refuse_unreadable_directories(
+    root: Path, where: str, listed: list[str], skip: pathspec.GitIgnoreSpec | None = None
+) -> None:
     """Refuse a directory below ``root`` (a Git work tree) that Git would have looked in and could not.
 
     ``git ls-files`` warns of a directory it cannot open and lists the rest as if it were empty, so its
@@ -363,21 +430,35 @@ def _refuse_unreadable_directories(root: Path, where: str, listed: list[str]) ->
     whole.update(p.rstrip("/") for p in listed)  # only a directory among them matters here
     for dirpath, dirnames, _ in os.walk(root, onerror=_refuser(root, where), followlinks=False):
         here = Path(dirpath).relative_to(root).as_posix()
-        dirnames[:] = [d for d in dirnames if d != ".git" and (d if here == "." else f"{here}/{d}") not in whole]
+        dirnames[:] = [
+            d
+            for d in dirnames
+            if d != ".git"
+            and (d if here == "." else f"{here}/{d}") not in whole
+            and (skip is None or not skip.match_file((d if here == "." else f"{here}/{d}") + "/"))
+        ]
 
 
 def _read_directory(
-    src: DirectorySource, where: str, budget: _Budget, stage_all: bool, progress: Progress | None
+    src: DirectorySource,
+    where: str,
+    budget: _Budget,
+    stage_all: bool,
+    progress: Progress | None,
+    excludes: tuple[str, ...] = (),
 ) -> list[MountFile]:
     root = src.path
     if not root.is_dir():
         raise SandboxProfileInvalid(f"mount {where}: {root} is not a directory", field="mounts")
+    skip = exclusion(root, excludes, where)
     listed = None if stage_all else _ignoring_git(root)
     if listed is None:
-        paths = _walk(root, where)
+        paths = _walk(root, where, skip)
     else:
-        _refuse_unreadable_directories(root, where, listed)
+        _refuse_unreadable_directories(root, where, listed, skip)
         paths = sorted(set(listed))
+    if skip is not None:
+        paths = [p for p in paths if not skip.match_file(p)]
     if len(paths) > MAX_FILES_PER_MOUNT:
         raise SandboxBoundExceeded(
             f"mount {where}: {len(paths)} files, more than {MAX_FILES_PER_MOUNT} in one mount", field="mounts"
@@ -610,13 +691,15 @@ def resolve_mount(
         if isinstance(spec.source, GitSource):
             files, blobs, fmt = _read_git(spec.source, where, budget, progress)
         else:
-            files = _read_directory(spec.source, where, budget, spec.stage_all, progress)
+            files = _read_directory(spec.source, where, budget, spec.stage_all, progress, spec.excludes)
     except OSError as exc:
         raise SandboxProfileInvalid(f"mount {where}: cannot read: {exc.strerror or exc}", field="mounts") from None
     plan = build(MountPlan, target=spec.target, files=files, **({"writable": True} if spec.writable else {}))
     if expected is not None:
         _compare(plan, expected, where)
-    return ResolvedMount(plan=plan, source=spec.source, git_format=fmt, blobs=tuple(blobs))
+    return ResolvedMount(
+        plan=plan, source=spec.source, git_format=fmt, blobs=tuple(blobs), sync=spec.sync, excludes=spec.excludes
+    )
 
 
 def _compare(plan: MountPlan, expected: MountPlan, where: str) -> None:

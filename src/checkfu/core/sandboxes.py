@@ -218,6 +218,10 @@ class SnapshotRecord:
 def _spec_doc(spec: MountSpec) -> dict[str, Any]:
     src = spec.source
     doc: dict[str, Any] = {"target": spec.target, "writable": spec.writable, "stage_all": spec.stage_all}
+    if spec.excludes:
+        doc["excludes"] = list(spec.excludes)
+    if spec.sync:
+        doc["sync"] = True
     if isinstance(src, GitSource):
         doc.update(kind="git", path=str(Path(src.repo).absolute()), ref=src.ref)
     else:
@@ -229,7 +233,10 @@ def _spec_of(doc: Mapping[str, Any]) -> MountSpec:
     source: GitSource | DirectorySource = (
         GitSource(Path(doc["path"]), doc["ref"]) if doc["kind"] == "git" else DirectorySource(Path(doc["path"]))
     )
-    return MountSpec(source, doc["target"], bool(doc["writable"]), bool(doc["stage_all"]))
+    excludes = tuple(str(x) for x in doc.get("excludes", ()))
+    return MountSpec(
+        source, doc["target"], bool(doc["writable"]), bool(doc["stage_all"]), excludes, bool(doc.get("sync"))
+    )
 
 
 def _mounts_json(
