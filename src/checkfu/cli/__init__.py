@@ -130,7 +130,11 @@ def run_here(*, warm: bool = False) -> None:
         # Ctrl-C, or a command's own ``checkfu.cli.interrupts.Interrupted`` (SIGINT or SIGTERM, after it wound up
         # what it held): 128 + the signal, 130 or 143.
         code = getattr(exc, "exit_code", EXIT_INTERRUPTED)
-        _err().print("interrupted" + (f" by {exc.args[0]}" if code != EXIT_INTERRUPTED and exc.args else ""))
+        from rich.markup import escape  # noqa: PLC0415
+
+        _err().print(
+            "interrupted" + (f" by {escape(str(exc.args[0]))}" if code != EXIT_INTERRUPTED and exc.args else "")
+        )
         sys.exit(code)
     except Exception as exc:
         # The contract's errors and the journal's are told by their classes, looked up only where their modules

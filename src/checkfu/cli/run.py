@@ -824,14 +824,14 @@ def _interrupted(got: list[int], attempt: Attempt | None, db: str | None, summar
     name = signal.Signals(signum).name
     said = f"[bold red]interrupted[/] by {escape(name)}"
     if not _report_left(attempt, db, said):
-        err.print(f"{said}: {_nothing_left(attempt, db)}")
+        err.print(f"{said}: {escape(_nothing_left(attempt, db))}")
     summary.update(ok=False, exit_code=128 + signum, interrupted=name)
     summary.update(_left_of(attempt))
     return 128 + signum
 
 
 def _nothing_left(attempt: Attempt | None, db: str | None) -> str:
-    """What may be said of a Run wound up with nothing ``left``: that nothing is left behind only when nothing was
+    """What may be said (plain text, escaped where it is printed) of a Run wound up with nothing ``left``: that nothing is left behind only when nothing was
     allocated, or the provider's own list (``listAllocations``) showed nothing of the Run after its wind-up."""
     if attempt is None:
         return "nothing was allocated; nothing is left behind"
@@ -841,8 +841,8 @@ def _nothing_left(attempt: Attempt | None, db: str | None) -> str:
     finish = "checkfu runner reconcile" + (f" --db {shlex.quote(db)}" if db else "")
     why = session.unconfirmed or "the provider was not asked what it still holds"
     return (
-        f"released and compensated every allocation, but {escape(why)}, so nothing confirms that none is left; "
-        f"`{escape(finish)}` reclaims whatever is"
+        f"released and compensated every allocation, but {why}, so nothing confirms that none is left; "
+        f"`{finish}` reclaims whatever is"
     )
 
 

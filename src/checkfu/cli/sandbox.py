@@ -145,7 +145,7 @@ def _run(body: Callable[[], Awaitable[T]], as_json: bool, db: str | None) -> T:
             )
         else:
             said = "everything it had begun is undone"
-        err.print(f"[bold red]interrupted[/] by {name}: {escape(said)}")
+        err.print(f"[bold red]interrupted[/] by {escape(name)}: {escape(said)}")
         if as_json:
             doc = {"ok": False, "exit_code": 128 + signum, "interrupted": name, "left": left}
             print(json.dumps(doc))
@@ -459,7 +459,7 @@ def _say_cut(res: Any, how: str) -> None:
     cut = [name for name in ("stdout", "stderr") if getattr(res, f"{name}_truncated")]
     if cut:
         err.print(
-            f"[bold yellow]warning[/]: {' and '.join(cut)} cut: the command wrote more than one exec answer keeps; "
+            f"[bold yellow]warning[/]: {escape(' and '.join(cut))} cut: the command wrote more than one exec answer keeps; "
             f"{escape(how)}"
         )
 
