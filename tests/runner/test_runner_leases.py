@@ -240,8 +240,10 @@ async def test_a_fleet_run_whose_provider_echoes_another_lease_is_settled_not_le
     assert not [e for e in events if e.get("event") == "fenced"], events
     run = journal.run(run_id)
     assert run is not None and is_terminal(run.status), run
-    assert run.status == "refused:SandboxLeaseFenced"
+    # the provider was at work when its answer was fenced: the Run failed (issue 29), it was not refused
+    assert run.status == "failed"
     assert run.summary is not None and run.summary["error"]["field"] == "lease.lease_id"
+    assert run.summary["error"]["code"] == "SandboxLeaseFenced"
     assert memory.live_objects() == ()
     assert journal.open_allocations(run_id=run_id) == []
     assert RunQueue(journal, ManualClock()).counts().get("running", 0) == 0

@@ -705,7 +705,10 @@ class FleetRunner:
             summary["output_cap_bytes"] = output.cap
         if error is not None:
             summary["error"] = {"code": error.code, "message": error.message, "field": error.field}
-            status = outcome.status if outcome is not None and outcome.status.startswith("refused:") else None
+            # the Run's own word when it has one: refused (nothing was made) or failed (the provider was at work)
+            status = (
+                outcome.status if outcome is not None and outcome.status.startswith(("refused:", "failed")) else None
+            )
             return status or f"refused:{error.code}", None, summary
         assert outcome is not None
         return outcome.status, outcome.exit_code, summary

@@ -320,6 +320,7 @@ async def run_job(
         writable=tuple(r.plan.target for r in resolved if r.plan.writable),
     )
     status = "failed"
+    failure: SandboxError | None = None
     try:
         obs.selected(attempt)
         warning = attempt.warning()
@@ -350,7 +351,10 @@ async def run_job(
         status = "interrupted"
         raise
     except SandboxError as exc:
-        status = f"refused:{exc.code}"
+        # A refusal is a Run that never got a sandbox: nothing was journaled for the provider to make. Once
+        # something was, the provider was at work and the Run failed (its summary keeps the error's code).
+        status = "failed" if session.core.rows else f"refused:{exc.code}"
+        failure = exc
         raise
     finally:
         if keeper is not None:
@@ -378,6 +382,8 @@ async def run_job(
             summary["synced"] = [{k: v for k, v in s.items() if k != "paths"} for s in result.synced]
         if pool:
             summary["adopted"] = result.adopted
+        if failure is not None:
+            summary["error"] = {"code": failure.code, "message": failure.message, "field": failure.field}
         if session.left:
             summary["left"] = session.left
         if session.undestroyed:

@@ -260,7 +260,7 @@ async def fill_one(
                 return entry
         return None
     except SandboxError as exc:
-        status = f"refused:{exc.code}"
+        status = "failed" if session.core.rows else f"refused:{exc.code}"  # as a Run's (``core.job``)
         raise
     except asyncio.CancelledError:
         status = "interrupted"
