@@ -831,8 +831,9 @@ def _interrupted(got: list[int], attempt: Attempt | None, db: str | None, summar
 
 
 def _nothing_left(attempt: Attempt | None, db: str | None) -> str:
-    """What may be said (plain text, escaped where it is printed) of a Run wound up with nothing ``left``: that nothing is left behind only when nothing was
-    allocated, or the provider's own list (``listAllocations``) showed nothing of the Run after its wind-up."""
+    """What may be said (plain text, escaped where it is printed) of a Run wound up with nothing ``left``: that
+    nothing is left behind only when nothing was allocated, or the provider's own list (``listAllocations``)
+    showed nothing of the Run after its wind-up."""
     if attempt is None:
         return "nothing was allocated; nothing is left behind"
     session = attempt.session

@@ -459,8 +459,8 @@ def _say_cut(res: Any, how: str) -> None:
     cut = [name for name in ("stdout", "stderr") if getattr(res, f"{name}_truncated")]
     if cut:
         err.print(
-            f"[bold yellow]warning[/]: {escape(' and '.join(cut))} cut: the command wrote more than one exec answer keeps; "
-            f"{escape(how)}"
+            f"[bold yellow]warning[/]: {escape(' and '.join(cut))} cut: the command wrote more than one exec answer "
+            f"keeps; {escape(how)}"
         )
 
 
