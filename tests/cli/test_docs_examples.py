@@ -73,8 +73,9 @@ PAGES = [*sorted((REPO / "docs").glob("*.md")), REPO / "README.md"]
 SHELLS = ("sh", "bash", "shell", "console")
 FENCE = re.compile(r"^```([A-Za-z0-9_+-]*)[ \t]*\n(.*?)^```[ \t]*$", re.S | re.M)
 MARK = re.compile(r"<!--\s*(not run|exit):(.*?)-->\s*\Z", re.S)
-MOST_NOT_RUN = 8
-"""Exceptions stay few: a shell example that cannot run in a test says why, and there are at most this many."""
+MOST_NOT_RUN = 9
+"""Exceptions stay few: a shell example that cannot run in a test says why, and there are at most this many (the
+ninth: egress.md's published port, a server that runs until stopped, which tests/cli/test_ports_docker.py runs)."""
 
 
 @dataclass(frozen=True)
