@@ -45,7 +45,7 @@ from checkfu.contract.errors import (
 )
 from checkfu.contract.ports import PublishedPort, admit_ports, exposure_warning
 from checkfu.core.journal import JournalError
-from checkfu.core.profiles import Overrides
+from checkfu.core.profiles import Overrides, duration_seconds
 
 err = console(stderr=True, highlight=False, soft_wrap=True)
 out = console(highlight=False, soft_wrap=True)
@@ -70,8 +70,6 @@ TtlOpt = Annotated[
     typer.Option("--ttl", help="time-to-live: 90s, 30m, 2h, 7d (or seconds)", metavar="DURATION"),
 ]
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
-_UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 SANDBOX_ID = re.compile(r"^sb-[0-9a-f]{1,40}$")
 SNAPSHOT_ID = re.compile(r"^snap-[0-9a-f]{1,40}$")
 
@@ -82,12 +80,11 @@ def parse_duration(text: str, name: str) -> float:
     Raises:
         SandboxProfileInvalid: not a duration (its field is ``name``).
     """
-    m = _DURATION.match(text)
-    if m is None or float(m.group(1)) <= 0:
+    seconds = duration_seconds(text)
+    if seconds is None or seconds <= 0:
         raise SandboxProfileInvalid(
             f"{name}: {text[:40]!r} is not a duration: write it as 90s, 30m, 2h or 7d", field=name.lstrip("-")
         )
-    seconds = float(m.group(1)) * _UNITS[m.group(2)]
     if name == "--keep":  # a snapshot's lifetime: bounded by the contract, not by a sandbox's time-to-live
         from checkfu.core.sandboxes import check_keep  # noqa: PLC0415
 

@@ -346,6 +346,13 @@ _DURATION = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([smhd]?)\s*$")
 _DURATION_UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
 
+def duration_seconds(text: str) -> float | None:
+    """``30s``, ``5m``, ``2h``, ``7d`` or a bare number, in seconds; ``None`` when ``text`` is none of those (the
+    caller bounds it and names its own field)."""
+    m = _DURATION.match(text)
+    return None if m is None else float(m.group(1)) * _DURATION_UNITS[m.group(2)]
+
+
 def parse_seconds(text: str | float, flag: str) -> float:
     """``30s``, ``5m``, ``2h``, ``1d`` or a number of seconds (``90``, ``1.5``), positive and finite.
 
@@ -355,8 +362,8 @@ def parse_seconds(text: str | float, flag: str) -> float:
     if isinstance(text, int | float):
         seconds = float(text)
     else:
-        m = _DURATION.match(text)
-        seconds = float(m.group(1)) * _DURATION_UNITS[m.group(2)] if m is not None else -1.0
+        read = duration_seconds(text)
+        seconds = -1.0 if read is None else read
     if not 0 < seconds <= MAX_SECONDS:  # also refuses nan
         raise SandboxProfileInvalid(
             f"{flag}: {str(text)[:40]!r} is not a duration up to a year: write it as 30s, 5m, 2h or a number of "
