@@ -58,20 +58,26 @@ def read_bounded(path: Path, *, limit: int = MAX_DOCUMENT_FILE_BYTES) -> bytes:
         if not stat.S_ISREG(mode):
             kind = next((name for test, name in _KINDS if test(mode)), "not a regular file")
             raise DocumentError(f"cannot read {path}: it is {kind}, not a regular file")
-        chunks: list[bytes] = []
-        size = 0
-        while size <= limit:
-            chunk = os.read(fd, min(1 << 20, limit + 1 - size))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
+        raw = _read_to(fd, limit)
     except OSError as exc:
         raise DocumentError(f"cannot read {path}: {exc.strerror or exc}") from None
     finally:
         os.close(fd)
-    if size > limit:
+    if len(raw) > limit:
         raise DocumentError(f"{path}: larger than {limit} bytes")
+    return raw
+
+
+def _read_to(fd: int, limit: int) -> bytes:
+    """``fd`` to its end, or to one byte past ``limit`` (so that the caller can tell it is larger)."""
+    chunks: list[bytes] = []
+    size = 0
+    while size <= limit:
+        chunk = os.read(fd, min(1 << 20, limit + 1 - size))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
     return b"".join(chunks)
 
 
@@ -90,20 +96,12 @@ def _read_stdin(limit: int) -> bytes:
         DocumentError: stdin is closed, cannot be read, or holds more than ``limit`` bytes.
     """
     try:
-        fd = sys.stdin.fileno() if sys.stdin is not None else 0
-        chunks: list[bytes] = []
-        size = 0
-        while size <= limit:
-            chunk = os.read(fd, min(1 << 20, limit + 1 - size))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
+        raw = _read_to(sys.stdin.fileno() if sys.stdin is not None else 0, limit)
     except (OSError, ValueError) as exc:
         raise DocumentError(f"cannot read - (stdin): {getattr(exc, 'strerror', None) or exc}") from None
-    if size > limit:
+    if len(raw) > limit:
         raise DocumentError(f"- (stdin): larger than {limit} bytes")
-    return b"".join(chunks)
+    return raw
 
 
 def parse_toml(raw: bytes, path: Path | str) -> dict[str, Any]:
