@@ -33,7 +33,7 @@ import os
 import random
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -62,7 +62,7 @@ from checkfu.core.mounts import parse_mount
 from checkfu.core.output import OUTPUT_CAP as KEPT_OUTPUT_CAP
 from checkfu.core.queue import Claim, RunQueue, new_runner_id
 from checkfu.core.reconcile import reconcile
-from checkfu.core.registry import Adapter, Registry
+from checkfu.core.registry import Adapter, Registry, close_adapters
 from checkfu.core.runner import Attempt, Needs, Runner
 from checkfu.core.session import compensate_plan, describe_plan
 
@@ -100,7 +100,14 @@ class FleetConfig:
 
 
 class Adapters:
-    """The providers this runner has loaded, by the name (or URL) a Run asks for; all of them in ``combined``."""
+    """The providers this runner has loaded, by the name (or URL) a Run asks for; all of them in ``combined``.
+
+    A name whose registry has a site down (or no adapter) is loaded again after ``refresh`` seconds. The registry
+    it replaces is *retired*: its providers hold connections and threads (the Docker tier's client, a wire
+    client's pool), so they are closed, but only once every attempt and reconcile that began before the
+    retirement has ended (``hold``), since any of them may still be using it through ``combined``. ``close``
+    closes everything at the end of serving.
+    """
 
     def __init__(self, load: Loader, clock: Clock, refresh: float) -> None:
         self._load = load
@@ -109,6 +116,12 @@ class Adapters:
         self._by_spec: dict[str, tuple[Registry, float]] = {}
         self._lock = asyncio.Lock()
         self.combined = Registry()
+        self._generation = 0
+        """Incremented at each retirement."""
+        self._holds: Counter[int] = Counter()
+        """How many holds are open, by the generation they began in."""
+        self._retired: list[tuple[int, Registry]] = []
+        """Registries replaced and not yet closed, with the generation their retirement began."""
 
     async def get(self, spec: str) -> Registry:
         async with self._lock:
@@ -123,7 +136,40 @@ class Adapters:
             registry = await self._load(spec)
             self._by_spec[spec] = (registry, self._clock.now())
             self._rebuild()
+            if held is not None:
+                self._generation += 1
+                self._retired.append((self._generation, held[0]))
+                await self._close_retired()
             return registry
+
+    @contextlib.asynccontextmanager
+    async def hold(self) -> AsyncIterator[None]:
+        """While open, no registry this runner has loaded so far is closed (it may be retired meanwhile)."""
+        began = self._generation
+        self._holds[began] += 1
+        try:
+            yield
+        finally:
+            self._holds[began] -= 1
+            if self._holds[began] <= 0:
+                del self._holds[began]
+            await self._close_retired()
+
+    async def _close_retired(self) -> None:
+        oldest = min(self._holds, default=self._generation)
+        ready = [registry for retired_at, registry in self._retired if oldest >= retired_at]
+        self._retired = [(retired_at, registry) for retired_at, registry in self._retired if oldest < retired_at]
+        for registry in ready:
+            await close_adapters(registry.adapters)
+
+    async def close(self) -> None:
+        """Close every provider loaded, retired or not (serving has ended: no attempt is in flight)."""
+        everything = [registry for registry, _ in self._by_spec.values()]
+        everything += [registry for _, registry in self._retired]
+        self._by_spec.clear()
+        self._retired.clear()
+        self.combined = Registry()
+        await close_adapters(adapter for registry in everything for adapter in registry.adapters)
 
     def _rebuild(self) -> None:
         combined = Registry()
@@ -372,6 +418,7 @@ class FleetRunner:
             for task in background:
                 task.cancel()
             await asyncio.gather(*background, return_exceptions=True)
+            await self.adapters.close()
             self.queue.runner_state(self.runner_id, "stopped")
             self.emit({"event": "stopped", "runner_id": self.runner_id, **self.stats.__dict__})
         return self.stats
@@ -430,37 +477,42 @@ class FleetRunner:
     async def _reconciles(self) -> None:
         while True:
             await asyncio.sleep(self.config.reconcile_every * (0.5 + random.random()))
-            try:
-                report = await reconcile(self.journal, self.adapters.combined, self.clock, runner_tag=self.runner_tag)
-            except (SandboxError, sa.exc.SQLAlchemyError) as exc:
-                self.emit({"event": "reconcile_failed", "error": f"{type(exc).__name__}: {str(exc)[:300]}"})
-                continue
-            if not report.nothing_to_do or report.failed:
-                self.emit(
-                    {
-                        "event": "reconciled",
-                        "compensated": report.compensated,
-                        "strays": report.enumerated,
-                        "failed": report.failed,
-                    }
-                )
-            try:  # a serving runner opens its journal once: expired snapshots are swept on this beat instead
-                expired = await sweep_expired_snapshots(
-                    self.journal, self.adapters.combined, self.clock, runner_tag=self.runner_tag
-                )
-            except (SandboxError, sa.exc.SQLAlchemyError) as exc:
-                self.emit({"event": "expiry_failed", "error": f"{type(exc).__name__}: {str(exc)[:300]}"})
-                continue
-            if not expired.nothing_to_do:
-                self.emit(
-                    {
-                        "event": "snapshots_expired",
-                        "deleted": expired.deleted,
-                        "settled": expired.settled,
-                        "failed": expired.failed,
-                        "skipped": expired.skipped,
-                    }
-                )
+            async with self.adapters.hold():
+                await self._reconcile_once()
+
+    async def _reconcile_once(self) -> None:
+        """One reconcile and one sweep of expired snapshots, each reported when it did anything."""
+        try:
+            report = await reconcile(self.journal, self.adapters.combined, self.clock, runner_tag=self.runner_tag)
+        except (SandboxError, sa.exc.SQLAlchemyError) as exc:
+            self.emit({"event": "reconcile_failed", "error": f"{type(exc).__name__}: {str(exc)[:300]}"})
+            return
+        if not report.nothing_to_do or report.failed:
+            self.emit(
+                {
+                    "event": "reconciled",
+                    "compensated": report.compensated,
+                    "strays": report.enumerated,
+                    "failed": report.failed,
+                }
+            )
+        try:  # a serving runner opens its journal once: expired snapshots are swept on this beat instead
+            expired = await sweep_expired_snapshots(
+                self.journal, self.adapters.combined, self.clock, runner_tag=self.runner_tag
+            )
+        except (SandboxError, sa.exc.SQLAlchemyError) as exc:
+            self.emit({"event": "expiry_failed", "error": f"{type(exc).__name__}: {str(exc)[:300]}"})
+            return
+        if not expired.nothing_to_do:
+            self.emit(
+                {
+                    "event": "snapshots_expired",
+                    "deleted": expired.deleted,
+                    "settled": expired.settled,
+                    "failed": expired.failed,
+                    "skipped": expired.skipped,
+                }
+            )
 
     # one attempt ----------------------------------------------------------------------------------
 
@@ -525,6 +577,10 @@ class FleetRunner:
             SandboxLeaseFenced: the attempt was taken over.
             _Postponed: an earlier attempt's allocations cannot be reclaimed yet.
         """
+        async with self.adapters.hold():  # what it loads or reaches through ``combined`` stays open until it ends
+            return await self._run_held(claim, output)
+
+    async def _run_held(self, claim: Claim, output: _Output) -> tuple[_Outcome | None, SandboxError | None]:
         request = claim.request
         registry = await self.adapters.get(request.provider)
         if id(registry) not in self._recorded:

@@ -26,6 +26,7 @@ again (``checkfu.control.endpoints``). Any provider object that says it is serve
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import os
@@ -342,11 +343,31 @@ async def adapter_from_factory(
             site = endpoint(served)
         envelope = await describe(ProviderDoor(provider, source=source), recorder=recorder)
     except BaseException:
-        close = getattr(provider, "close", None)
-        if callable(close):
-            close()
+        await close_provider(provider)
         raise
     return Adapter(envelope=envelope, provider=provider, source=source, in_tree=in_tree, site=site)
+
+
+async def close_provider(provider: object) -> None:
+    """Let a provider go: its ``aclose()`` (a wire client's pool) or ``close()`` (the Docker tier's client and
+    threads), whichever it has. Sandboxes are left as they are; a provider that fails to close is let go anyway
+    (its connections close when it is collected), so one bad close never stops the others."""
+    aclose = getattr(provider, "aclose", None)
+    close = getattr(provider, "close", None)
+    with contextlib.suppress(Exception):
+        if callable(aclose):
+            await aclose()
+        elif callable(close):
+            close()
+
+
+async def close_adapters(adapters: Iterable[Adapter]) -> None:
+    """``close_provider`` for each distinct provider of ``adapters``."""
+    seen: set[int] = set()
+    for adapter in adapters:
+        if id(adapter.provider) not in seen:
+            seen.add(id(adapter.provider))
+            await close_provider(adapter.provider)
 
 
 def _ours(ep: EntryPoint) -> bool:
