@@ -204,10 +204,15 @@ class _Context:
     users: int = 1
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
-    def close(self) -> None:
+    async def close(self) -> None:
+        """One user fewer; the last one closes the journal and lets the providers go (their engine clients and
+        threads), leaving the sandboxes as they are."""
+        from checkfu.core.registry import close_adapters  # noqa: PLC0415
+
         self.users -= 1
         if self.users <= 0:
             self.journal.close()
+            await close_adapters(self.registry.adapters)
 
 
 def _seconds(value: float | None, name: str, default: float) -> float:
@@ -624,7 +629,7 @@ class AsyncSandbox:
                 detached=bool(args["detach"]),
             )
         except BaseException:
-            ctx.close()
+            await ctx.close()
             raise
         self._ctx = ctx
 
@@ -653,7 +658,7 @@ class AsyncSandbox:
         try:
             sb._live_sb = ctx.host.attach(sandbox_id)
         except BaseException:
-            ctx.close()
+            await ctx.close()
             raise
         sb._ctx = ctx
         sb._attached = True
@@ -680,7 +685,7 @@ class AsyncSandbox:
         try:
             live = await ctx.host.resume(ref, ttl=_seconds(ttl, "ttl", _default_ttl()), detached=detach)
         except BaseException:
-            ctx.close()
+            await ctx.close()
             raise
         return cls._wrap(ctx, live)
 
@@ -906,7 +911,7 @@ class AsyncSandbox:
         finally:
             self._closed = True
             if self._ctx is not None:
-                self._ctx.close()
+                await self._ctx.close()
 
     # E2B's and Modal's names, as thin calls
 
