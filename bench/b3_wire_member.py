@@ -33,7 +33,7 @@ async def main():
         print(url, flush=True)
         await asyncio.Event().wait()
 
-import uvloop; uvloop.run(main())
+asyncio.run(main())  # as `checkfu provider serve` runs it
 """
 
 

@@ -31,7 +31,7 @@ from checkfu.contract.process import ProcessOutput
 from checkfu.contract.profile import SandboxProfile
 from checkfu.core.clock import SystemClock
 from checkfu.core.journal import Journal, sqlite_url
-from checkfu.core.registry import Adapter, Registry, adapter_from_factory
+from checkfu.core.registry import Adapter, Registry, adapter_from_factory, enrollment_endpoint
 from checkfu.core.runner import Runner
 from checkfu.core.session import Limits
 
@@ -102,6 +102,7 @@ async def _streamer(adapter: Adapter, journal: Journal, nbytes: int, profile: Sa
     if not adapter.in_tree and adapter.target.placement != "test":
         journal.record_enrollment(
             adapter.target,
+            endpoint=enrollment_endpoint(adapter),
             source="bench",
             kind="evidence",
             envelope_digest=_digest(adapter),
