@@ -416,3 +416,22 @@ def test_exec_it_is_a_terminal_that_follows_the_callers(dcli: Cli, tmp_path: Pat
     finally:
         assert dcli("sandbox", "rm", sid).code == 0
     assert not leftovers(engine, dcli.tag)
+
+
+def test_create_leaves_out_what_exclude_names(dcli: Cli, tmp_path: Path, engine: Any) -> None:  # noqa: F811
+    """``sandbox create --exclude GLOB`` leaves files out of a directory mount as ``run --exclude`` does."""
+    proj = tmp_path / "proj"
+    (proj / ".venv").mkdir(parents=True)
+    (proj / ".venv" / "big.bin").write_bytes(b"v" * 1000)
+    (proj / "app.py").write_text("print('app')\n")
+    (proj / "app.pyc").write_text("compiled\n")
+    made = dcli.json(
+        "sandbox", "create", "--profile", str(durable_profile(tmp_path)), "--mount", f"{proj}:/w",
+        "--exclude", ".venv", "--exclude", "*.pyc", "--ttl", "5m",
+    )  # fmt: skip
+    sid = made["sandbox_id"]
+    try:
+        listed = dcli("exec", sid, "--", "sh", "-c", "cd /w && find . -type f | sort")
+        assert listed.code == 0 and listed.out.decode().split() == ["./app.py"], str(listed)
+    finally:
+        assert dcli("sandbox", "rm", sid).code == 0

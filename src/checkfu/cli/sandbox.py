@@ -226,6 +226,16 @@ def sandbox_create(
         typer.Option("--mount", help="SRC:TARGET[:rw], staged before anything runs", metavar="SRC:TARGET[:rw]"),
     ] = None,
     no_ignore: Annotated[bool, typer.Option("--no-ignore", help="stage what git ignores too")] = False,
+    exclude: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--exclude",
+            help="leave files matching GLOB (gitignore syntax) out of every directory mount, as its "
+            ".checkfuignore does (repeatable)",
+            show_default=False,
+            metavar="GLOB",
+        ),
+    ] = None,
     publish: Annotated[
         list[str] | None,
         typer.Option(
@@ -272,7 +282,7 @@ def sandbox_create(
         from checkfu.core.profiles import read_profile  # noqa: PLC0415
 
         seconds = parse_duration(ttl, "--ttl")
-        specs = [parse_mount(m, stage_all=no_ignore) for m in mount or []]
+        specs = [parse_mount(m, stage_all=no_ignore, excludes=tuple(exclude or ())) for m in mount or []]
         for i, mount_spec in enumerate(specs):
             if mount_spec.sync:  # a sandbox has no end of Run to copy back at: `checkfu cp` reads files out of it
                 raise SandboxProfileInvalid(
