@@ -114,6 +114,12 @@ def test_sandbox_create_publishes_until_rm(dcli: Cli, engine: Any) -> None:  # n
     net = dcli("exec", sandbox_id, "--", "ls", "/sys/class/net")
     assert net.out.decode().split() == ["lo"], str(net)
     assert instance_of(engine, dcli.tag).attrs["HostConfig"]["NetworkMode"] == "none"
+    # ps names what is published, as docker ps does
+    [listed] = [b for b in dcli.json("ps")["sandboxes"] if b["id"] == sandbox_id]
+    assert listed["ports"] == [port]
+    table = dcli("ps")
+    assert table.out.decode().splitlines()[0].split()[-1] == "PORTS"
+    assert f"127.0.0.1:{port['host_port']}->8000/tcp" in table.out.decode(), str(table)
     rm = dcli("sandbox", "rm", sandbox_id)
     assert rm.code == 0, str(rm)
     server.finish()

@@ -22,7 +22,7 @@ HEAD = "0008"
 """The journal schema this code writes (``checkfu.core.migrate.HEAD``; a test keeps the two equal)."""
 
 EMPTY_JSON = '{"ok": true, "sandboxes": [], "runs": [], "snapshots": []}'
-EMPTY_TABLE = "ID  KIND  STATE  OWNER  AGE  TIME LEFT  PROVIDER"
+EMPTY_TABLE = "ID  KIND  STATE  OWNER  AGE  TIME LEFT  PROVIDER  PORTS"
 """What ``checkfu ps`` prints for a journal with nothing to list (a test holds both equal to the full command's)."""
 
 _NOTHING_TO_SHOW = (

@@ -9,6 +9,7 @@ and the field at fault (with ``--json``: ``{"ok": false, "error": {...}}`` on st
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -862,6 +863,7 @@ def ps_command(db: DbOpt = None, as_json: JsonOpt = False) -> None:
                     "endpoint": rec.site if is_endpoint(rec.site) else None,
                     "run_id": rec.run_id,
                     "reclaimed": False,
+                    "ports": _published(journal, rec.run_id),
                 }
             )
         for r in reclaimed:
@@ -916,6 +918,7 @@ def ps_command(db: DbOpt = None, as_json: JsonOpt = False) -> None:
                     "provider": run.target.provider if run.target is not None else None,
                     "endpoint": next((site for site in sites if is_endpoint(site)), None),
                     "command": run.command,
+                    "ports": _published(journal, run.run_id),
                 }
             )
         snaps: list[dict[str, Any]] = [
@@ -936,7 +939,7 @@ def ps_command(db: DbOpt = None, as_json: JsonOpt = False) -> None:
     if as_json:
         print(json.dumps({"ok": True, "sandboxes": boxes, "runs": runs, "snapshots": snaps}))
         return
-    rows = [("ID", "KIND", "STATE", "OWNER", "AGE", "TIME LEFT", "PROVIDER")]
+    rows = [("ID", "KIND", "STATE", "OWNER", "AGE", "TIME LEFT", "PROVIDER", "PORTS")]
     for row in [*boxes, *runs]:
         left = row["time_left_seconds"]
         rows.append(
@@ -948,6 +951,7 @@ def ps_command(db: DbOpt = None, as_json: JsonOpt = False) -> None:
                 _span(row["age_seconds"]),
                 "-" if left is None else _span(left),
                 _where(row),
+                ", ".join(f"{_host(p['host'])}:{p['host_port']}->{p['port']}/tcp" for p in row.get("ports") or ()),
             )
         )
     for snap in snaps:
@@ -960,11 +964,31 @@ def ps_command(db: DbOpt = None, as_json: JsonOpt = False) -> None:
                 _span(snap["age_seconds"]),
                 f"expires {snap['expires_at']}" if snap["expires_at"] else "until deleted",
                 _where(snap),
+                "",
             )
         )
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
         print("  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip())
+
+
+def _published(journal: Any, run_id: str) -> list[dict[str, Any]]:
+    """The ports published for ``run_id``'s sandbox (``-p``), as ``PublishedPort.to_json()`` gave them when they
+    were opened; they stay open as long as the sandbox does."""
+    from checkfu.contract.ports import PUBLISH_PORT  # noqa: PLC0415
+
+    found: list[dict[str, Any]] = []
+    for event in journal.events_for_run(run_id):
+        if event.member == PUBLISH_PORT and event.outcome == "ok" and event.detail:
+            with contextlib.suppress(ValueError):
+                value = json.loads(event.detail)
+                if isinstance(value, dict):
+                    found.append(value)
+    return found
+
+
+def _host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
 
 
 def _where(row: dict[str, Any]) -> str:

@@ -16,6 +16,8 @@ from checkfu.contract.errors import SandboxCapabilityUnavailable, SandboxProfile
 
 LOOPBACK = "127.0.0.1"
 FLAG = "-p"
+PUBLISH_PORT = "publishPort"
+"""The journal's name (``events.member``) for a port published: its ``detail`` is ``PublishedPort.to_json()``."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import TypeVar
 
@@ -48,7 +50,7 @@ from checkfu.contract.members import (
     WriteFileResult,
 )
 from checkfu.contract.mounts import MountPlan
-from checkfu.contract.ports import PortPublisher, PortSpec, PublishedPort
+from checkfu.contract.ports import PUBLISH_PORT, PortPublisher, PortSpec, PublishedPort
 from checkfu.contract.process import ProcessEvent, ProcessExit
 from checkfu.contract.profile import SandboxProfile
 from checkfu.contract.provider import ProcessStream, Provider
@@ -458,16 +460,35 @@ class RunSession:
                 [Unmet("-p", "this provider cannot publish a port (only the Docker tier can, on its own host)")],
                 provider=self.target.provider,
             )
+        started, t0 = self.clock.now(), time.perf_counter()
+        error: SandboxError | None = None
         try:
             async with asyncio.timeout(60):
-                return await provider.publish_port(
+                published = await provider.publish_port(
                     allocation_key=inst.allocation_key,
                     instance_id=inst.instance_id,
                     runner_tag=self.core.runner_tag,
                     spec=spec,
                 )
         except TimeoutError:
-            raise SandboxProviderFailed("-p: the port was not published within 60 s", field="-p") from None
+            error = SandboxProviderFailed("-p: the port was not published within 60 s", field="-p")
+        except SandboxError as exc:
+            error = exc
+        # journaled as any provider call is: `checkfu ps` and `runs show` name what is published
+        await self.journal.call(
+            self.journal.record_event,
+            self.run_id,
+            PUBLISH_PORT,
+            allocation_key=inst.allocation_key,
+            started_at=started,
+            duration_ms=(time.perf_counter() - t0) * 1000,
+            outcome="ok" if error is None else "error",
+            error_code=None if error is None else error.code,
+            detail=json.dumps(published.to_json() if error is None else {"port": spec.port, "error": error.message}),
+        )
+        if error is not None:
+            raise error
+        return published
 
     async def open_process(
         self,
