@@ -59,6 +59,16 @@ AdaptersOpt = Annotated[
     ),
 ]
 
+ExcludeOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--exclude",
+        help="leave files matching GLOB (gitignore syntax) out of every directory mount, as its "
+        ".checkfuignore does (repeatable)",
+        show_default=False,
+        metavar="GLOB",
+    ),
+]
 ImageOpt = Annotated[
     str | None,
     typer.Option(

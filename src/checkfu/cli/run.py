@@ -27,6 +27,7 @@ from checkfu.cli.common import (
     CredentialOpt,
     DbOpt,
     DiskOpt,
+    ExcludeOpt,
     ImageOpt,
     JsonOpt,
     MemoryOpt,
@@ -362,16 +363,7 @@ def run_command(
             metavar="[HOST_IP:]HOST_PORT:PORT",
         ),
     ] = None,
-    exclude: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--exclude",
-            help="leave files matching GLOB (gitignore syntax) out of every directory mount, as its "
-            ".checkfuignore does (repeatable)",
-            show_default=False,
-            metavar="GLOB",
-        ),
-    ] = None,
+    exclude: ExcludeOpt = None,
     env: Annotated[
         list[str] | None,
         typer.Option(

@@ -26,6 +26,7 @@ from rich.markup import escape
 from checkfu.cli.common import (
     CpusOpt,
     DiskOpt,
+    ExcludeOpt,
     ImageOpt,
     MemoryOpt,
     NetworkOpt,
@@ -227,16 +228,7 @@ def sandbox_create(
         typer.Option("--mount", help="SRC:TARGET[:rw], staged before anything runs", metavar="SRC:TARGET[:rw]"),
     ] = None,
     no_ignore: Annotated[bool, typer.Option("--no-ignore", help="stage what git ignores too")] = False,
-    exclude: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--exclude",
-            help="leave files matching GLOB (gitignore syntax) out of every directory mount, as its "
-            ".checkfuignore does (repeatable)",
-            show_default=False,
-            metavar="GLOB",
-        ),
-    ] = None,
+    exclude: ExcludeOpt = None,
     publish: Annotated[
         list[str] | None,
         typer.Option(
