@@ -22,6 +22,9 @@ Two floors, measured in the same run: ``raw_capture_floor_p50``, the archive pat
 of the areas through the handle, unpause: what a capture pays before its bytes are kept anywhere), and
 ``raw_shape_and_fill_p50``, the raw engine creating our resumed sandbox's shape (read-only root, the areas as tmpfs
 volumes), starting it and uploading the captured areas into it, each over the issue's raw figure.
+``raw_disk_shape_p50``: the raw engine making a disk-backed shape instead (each area an ext4 image of its size,
+``mke2fs -d`` from the captured files, on a loop device, mounted as a local volume; then create and start, with
+nothing to upload after), the alternative issue 33 asks to measure.
 Beside the snapshot, the raw engine making the same calls as ours one after another (``raw_archive_serial_p50``,
 after the interleaved rounds): pause, one archive read of the areas through the sandbox's handle, unpause,
 import. Ours streams the read into the import and thaws meanwhile, so it comes in under that.
@@ -30,11 +33,19 @@ The stated comparison (``ratio``) stays the issue's.
 
 from __future__ import annotations
 
+import concurrent.futures
+import io
+import os
 import re
+import shutil
 import statistics
+import subprocess
+import tarfile
+import tempfile
 from typing import Any
 
-from b1_docker_first_command import LEASE, Rig, exec_request, rounds
+import docker.types
+from b1_docker_first_command import LEASE, LIMITS, Rig, exec_request, rounds
 from harness import Figure, interleave, summarize, timed
 
 from checkfu.contract.members import (
@@ -45,7 +56,7 @@ from checkfu.contract.members import (
     ResumeRequest,
     SnapshotRequest,
 )
-from checkfu.providers.docker import snapshots
+from checkfu.providers.docker import snapshots, spec
 
 NAMES = ["B7"]
 STATE = (
@@ -156,6 +167,50 @@ async def run() -> list[Figure]:
             raw_made.append(c)
             rig.client.api.put_archive(c.id, "/home/sandbox", captured[0])
 
+        disk_floor: list[float] = []
+        disk_dirs: list[str] = []
+        loops: list[str] = []
+        areas = spec.split_disk(LIMITS["disk_mib"], p.user)
+
+        def create_start_on_disk() -> None:
+            """The raw engine making the disk-backed shape issue 33 asks to measure: each area an ext4 image of
+            its size (``disk_limit`` kept by the file system's size) made by ``mke2fs -d`` from the captured
+            files, attached to a loop device and mounted as a local volume; create and start, with nothing to
+            upload after (this host's engine only: the images are files on the engine's host)."""
+            work = tempfile.mkdtemp(prefix="b7-disk-", dir="/var/tmp")
+            disk_dirs.append(work)
+            with tarfile.open(fileobj=io.BytesIO(captured[0])) as archive:
+                archive.extractall(work, filter="fully_trusted")
+            root = os.path.join(work, snapshots.HANDLE_ROOT.strip("/"))
+
+            def make(i: int) -> str:
+                img = os.path.join(work, f"area{i}.ext4")
+                src = os.path.join(root, str(i))
+                argv = ["mke2fs", "-q", "-F", "-t", "ext4", "-O", "^has_journal", "-E", "root_owner=1000:1000"]
+                argv += ["-d", src] if os.path.isdir(src) else []
+                subprocess.run([*argv, img, f"{areas[i].size_kib}k"], check=True, capture_output=True)
+                dev = subprocess.run(["losetup", "-f", "--show", img], check=True, capture_output=True, text=True)
+                loops.append(dev.stdout.strip())
+                return loops[-1]
+
+            with concurrent.futures.ThreadPoolExecutor(len(areas)) as pool:
+                images = list(pool.map(make, range(len(areas))))
+            mounts = [
+                docker.types.Mount(
+                    a.path,
+                    None,
+                    type="volume",
+                    labels={"checkfu.runner_tag": rig.tag},
+                    driver_config=docker.types.DriverConfig(
+                        "local", {"type": "ext4", "device": img, "o": "nosuid,nodev"}
+                    ),
+                )
+                for a, img in zip(areas, images, strict=True)
+            ]
+            c = rig.client.containers.create(**{**shaped, "image": rig.image, "mounts": mounts})
+            c.start()
+            raw_made.append(c)
+
         def commit_create_hardened() -> None:
             img = raw_source.commit(changes=[f"LABEL checkfu.runner_tag={rig.tag}"])
             images.append(img)
@@ -204,19 +259,27 @@ async def run() -> list[Figure]:
                     a, b = await interleave(ours, raw, n=1, warmup=0)
                 z = await timed(fair)
                 w = await timed(create_start_fill) if name.endswith("resume") else 0.0
+                d = await timed(create_start_on_disk) if name.endswith("resume") else 0.0
                 if i:
                     xs += a
                     ys += b
                     zs.append(z)
                     if name.endswith("resume"):
                         fill_floor.append(w)
+                        disk_floor.append(d)
                 await cleanup()
+                while loops:
+                    subprocess.run(["losetup", "-d", loops.pop()], check=False, capture_output=True)
+                while disk_dirs:
+                    shutil.rmtree(disk_dirs.pop(), ignore_errors=True)
             fig = summarize(name, xs, ys, target="<=1.25x commit + create", met=lambda r, *_: r <= 1.25)
             fig.extra["raw_hardened_p50"] = statistics.median(zs)
             fig.extra["ratio_vs_hardened"] = fig.ours_p50 / statistics.median(zs)
             if name.endswith("resume"):
                 fig.extra["raw_shape_and_fill_p50"] = statistics.median(fill_floor)
                 fig.extra["shape_and_fill_over_raw"] = statistics.median(fill_floor) / fig.raw_p50
+                fig.extra["raw_disk_shape_p50"] = statistics.median(disk_floor)
+                fig.extra["disk_shape_over_raw"] = statistics.median(disk_floor) / fig.raw_p50
             figures.append(fig)
         check = await p.exec(exec_request(source, "sh", "-c", "cat $HOME/proj/f3 | wc -c"))
         assert check.stdout.strip() == b"98304"
