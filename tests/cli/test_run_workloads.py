@@ -27,7 +27,7 @@ from typing import Any
 import pexpect
 import pytest
 
-from .test_run_cli import CHECKFU, PROFILES, Cli, Done, git, isolated_cli, run_id_of
+from .test_run_cli import CHECKFU, PROFILES, Cli, Done, flat, git, isolated_cli, run_id_of
 from .test_run_docker import connect, docker_cli
 
 BUSYBOX = str(PROFILES / "busybox-none.toml")
@@ -432,7 +432,7 @@ def test_a_rw_sync_mount_copies_its_changes_back_into_src_and_never_through_a_li
     (synced,) = json.loads(summary_file.read_text())["synced"]
     assert (synced["added"], synced["changed"], synced["removed"]) == (1, 1, 2), synced
     removed = ["del.txt", "inward"]  # the link became a directory in the sandbox
-    assert synced["paths"] == {"added": ["sub/new.txt"], "changed": ["a.txt"], "removed": removed}
+    assert synced["paths"] == {"added": ["sub/new.txt"], "changed": ["a.txt"], "removed": removed, "conflicts": []}
     assert synced["deletions_propagated"] is False and synced["excluded"] == 1
     refused = {r["path"]: r for r in synced["refused"]}
     assert set(refused) == {"evil", "inward/x"}, refused
@@ -443,6 +443,46 @@ def test_a_rw_sync_mount_copies_its_changes_back_into_src_and_never_through_a_li
     (proj / "a.txt").write_text("old\n")
     plain = dcli("run", "--profile", BUSYBOX, "--mount", f"{proj}:/w:rw", "--", "sh", "-c", "echo new > /w/a.txt")
     assert plain.code == 0 and (proj / "a.txt").read_text() == "old\n", str(plain)
+
+
+@pytest.mark.docker
+def test_a_rw_sync_mount_never_overwrites_what_the_user_changed_in_src_during_the_run(
+    dcli: Cli, tmp_path: Path
+) -> None:
+    """A file edited (or made) in SRC while the Run went on is the user's: the copy back keeps it, names it as a
+    conflict (``SandboxStateConflict``, field ``--mount``), and still applies every other change. Before, the
+    sandbox's copy silently replaced the user's edit."""
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    (proj / "edited.txt").write_text("as staged\n")
+    (proj / "untouched.txt").write_text("as staged\n")
+    script = (
+        "echo sandbox > /w/edited.txt && echo sandbox > /w/untouched.txt && echo sandbox > /w/both.txt"
+        " && echo ready >&2 && sleep 4"
+    )
+    summary_file = tmp_path / "summary.json"
+    running = dcli.start(
+        "run", "--profile", BUSYBOX, "--json", str(summary_file), "--mount", f"{proj}:/w:rw,sync", "--",
+        "sh", "-c", script,
+    )  # fmt: skip
+    running.wait_for("ready", timeout=60)
+    (proj / "edited.txt").write_text("the user's edit\n")  # meanwhile, on the host
+    (proj / "both.txt").write_text("the user's new file\n")
+    done = running.finish(timeout=60)
+    assert done.code == 0, str(done)
+    assert (proj / "edited.txt").read_text() == "the user's edit\n"
+    assert (proj / "both.txt").read_text() == "the user's new file\n"
+    assert (proj / "untouched.txt").read_text() == "sandbox\n"  # the rest is applied
+    (synced,) = json.loads(summary_file.read_text())["synced"]
+    assert synced["paths"]["conflicts"] == ["both.txt", "edited.txt"] and synced["conflicts"] == 2, synced
+    assert synced["paths"]["changed"] == ["untouched.txt"], synced
+    refused = {r["path"]: r for r in synced["refused"]}
+    assert {r["code"] for r in refused.values()} == {"SandboxStateConflict"} and set(refused) == {
+        "both.txt",
+        "edited.txt",
+    }
+    assert all(r["field"] == "--mount" for r in refused.values())
+    assert "kept edited.txt: it changed in" in flat(done.err), done.err
 
 
 # staging in bounded memory -------------------------------------------------------------------------------

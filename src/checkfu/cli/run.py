@@ -799,6 +799,14 @@ def _summary(
             f"{synced['added']:d} added, {synced['changed']:d} changed, {synced['removed']:d} removed in the "
             f"sandbox (kept in SRC), {len(synced['refused']):d} refused"
         )
+        kept = synced.get("paths", {}).get("conflicts", [])
+        for path in kept[:10]:  # the user's own edit made during the Run wins; say which, so neither is lost unseen
+            err.print(
+                f"[bold yellow]kept[/]       {escape(path)}: it changed in {escape(synced['source'])} while the Run "
+                "went on; the sandbox's copy was not written back"
+            )
+        if len(kept) > 10:
+            err.print(f"[bold yellow]kept[/]       and {len(kept) - 10:d} more (--json: synced[].paths.conflicts)")
     if result.not_enforced:
         err.print("[bold yellow]not enforced[/] " + escape(", ".join(result.not_enforced)))
     else:

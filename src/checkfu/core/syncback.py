@@ -23,10 +23,10 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from checkfu.contract.errors import SandboxPathRejected
+from checkfu.contract.errors import SandboxPathRejected, SandboxStateConflict
 from checkfu.contract.mounts import MountPlan
 from checkfu.core.driver import Instance, RunSession
-from checkfu.core.mounts import exclusion
+from checkfu.core.mounts import exclusion, sha256_of
 
 READ_BATCH = 64
 REFUSED_FIELD = "--mount"
@@ -41,6 +41,7 @@ class SyncReport:
     removed: list[str] = field(default_factory=list)
     excluded: list[str] = field(default_factory=list)
     refused: list[dict[str, str]] = field(default_factory=list)
+    conflicts: list[str] = field(default_factory=list)
 
     def doc(self) -> dict[str, Any]:
         return {
@@ -50,10 +51,27 @@ class SyncReport:
             "changed": len(self.changed),
             "removed": len(self.removed),
             "excluded": len(self.excluded),
+            "conflicts": len(self.conflicts),
             "deletions_propagated": False,
-            "paths": {"added": self.added, "changed": self.changed, "removed": self.removed},
+            "paths": {
+                "added": self.added,
+                "changed": self.changed,
+                "removed": self.removed,
+                "conflicts": self.conflicts,
+            },
             "refused": self.refused,
         }
+
+    def conflict(self, path: str) -> None:
+        """``path`` changed in SRC while the Run went on (or was made there): SRC's copy is kept, the sandbox's
+        is not copied back."""
+        self.conflicts.append(path)
+        exc = SandboxStateConflict(
+            f"mount {self.source}:{self.target}: {path} changed in SRC while the Run went on (or SRC has its own, "
+            "the Run was given none); SRC's copy kept, the sandbox's not copied back",
+            field=REFUSED_FIELD,
+        )
+        self.refused.append({"path": path, "code": exc.code, "field": REFUSED_FIELD, "message": exc.message})
 
     def refuse(self, path: str, why: str) -> None:
         exc = SandboxPathRejected(
@@ -98,16 +116,30 @@ def _host_problem(root: Path, rel: str) -> str | None:
     return None
 
 
-def _write(root: Path, rel: str, data: bytes, executable: bool) -> bool | None:
-    """Write one file (no link followed); whether it was new, or ``None`` when it was already the same."""
+class _Conflict(Exception):
+    """``SRC``'s file is not the one the Run was given: it changed on the host while the Run went on."""
+
+
+def _write(root: Path, rel: str, data: bytes, executable: bool, staged: str | None) -> bool | None:
+    """Write one file (no link followed); whether it was new, or ``None`` when it was already the same.
+
+    ``staged`` is the digest of the file the Run was given at ``rel`` (``None``: it was given none). A file in
+    ``SRC`` that is no longer that one (edited on the host during the Run, or made there when the Run was given
+    none) is never overwritten.
+
+    Raises:
+        _Conflict: as said.
+    """
     full = root / rel
     mode = 0o755 if executable else 0o644
     try:
         st = full.lstat()
         with open(full, "rb") as f:  # lstat said: a regular file, not a link
-            same = f.read() == data and bool(st.st_mode & 0o111) == executable
-        if same:
+            here = f.read()
+        if here == data and bool(st.st_mode & 0o111) == executable:
             return None
+        if staged is None or sha256_of(here) != staged:
+            raise _Conflict
         new = False
     except FileNotFoundError:
         new = True
@@ -160,6 +192,7 @@ async def sync_back(
             report.refuse(rel, f"is over the read bound of {limit} bytes")
         else:
             paths.append(path)
+    given = {f.path: f.digest for f in plan.files if not f.symlink}
     batches: list[list[str]] = [[]]
     held = 0
     for path in paths:
@@ -181,7 +214,10 @@ async def sync_back(
                 report.refuse(rel, why)
                 continue
             try:
-                new = _write(src, rel, f.data, executable)
+                new = _write(src, rel, f.data, executable, given.get(rel))
+            except _Conflict:
+                report.conflict(rel)
+                continue
             except OSError as exc:
                 report.refuse(rel, f"cannot be written in SRC ({exc.strerror or exc})")
                 continue
