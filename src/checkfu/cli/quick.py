@@ -18,7 +18,7 @@ import stat
 import sys
 import time
 
-HEAD = "0008"
+HEAD = "0009"
 """The journal schema this code writes (``checkfu.core.migrate.HEAD``; a test keeps the two equal)."""
 
 EMPTY_JSON = '{"ok": true, "sandboxes": [], "runs": [], "snapshots": []}'

@@ -23,7 +23,7 @@ from pathlib import Path
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-HEAD = "0008"
+HEAD = "0009"
 """The revision this code writes and reads; ``tests/runner/test_runner_migrations.py`` pins it to the scripts."""
 
 LOCK_KEY = 0x636B6675_6A726E6C
