@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import math
 import threading
 import warnings
@@ -201,6 +202,9 @@ class _Context:
     journal: Journal
     registry: Registry
     host: SandboxHost
+    reopen: Callable[[], Awaitable[_Context]]
+    """A new context for the same provider, site and journal (``_open`` again): for a call made after the last
+    sandbox let go of this one (deleting a snapshot after ``pause``)."""
     users: int = 1
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
@@ -210,9 +214,13 @@ class _Context:
         from checkfu.core.registry import close_adapters  # noqa: PLC0415
 
         self.users -= 1
-        if self.users <= 0:
+        if self.users == 0:
             self.journal.close()
             await close_adapters(self.registry.adapters)
+
+    @property
+    def closed(self) -> bool:
+        return self.users <= 0
 
 
 def _seconds(value: float | None, name: str, default: float) -> float:
@@ -240,7 +248,12 @@ async def _open(
         given = read_credential(None) if served else None
         credentials = {served: given} if served and given is not None else None
         registry = await service.adapters([(provider, served)], credentials=credentials, adapters_file=not served)
-        return _Context(service.journal, registry, service.sandboxes(registry))
+        return _Context(
+            service.journal,
+            registry,
+            service.sandboxes(registry),
+            reopen=functools.partial(_open, provider, db, adapters, site=site),
+        )
     except BaseException:
         service.close()
         raise
@@ -882,8 +895,12 @@ class AsyncSandbox:
         """A new sandbox holding this one's files as they are now."""
         ctx = self._ctx
         assert ctx is not None
-        live = await ctx.host.clone(self._live, ttl=_seconds(ttl, "ttl", _default_ttl()), detached=detach)
-        ctx.users += 1
+        ctx.users += 1  # before the clone is awaited: closing this one meanwhile must not close the shared context
+        try:
+            live = await ctx.host.clone(self._live, ttl=_seconds(ttl, "ttl", _default_ttl()), detached=detach)
+        except BaseException:
+            await ctx.close()
+            raise
         copy = AsyncSandbox._wrap(ctx, live)
         copy.max_output_bytes, copy.on_truncation = self.max_output_bytes, self.on_truncation
         return copy
@@ -893,7 +910,14 @@ class AsyncSandbox:
         ref = snapshot.snapshot_id if isinstance(snapshot, SnapshotInfo) else snapshot
         ctx = self._ctx
         assert ctx is not None
-        await ctx.host.delete_snapshot(ref)
+        if not ctx.closed:
+            await ctx.host.delete_snapshot(ref)
+            return
+        again = await ctx.reopen()  # after pause or close: the providers of the old one were let go
+        try:
+            await again.host.delete_snapshot(ref)
+        finally:
+            await again.close()
 
     async def extend(self, ttl: float) -> float:
         """Set the time-to-live to ``ttl`` seconds from now; returns the new deadline."""

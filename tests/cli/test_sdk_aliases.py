@@ -108,6 +108,16 @@ def test_pause_and_resume(sdk: Cli) -> None:
         back.kill()
 
 
+def test_a_paused_sandbox_deletes_its_snapshot_after_its_providers_were_let_go(sdk: Cli) -> None:
+    """E2B's ``sid = sb.pause(); sb.delete_snapshot(sid)``: ``pause`` let go of the sandbox's providers (their
+    engine client and threads), and the deletion reaches the provider again rather than failing on a closed one."""
+    sb = Sandbox.create(profile=DURABLE)
+    snapshot_id = sb.pause()
+    assert [s["id"] for s in sdk.json("ps")["snapshots"]] == [snapshot_id]
+    sb.delete_snapshot(snapshot_id)
+    assert sdk.json("ps")["snapshots"] == []
+
+
 def test_pausing_an_ephemeral_sandbox_is_refused_and_changes_nothing(sdk: Cli) -> None:
     with Sandbox.create(profile=EPHEMERAL) as sb:
         with pytest.raises(SandboxProfileInvalid) as caught:
