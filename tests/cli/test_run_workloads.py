@@ -449,15 +449,17 @@ def test_a_rw_sync_mount_copies_its_changes_back_into_src_and_never_through_a_li
 def test_a_rw_sync_mount_never_overwrites_what_the_user_changed_in_src_during_the_run(
     dcli: Cli, tmp_path: Path
 ) -> None:
-    """A file edited (or made) in SRC while the Run went on is the user's: the copy back keeps it, names it as a
-    conflict (``SandboxStateConflict``, field ``--mount``), and still applies every other change. Before, the
-    sandbox's copy silently replaced the user's edit."""
+    """Only what the sandbox changed is copied back, and only over what the Run was given. A file changed on both
+    sides (edited, made, ``chmod``-ed or deleted in SRC while the Run went on) keeps SRC's version and is named a
+    conflict (``SandboxStateConflict``, field ``--mount``); a file only SRC changed is left as SRC has it; every
+    other change still applies. Before, the sandbox's copy silently replaced the user's edit and brought back what
+    the user deleted."""
     proj = tmp_path / "proj"
     proj.mkdir()
-    (proj / "edited.txt").write_text("as staged\n")
-    (proj / "untouched.txt").write_text("as staged\n")
+    for name in ("edited", "untouched", "mine", "chmodded", "deleted", "gone"):
+        (proj / f"{name}.txt").write_text("as staged\n")
     script = (
-        "echo sandbox > /w/edited.txt && echo sandbox > /w/untouched.txt && echo sandbox > /w/both.txt"
+        "for f in edited untouched chmodded deleted both; do echo sandbox > /w/$f.txt; done"
         " && echo ready >&2 && sleep 4"
     )
     summary_file = tmp_path / "summary.json"
@@ -466,22 +468,28 @@ def test_a_rw_sync_mount_never_overwrites_what_the_user_changed_in_src_during_th
         "sh", "-c", script,
     )  # fmt: skip
     running.wait_for("ready", timeout=60)
-    (proj / "edited.txt").write_text("the user's edit\n")  # meanwhile, on the host
-    (proj / "both.txt").write_text("the user's new file\n")
+    # meanwhile, on the host
+    (proj / "edited.txt").write_text("the user's edit\n")  # changed on both sides
+    (proj / "both.txt").write_text("the user's new file\n")  # made on both sides
+    (proj / "chmodded.txt").chmod(0o755)  # on both sides: SRC's mode, the sandbox's bytes
+    (proj / "deleted.txt").unlink()  # deleted in SRC, changed in the sandbox
+    (proj / "mine.txt").write_text("only the user's\n")  # changed in SRC only
+    (proj / "gone.txt").unlink()  # deleted in SRC only
     done = running.finish(timeout=60)
     assert done.code == 0, str(done)
     assert (proj / "edited.txt").read_text() == "the user's edit\n"
     assert (proj / "both.txt").read_text() == "the user's new file\n"
+    assert (proj / "chmodded.txt").read_text() == "as staged\n" and os.access(proj / "chmodded.txt", os.X_OK)
+    assert not (proj / "deleted.txt").exists() and not (proj / "gone.txt").exists()
+    assert (proj / "mine.txt").read_text() == "only the user's\n"
     assert (proj / "untouched.txt").read_text() == "sandbox\n"  # the rest is applied
     (synced,) = json.loads(summary_file.read_text())["synced"]
-    assert synced["paths"]["conflicts"] == ["both.txt", "edited.txt"] and synced["conflicts"] == 2, synced
-    assert synced["paths"]["changed"] == ["untouched.txt"], synced
+    conflicts = ["both.txt", "chmodded.txt", "deleted.txt", "edited.txt"]
+    assert synced["paths"]["conflicts"] == conflicts and synced["conflicts"] == 4, synced
+    assert synced["paths"]["changed"] == ["untouched.txt"] and synced["paths"]["added"] == [], synced
     refused = {r["path"]: r for r in synced["refused"]}
-    assert {r["code"] for r in refused.values()} == {"SandboxStateConflict"} and set(refused) == {
-        "both.txt",
-        "edited.txt",
-    }
-    assert all(r["field"] == "--mount" for r in refused.values())
+    assert set(refused) == set(conflicts)
+    assert all(r["code"] == "SandboxStateConflict" and r["field"] == "--mount" for r in refused.values())
     assert "kept edited.txt: it changed in" in flat(done.err), done.err
 
 

@@ -67,8 +67,8 @@ class SyncReport:
         is not copied back."""
         self.conflicts.append(path)
         exc = SandboxStateConflict(
-            f"mount {self.source}:{self.target}: {path} changed in SRC while the Run went on (or SRC has its own, "
-            "the Run was given none); SRC's copy kept, the sandbox's not copied back",
+            f"mount {self.source}:{self.target}: {path} changed both in the sandbox and in SRC while the Run went on "
+            "(or SRC has its own, the Run was given none); SRC's kept, the sandbox's not copied back",
             field=REFUSED_FIELD,
         )
         self.refused.append({"path": path, "code": exc.code, "field": REFUSED_FIELD, "message": exc.message})
@@ -120,28 +120,35 @@ class _Conflict(Exception):
     """``SRC``'s file is not the one the Run was given: it changed on the host while the Run went on."""
 
 
-def _write(root: Path, rel: str, data: bytes, executable: bool, staged: str | None) -> bool | None:
-    """Write one file (no link followed); whether it was new, or ``None`` when it was already the same.
+def _write(root: Path, rel: str, data: bytes, executable: bool, staged: tuple[str, bool] | None) -> bool | None:
+    """Write one file (no link followed); whether it was new, or ``None`` when nothing was written.
 
-    ``staged`` is the digest of the file the Run was given at ``rel`` (``None``: it was given none). A file in
-    ``SRC`` that is no longer that one (edited on the host during the Run, or made there when the Run was given
-    none) is never overwritten.
+    ``staged`` is the digest and executable bit of the file the Run was given at ``rel`` (``None``: it was given
+    none). Only what the sandbox changed is copied back, and only over what the Run was given: a file the sandbox
+    left as staged is not written (whatever ``SRC`` did with it meanwhile, a deletion included), and a file in
+    ``SRC`` that is no longer the staged one (edited, ``chmod``-ed or deleted on the host during the Run, or made
+    there when the Run was given none) is never overwritten or brought back.
 
     Raises:
-        _Conflict: as said.
+        _Conflict: the sandbox changed a file that ``SRC`` changed too.
     """
     full = root / rel
     mode = 0o755 if executable else 0o644
+    untouched = staged is not None and staged == (sha256_of(data), executable)
     try:
         st = full.lstat()
         with open(full, "rb") as f:  # lstat said: a regular file, not a link
             here = f.read()
-        if here == data and bool(st.st_mode & 0o111) == executable:
+        if untouched or (here == data and bool(st.st_mode & 0o111) == executable):
             return None
-        if staged is None or sha256_of(here) != staged:
+        if staged is None or staged != (sha256_of(here), bool(st.st_mode & 0o111)):
             raise _Conflict
         new = False
     except FileNotFoundError:
+        if untouched:
+            return None  # deleted in SRC meanwhile, and the sandbox did not change it: the deletion stands
+        if staged is not None:
+            raise _Conflict from None  # deleted in SRC, changed in the sandbox
         new = True
     for parent in reversed(PurePosixPath(rel).parents[:-1]):
         (root / parent).mkdir(mode=0o755, exist_ok=True)
@@ -192,7 +199,7 @@ async def sync_back(
             report.refuse(rel, f"is over the read bound of {limit} bytes")
         else:
             paths.append(path)
-    given = {f.path: f.digest for f in plan.files if not f.symlink}
+    given = {f.path: (f.digest, bool(f.mode & 0o111)) for f in plan.files if not f.symlink}
     batches: list[list[str]] = [[]]
     held = 0
     for path in paths:
