@@ -474,18 +474,22 @@ class RunSession:
             error = SandboxProviderFailed("-p: the port was not published within 60 s", field="-p")
         except SandboxError as exc:
             error = exc
-        # journaled as any provider call is: `checkfu ps` and `runs show` name what is published
-        await self.journal.call(
-            self.journal.record_event,
-            self.run_id,
-            PUBLISH_PORT,
-            allocation_key=inst.allocation_key,
-            started_at=started,
-            duration_ms=(time.perf_counter() - t0) * 1000,
-            outcome="ok" if error is None else "error",
-            error_code=None if error is None else error.code,
-            detail=json.dumps(published.to_json() if error is None else {"port": spec.port, "error": error.message}),
-        )
+        # journaled as any provider call is (`checkfu ps` and `runs show` name what is published); a journal that
+        # cannot take the record does not turn a port that was opened into a failure, as a call record never does
+        with contextlib.suppress(JournalError):
+            await self.journal.call(
+                self.journal.record_event,
+                self.run_id,
+                PUBLISH_PORT,
+                allocation_key=inst.allocation_key,
+                started_at=started,
+                duration_ms=(time.perf_counter() - t0) * 1000,
+                outcome="ok" if error is None else "error",
+                error_code=None if error is None else error.code,
+                detail=json.dumps(
+                    published.to_json() if error is None else {"port": spec.port, "error": error.message}
+                ),
+            )
         if error is not None:
             raise error
         return published

@@ -157,9 +157,11 @@ class Adapters:
 
     async def _close_retired(self) -> None:
         oldest = min(self._holds, default=self._generation)
-        ready = [registry for retired_at, registry in self._retired if oldest >= retired_at]
-        self._retired = [(retired_at, registry) for retired_at, registry in self._retired if oldest < retired_at]
-        for registry in ready:
+        while True:  # one at a time: a close cut short by a cancellation leaves the rest retired, not forgotten
+            ready = next((i for i, (retired_at, _) in enumerate(self._retired) if oldest >= retired_at), None)
+            if ready is None:
+                return
+            _, registry = self._retired.pop(ready)
             await close_adapters(registry.adapters)
 
     async def close(self) -> None:

@@ -26,6 +26,7 @@ again (``checkfu.control.endpoints``). Any provider object that says it is serve
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import importlib
@@ -358,7 +359,7 @@ async def close_provider(provider: object) -> None:
         if callable(aclose):
             await aclose()
         elif callable(close):
-            close()
+            await asyncio.to_thread(close)  # it may wait for locks (the Docker tier's spools): not on the loop
 
 
 async def close_adapters(adapters: Iterable[Adapter]) -> None:
