@@ -69,6 +69,27 @@ async def test_a_registry_replaced_while_its_site_is_down_is_closed_once_what_be
     assert adapters.combined.adapters == ()
 
 
+async def test_an_attempt_that_never_reached_a_registry_does_not_keep_it_open() -> None:
+    """Only what a hold reached pins a registry: a long Run elsewhere does not keep every registry replaced during
+    it (one per ``site_refresh`` while a site is down) open."""
+    clock = ManualClock()
+    loads = Loads()
+    adapters = Adapters(loads, clock, refresh=15.0)
+    async with adapters.hold():  # a long attempt that has not reached the name's registry (nor combined)
+        async with adapters.hold():
+            await adapters.get("memory")
+        clock.advance(16.0)
+        async with adapters.hold():
+            await adapters.get("memory")
+        assert [p.closed for p in loads.providers] == [1, 0]
+        async with adapters.hold():
+            assert len(adapters.combined.adapters) == 1  # reaches the second registry through combined
+            clock.advance(16.0)
+            await adapters.get("memory")
+            assert [p.closed for p in loads.providers] == [1, 0, 0]
+        assert [p.closed for p in loads.providers] == [1, 1, 0]
+
+
 async def test_a_registry_replaced_with_nothing_under_way_is_closed_at_once() -> None:
     clock = ManualClock()
     loads = Loads()

@@ -29,11 +29,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import os
 import random
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -99,14 +100,24 @@ class FleetConfig:
         return self.heartbeat if self.heartbeat is not None else self.lease_ttl / 3
 
 
+class _Hold:
+    """What one attempt or reconcile has reached so far: the registries it may still be using."""
+
+    def __init__(self) -> None:
+        self.pinned: dict[int, Registry] = {}
+
+
+_HOLD: contextvars.ContextVar[_Hold | None] = contextvars.ContextVar("checkfu_fleet_hold", default=None)
+
+
 class Adapters:
     """The providers this runner has loaded, by the name (or URL) a Run asks for; all of them in ``combined``.
 
     A name whose registry has a site down (or no adapter) is loaded again after ``refresh`` seconds. The registry
     it replaces is *retired*: its providers hold connections and threads (the Docker tier's client, a wire
-    client's pool), so they are closed, but only once every attempt and reconcile that began before the
-    retirement has ended (``hold``), since any of them may still be using it through ``combined``. ``close``
-    closes everything at the end of serving.
+    client's pool), so they are closed, but only once no attempt or reconcile that reached it (through ``get``,
+    or through ``combined`` while it was part of it) is still open (``hold``). ``close`` closes everything at the
+    end of serving.
     """
 
     def __init__(self, load: Loader, clock: Clock, refresh: float) -> None:
@@ -115,13 +126,26 @@ class Adapters:
         self._refresh = refresh
         self._by_spec: dict[str, tuple[Registry, float]] = {}
         self._lock = asyncio.Lock()
-        self.combined = Registry()
-        self._generation = 0
-        """Incremented at each retirement."""
-        self._holds: Counter[int] = Counter()
-        """How many holds are open, by the generation they began in."""
-        self._retired: list[tuple[int, Registry]] = []
-        """Registries replaced and not yet closed, with the generation their retirement began."""
+        self._combined = Registry()
+        self._pins: Counter[int] = Counter()
+        """How many open holds reached each registry, by its ``id``."""
+        self._retired: list[Registry] = []
+        """Registries replaced and not yet closed."""
+
+    def _pin(self, registries: Iterable[Registry]) -> None:
+        hold = _HOLD.get()
+        if hold is None:
+            return
+        for registry in registries:
+            if id(registry) not in hold.pinned:
+                hold.pinned[id(registry)] = registry
+                self._pins[id(registry)] += 1
+
+    @property
+    def combined(self) -> Registry:
+        """Every adapter loaded; whatever registry it comes from stays open while the caller's hold is."""
+        self._pin(registry for registry, _ in self._by_spec.values())
+        return self._combined
 
     async def get(self, spec: str) -> Registry:
         async with self._lock:
@@ -132,45 +156,46 @@ class Adapters:
                     self._clock.now() - loaded_at > self._refresh
                 )
                 if not stale:
+                    self._pin([registry])
                     return registry
             registry = await self._load(spec)
             self._by_spec[spec] = (registry, self._clock.now())
             self._rebuild()
+            self._pin([registry])
             if held is not None:
-                self._generation += 1
-                self._retired.append((self._generation, held[0]))
+                self._retired.append(held[0])
                 await self._close_retired()
             return registry
 
     @contextlib.asynccontextmanager
     async def hold(self) -> AsyncIterator[None]:
-        """While open, no registry this runner has loaded so far is closed (it may be retired meanwhile)."""
-        began = self._generation
-        self._holds[began] += 1
+        """While open, no registry reached in it (``get``, ``combined``) is closed, even if it is retired meanwhile."""
+        hold = _Hold()
+        token = _HOLD.set(hold)
         try:
             yield
         finally:
-            self._holds[began] -= 1
-            if self._holds[began] <= 0:
-                del self._holds[began]
+            _HOLD.reset(token)
+            for key in hold.pinned:
+                self._pins[key] -= 1
+                if self._pins[key] <= 0:
+                    del self._pins[key]
             await self._close_retired()
 
     async def _close_retired(self) -> None:
-        oldest = min(self._holds, default=self._generation)
         while True:  # one at a time: a close cut short by a cancellation leaves the rest retired, not forgotten
-            ready = next((i for i, (retired_at, _) in enumerate(self._retired) if oldest >= retired_at), None)
+            ready = next((i for i, registry in enumerate(self._retired) if id(registry) not in self._pins), None)
             if ready is None:
                 return
-            _, registry = self._retired.pop(ready)
+            registry = self._retired.pop(ready)
             await close_adapters(registry.adapters)
 
     async def close(self) -> None:
         """Close every provider loaded, retired or not (serving has ended: no attempt is in flight)."""
-        everything = [registry for registry, _ in self._by_spec.values()]
-        everything += [registry for _, registry in self._retired]
+        everything = [registry for registry, _ in self._by_spec.values()] + self._retired
         self._by_spec.clear()
         self._retired.clear()
-        self.combined = Registry()
+        self._combined = Registry()
         await close_adapters(adapter for registry in everything for adapter in registry.adapters)
 
     def _rebuild(self) -> None:
@@ -185,7 +210,7 @@ class Adapters:
             for site, why in registry.down_sites.items():
                 if not any(a.site == site for a in combined.adapters):
                     combined.mark_unavailable(f"site {site}", why, site=site)
-        self.combined = combined
+        self._combined = combined
 
 
 @dataclass
