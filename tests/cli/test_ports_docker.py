@@ -152,6 +152,9 @@ def test_a_taken_host_port_is_refused_and_nothing_is_left(dcli: Cli, engine: Any
     assert done.code != 0, str(done)
     body = json.loads(done.out)
     assert body["error"]["field"] == "-p", body
+    # the port is this machine's, taken by someone else: a conflict the caller resolves, not the provider's fault
+    assert body["error"]["code"] == "SandboxStateConflict", body
+    assert f"127.0.0.1:{port}" in body["error"]["message"] and "HOST_PORT" in body["error"]["message"], body
     assert not leftovers(engine, dcli.tag)
 
 

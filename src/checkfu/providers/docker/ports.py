@@ -32,7 +32,7 @@ from typing import Any
 
 import docker.types
 
-from checkfu.contract.errors import SandboxProviderFailed
+from checkfu.contract.errors import SandboxProviderFailed, SandboxStateConflict
 from checkfu.contract.ports import PortSpec, PublishedPort
 from checkfu.providers.docker import labels as L
 from checkfu.providers.docker.egress import HELPER_USER, _hardened
@@ -132,6 +132,12 @@ def _ready_line(api: Any, container: str) -> str:
         state = api.inspect_container(container).get("State", {})
         if not state.get("Running"):
             last = " | ".join(x for x in text.strip().splitlines() if x)[-300:]
+            taken = next((x for x in text.splitlines() if x.startswith("cannot bind ")), None)
+            if taken is not None:  # this machine's port is someone else's: the caller's to choose, no fault of ours
+                raise SandboxStateConflict(
+                    f"-p: {taken.removeprefix('cannot bind ')[:200]} (choose another HOST_PORT, or 0 for any free one)",
+                    field="-p",
+                )
             raise SandboxProviderFailed(
                 f"-p: {container} stopped (exit {state.get('ExitCode')}): {last}", field="-p", retryable=False
             )
