@@ -28,8 +28,9 @@ from checkfu.testing import MemoryProvider, memory_profile
 
 pytestmark = pytest.mark.anyio
 
-BUDGET = 12
-"""Transactions per Run of the fleet, at most (B14's target)."""
+BUDGET = 10
+"""Transactions per Run of the fleet with a provider in-process, at most; over the wire one more (the enrollment
+read). The issue's target (B14's) is 12: this is what a Run needs now, so that a transaction added is seen."""
 
 
 async def test_one_run_of_the_fleet_keeps_to_its_transaction_budget_and_its_whole_history(journal: Journal) -> None:

@@ -58,7 +58,7 @@ from checkfu.contract.target import ExecutionTarget, Lease
 from checkfu.contract.vocabulary import Platform
 from checkfu.core.clock import Clock
 from checkfu.core.door import CallRecord, ProviderDoor, ProviderFault, Recorder, kill_process, provider_fault
-from checkfu.core.journal import Journal, JournalError, event_row, new_write_key
+from checkfu.core.journal import AllocationRow, Journal, JournalError, event_row, new_write_key
 from checkfu.core.leases import LeaseStore
 from checkfu.core.mounts import ResolvedMount
 from checkfu.core.session import (
@@ -139,6 +139,10 @@ class RunSession:
         self.pending: list[dict[str, Any]] = []
         """``batched``: the calls recorded and not written yet, as ``events`` rows (each with its write key)."""
         self._batch = _Pending(self)
+        self._winding_up = False
+        """Set while ``release_all`` releases: each ``batched`` write reads the Run's open rows as it leaves them."""
+        self._rows_after: list[AllocationRow] | None = None
+        """The Run's open rows as the session's last write left them (``None``: not read, or written since)."""
         self.confirmed: bool | None = None
         """After ``release_all(confirm=True)``: whether the provider's own list (``listAllocations``) showed nothing of
         this Run beyond ``left``; ``None`` when it was not asked, ``False`` when it could not be (``unconfirmed``)."""
@@ -310,14 +314,16 @@ class RunSession:
             JournalError: the journal could not be written; the calls stay for the next write.
         """
         calls = list(self.pending)
+        self._rows_after = None  # whatever was read before this write is stale once it is made (or fails)
         try:
-            await self.journal.call(
+            rows = await self.journal.call(
                 self.journal.fenced_write,
                 self.lease,
                 renew_until=renew_until,
                 allocation=allocation,
                 settle=settle,
                 calls=calls,
+                open_rows_of=self.run_id if self._winding_up else None,
             )
         except SandboxLeaseFenced as exc:
             with contextlib.suppress(JournalError):
@@ -327,6 +333,7 @@ class RunSession:
                 raise self.leases.fenced(self.lease) from None  # as a renewal says it: taken over, or ended
             raise exc from None
         del self.pending[: len(calls)]
+        self._rows_after = rows
 
     async def _apply_now(
         self, effects: Sequence[Effect], *, winding_up: bool = False, renew_for: float | None = None
@@ -696,17 +703,24 @@ class RunSession:
         that "nothing is left" is said only when the provider's own list says so.
         """
         left: dict[str, str] = {}
-        for inst in self.core.unreleased():
-            try:
-                await self._run(self.core.release(inst), winding_up=True)
-                continue
-            except (SandboxError, asyncio.CancelledError):
-                pass
-            failed = await self._compensate_quietly(inst.allocation_key)
-            if failed is not None:
-                left[inst.allocation_key] = f"{failed.code}: {failed.message}"
+        self._winding_up, self._rows_after = True, None  # ``batched``: each write reads the open rows once written
         try:
-            rows = await self.journal.call(self.journal.open_allocations, run_id=self.run_id)
+            for inst in self.core.unreleased():
+                try:
+                    await self._run(self.core.release(inst), winding_up=True)
+                    continue
+                except (SandboxError, asyncio.CancelledError):
+                    pass
+                failed = await self._compensate_quietly(inst.allocation_key)
+                if failed is not None:
+                    left[inst.allocation_key] = f"{failed.code}: {failed.message}"
+        finally:
+            self._winding_up = False
+        try:
+            # the rows as the last write left them, when it was the session's last (else read now)
+            rows = self._rows_after
+            if rows is None:
+                rows = await self.journal.call(self.journal.open_allocations, run_id=self.run_id)
         except JournalError as exc:
             self.unjournaled.setdefault("rows", f"the Run's open rows could not be read: {exc}")
             rows = []

@@ -1105,13 +1105,15 @@ class Journal:
         allocation: Mapping[str, Any] | None = None,
         settle: Mapping[str, Any] | None = None,
         calls: Sequence[Mapping[str, Any]] = (),
-    ) -> None:
+        open_rows_of: str | None = None,
+    ) -> list[AllocationRow] | None:
         """What one step of an attempt writes, in one transaction that first holds ``fence`` (its epoch, not ended):
         the lease renewed until ``renew_until`` (the fence of the provider call that follows), a ``pending``
         ``allocation`` row (``journal_allocation``'s values, written before the provider is asked for it, and on disk
         when this returns), a row moved (``settle``: ``set_allocation``'s ``key``, ``state``, ``now``, ``object_id``,
         ``expires_at``), and the ``calls`` recorded since the last write (``record_event``'s rows, each with its
-        ``write_key``), in that order. A runner whose attempt was taken over writes none of it.
+        ``write_key``), in that order. A runner whose attempt was taken over writes none of it. With ``open_rows_of``
+        (a Run's id), returns that Run's open rows as they are once written (``open_allocations``), else ``None``.
 
         Raises:
             SandboxLeaseFenced: ``fence`` was taken over or ended; nothing was written.
@@ -1133,6 +1135,11 @@ class Journal:
                     c.execute(_SET_EXPIRY, {"key": settle["key"], "expires_at": settle["expires_at"]})
             if calls:
                 self.insert_once(c, events, list(calls), key="write_key", scope="run_id")
+            if open_rows_of is None:
+                return None
+            q = allocations.select().where(allocations.c.state.in_(OPEN_STATES), allocations.c.run_id == open_rows_of)
+            rows = c.execute(q.order_by(allocations.c.created_at)).mappings().all()
+        return [_allocation_row(r) for r in rows]
 
     @journaled("record_events")
     def record_events(self, calls: Sequence[Mapping[str, Any]]) -> None:
