@@ -254,7 +254,8 @@ class RunSession:
 
         ``batched``: a plan that journals an allocation first renews the lease for the call in the same transaction
         (so the row is committed, and the lease checked current, before the provider is asked, as ever)."""
-        renew = plan.deadline if self.batched and not winding_up and plan.before else None
+        writes = any(isinstance(e, JournalAllocation | SettleRow) for e in plan.before)
+        renew = plan.deadline if self.batched and not winding_up and writes else None  # else the door's fence renews
         try:
             await self._apply_now(plan.before, renew_for=renew)
         except SandboxLeaseFenced as exc:  # taken over before even journaling: nothing to ask, nothing to undo
