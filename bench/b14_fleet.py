@@ -23,6 +23,7 @@ settle), not a workload's.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import pwd
@@ -43,11 +44,15 @@ from typing import Any
 import psycopg
 from harness import Figure, percentile
 
+from checkfu.contract.codec import digest
+from checkfu.control.endpoints import remote_adapter
 from checkfu.core.clock import SystemClock
 from checkfu.core.journal import Journal
 from checkfu.core.queue import RunQueue, RunRequest
+from checkfu.core.registry import Adapter, enrollment_endpoint
 from checkfu.fleet import submit_request
 from checkfu.testing import memory_profile
+from checkfu.wire.credentials import Credential
 
 CHECKFU = Path(sys.executable).with_name("checkfu")
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
@@ -145,10 +150,44 @@ class Fleet:
         self.profile = json.loads(memory_profile().model_dump_json())
         self.cluster = cluster
         self.procs: list[tuple[subprocess.Popen[bytes], Path]] = []
+        self.enrolled: set[str] = set()
+
+    def enroll(self, journal: Journal) -> None:
+        """Record the served memory provider as enrolled at its endpoint, as ``checkfu provider enroll`` leaves it
+        after checking its evidence: a provider service is selected only once enrolled, and without it every Run
+        is refused at selection. Enrollment itself is not what B14 measures (``tests/control`` tests it)."""
+
+        async def describe() -> Adapter:
+            adapter = await remote_adapter(self.url, Credential(self.secret))
+            close = getattr(adapter.provider, "close", None)
+            if callable(close):
+                close()
+            return adapter
+
+        got: list[Adapter] = []
+        asking = threading.Thread(target=lambda: got.append(asyncio.run(describe())))  # ``run`` is on a loop already
+        asking.start()
+        asking.join()
+        if not got:
+            raise SystemExit(f"B14: the memory provider service at {self.url} could not be described")
+        adapter = got[0]
+        journal.record_enrollment(
+            adapter.target,
+            endpoint=enrollment_endpoint(adapter),
+            source=adapter.source,
+            kind="evidence",
+            envelope_digest=digest(adapter.envelope),
+            envelope=adapter.envelope.model_dump_json(),
+            ceiling=adapter.ceiling.model_dump_json(),
+            now=time.time(),
+        )
 
     def submit(self, db: str, n: int, argv: list[str]) -> list[str]:
         journal = Journal(db)
         try:
+            if db not in self.enrolled:
+                self.enroll(journal)
+                self.enrolled.add(db)
             request = RunRequest(provider=self.url, command=tuple(argv), profile=self.profile, timeout=600)
             return [submit_request(journal, request, runner_tag="bench") for _ in range(n)]
         finally:

@@ -23,7 +23,7 @@ import contextlib
 import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from checkfu.contract.envelope import Member, SandboxProviderCapabilities
 from checkfu.contract.errors import (
@@ -57,8 +57,8 @@ from checkfu.contract.provider import ProcessStream, Provider
 from checkfu.contract.target import ExecutionTarget, Lease
 from checkfu.contract.vocabulary import Platform
 from checkfu.core.clock import Clock
-from checkfu.core.door import ProviderDoor, ProviderFault, kill_process, provider_fault
-from checkfu.core.journal import Journal, JournalError
+from checkfu.core.door import CallRecord, ProviderDoor, ProviderFault, Recorder, kill_process, provider_fault
+from checkfu.core.journal import AllocationRow, Journal, JournalError, event_row, new_write_key
 from checkfu.core.leases import LeaseStore
 from checkfu.core.mounts import ResolvedMount
 from checkfu.core.session import (
@@ -77,6 +77,19 @@ from checkfu.core.session import (
 __all__ = ["CheckedProcess", "Instance", "Limits", "RunSession", "Snapshot", "new_key"]
 
 V = TypeVar("V")
+
+
+class _Pending:
+    """A ``batched`` session's recorder: each call kept as its ``events`` row for the session's next write."""
+
+    def __init__(self, session: RunSession) -> None:
+        self.session = session
+
+    def record_call(self, call: CallRecord) -> None:
+        self.session.pending.append(event_row(call, new_write_key()))
+
+    async def record_call_async(self, call: CallRecord) -> None:
+        self.record_call(call)
 
 
 class RunSession:
@@ -120,6 +133,16 @@ class RunSession:
         self.abandoned = False
         """A call was abandoned while the provider worked on it (the caller was cancelled, by a signal or a
         deadline): its wind-up asks the provider what it still holds (``release_all(confirm=True)``)."""
+        self.batched = False
+        """A runner of the fleet's attempt: each call is recorded with the session's next write (``take_calls`` hands
+        over the rest), and a call that journals an allocation is fenced in the same transaction as the row."""
+        self.pending: list[dict[str, Any]] = []
+        """``batched``: the calls recorded and not written yet, as ``events`` rows (each with its write key)."""
+        self._batch = _Pending(self)
+        self._winding_up = False
+        """Set while ``release_all`` releases: each ``batched`` write reads the Run's open rows as it leaves them."""
+        self._rows_after: list[AllocationRow] | None = None
+        """The Run's open rows as the session's last write left them (``None``: not read, or written since)."""
         self.confirmed: bool | None = None
         """After ``release_all(confirm=True)``: whether the provider's own list (``listAllocations``) showed nothing of
         this Run beyond ``left``; ``None`` when it was not asked, ``False`` when it could not be (``unconfirmed``)."""
@@ -212,23 +235,38 @@ class RunSession:
         try:
             return make()
         except SandboxOperationUnsupported as exc:
-            self.door.refused(member, exc, run_id=self.run_id, recorder=self.journal)
+            self.door.refused(member, exc, run_id=self.run_id, recorder=self.recorder)
             raise
+
+    @property
+    def recorder(self) -> Recorder:
+        """Where the door records each call: the journal at once, or (``batched``) the session's next write."""
+        return self._batch if self.batched else self.journal
+
+    def take_calls(self) -> list[dict[str, Any]]:
+        """The calls recorded (``batched``) and not written yet, as ``events`` rows; the caller writes them."""
+        calls, self.pending = self.pending, []
+        return calls
 
     async def _run(self, plan: Plan[V], *, winding_up: bool = False) -> V:
         """Carry out ``plan``. ``winding_up`` (a release or compensation on the way out): a journal that
-        cannot be written does not stop the call; what it could not record is kept in ``unjournaled``."""
+        cannot be written does not stop the call; what it could not record is kept in ``unjournaled``.
+
+        ``batched``: a plan that journals an allocation first renews the lease for the call in the same transaction
+        (so the row is committed, and the lease checked current, before the provider is asked, as ever)."""
+        writes = any(isinstance(e, JournalAllocation | SettleRow) for e in plan.before)
+        renew = plan.deadline if self.batched and not winding_up and writes else None  # else the door's fence renews
         try:
-            await self._apply_now(plan.before)
+            await self._apply_now(plan.before, renew_for=renew)
         except SandboxLeaseFenced as exc:  # taken over before even journaling: nothing to ask, nothing to undo
-            self.door.refused(plan.member, exc, run_id=self.run_id, recorder=self.journal, key=plan.allocation_key)
+            self.door.refused(plan.member, exc, run_id=self.run_id, recorder=self.recorder, key=plan.allocation_key)
             raise
         try:
             accepted = await self.door.call(
                 plan,
                 run_id=self.run_id,
-                recorder=self.journal,
-                fence=lambda: self._fence(plan.deadline, winding_up=winding_up),
+                recorder=self.recorder,
+                fence=None if renew is not None else lambda: self._fence(plan.deadline, winding_up=winding_up),
             )
         except ProviderFault as fault:
             await self._apply(plan.on_fault(fault.error))
@@ -240,6 +278,10 @@ class RunSession:
         await self._apply_now(accepted.effects, winding_up=winding_up)
         return accepted.value
 
+    def _renewal(self, deadline: float) -> float:
+        """When the fence of a call with ``deadline`` renews the lease until."""
+        return self.clock.now() + self.leases.span(max(self.leases.ttl, deadline + 60))
+
     async def _fence(self, deadline: float, *, winding_up: bool = False) -> None:
         """Renew the lease for the whole call; a runner whose lease was taken over stops here.
 
@@ -249,16 +291,72 @@ class RunSession:
         still stops it.
         """
         try:
-            await self.journal.call(self.leases.renew, self.lease, ttl=max(self.leases.ttl, deadline + 60))
+            if self.batched:
+                await self._write(renew_until=self._renewal(deadline))
+            else:
+                await self.journal.call(self.leases.renew, self.lease, ttl=max(self.leases.ttl, deadline + 60))
         except JournalError as exc:
             if not winding_up:
                 raise
             self.unjournaled.setdefault("lease", f"not renewed: {exc}")
 
-    async def _apply_now(self, effects: Sequence[Effect], *, winding_up: bool = False) -> None:
+    async def _write(
+        self,
+        *,
+        renew_until: float | None = None,
+        allocation: dict[str, Any] | None = None,
+        settle: dict[str, Any] | None = None,
+    ) -> None:
+        """``batched``: one fenced transaction with the calls recorded since the last one (``Journal.fenced_write``).
+
+        Raises:
+            SandboxLeaseFenced: the lease was taken over or ended: nothing of this step was written; the calls
+                recorded were, unfenced (what happened is history, whoever holds the Run now).
+            JournalError: the journal could not be written; the calls stay for the next write.
+        """
+        calls = list(self.pending)
+        self._rows_after = None  # whatever was read before this write is stale once it is made (or fails)
+        try:
+            rows = await self.journal.call(
+                self.journal.fenced_write,
+                self.lease,
+                renew_until=renew_until,
+                allocation=allocation,
+                settle=settle,
+                calls=calls,
+                open_rows_of=self.run_id if self._winding_up else None,
+            )
+        except SandboxLeaseFenced as exc:
+            with contextlib.suppress(JournalError):
+                await self.journal.call(self.journal.record_events, calls)
+                del self.pending[: len(calls)]
+            if renew_until is not None:
+                raise self.leases.fenced(self.lease) from None  # as a renewal says it: taken over, or ended
+            raise exc from None
+        del self.pending[: len(calls)]
+        self._rows_after = rows
+
+    async def _apply_now(
+        self, effects: Sequence[Effect], *, winding_up: bool = False, renew_for: float | None = None
+    ) -> None:
         """Journal what the core says, fenced by the lease: a runner whose attempt was taken over writes nothing.
-        Each write waits out a locked journal off the event loop (``Journal.call``)."""
+        Each write waits out a locked journal off the event loop (``Journal.call``). ``renew_for`` (``batched``):
+        the first write also renews the lease for a call with that deadline."""
         for effect in effects:
+            if self.batched and isinstance(effect, JournalAllocation | SettleRow):
+                until = self._renewal(renew_for) if renew_for is not None else None
+                renew_for = None
+                try:
+                    await self._write(
+                        renew_until=until,
+                        allocation=self._pending_row(effect) if isinstance(effect, JournalAllocation) else None,
+                        settle=self._settled_row(effect) if isinstance(effect, SettleRow) else None,
+                    )
+                except JournalError as exc:
+                    if not (winding_up and isinstance(effect, SettleRow)):
+                        raise
+                    self.unjournaled[effect.key] = f"not recorded as {effect.state}: {exc}"
+                continue
             if isinstance(effect, SettleRow) and winding_up:
                 try:
                     await self.journal.call(
@@ -297,6 +395,32 @@ class RunSession:
                     expires_at=effect.expires_at,
                     fence=self.lease,
                 )
+
+    def _pending_row(self, effect: JournalAllocation) -> dict[str, Any]:
+        now = self.clock.now()
+        return {
+            "allocation_key": effect.key,
+            "run_id": self.run_id,
+            "kind": effect.kind,
+            "target": self.target.model_dump_json(),
+            "runner_tag": self.core.runner_tag,
+            "lease_id": self.lease.lease_id,
+            "state": "pending",
+            "object_id": None,
+            "parent_key": effect.parent,
+            "created_at": now,
+            "updated_at": now,
+            "site": self.site,
+        }
+
+    def _settled_row(self, effect: SettleRow) -> dict[str, Any]:
+        return {
+            "key": effect.key,
+            "state": effect.state,
+            "now": self.clock.now(),
+            "object_id": effect.object_id,
+            "expires_at": effect.expires_at,
+        }
 
     async def _apply(self, effects: Sequence[Effect]) -> None:
         """Apply effects during another failure: compensations are quiet and finish through cancellation."""
@@ -509,7 +633,7 @@ class RunSession:
 
         async def reclaim(error: SandboxError) -> None:
             # The stream's fault is part of the Run's story, as a failed call would be.
-            self.door.refused("openProcess", error, run_id=self.run_id, recorder=self.journal, key=inst.allocation_key)
+            self.door.refused("openProcess", error, run_id=self.run_id, recorder=self.recorder, key=inst.allocation_key)
             if inst.state not in ("released", "absent"):
                 await self._apply(self.core._reclaim(inst)(error))
 
@@ -580,17 +704,24 @@ class RunSession:
         that "nothing is left" is said only when the provider's own list says so.
         """
         left: dict[str, str] = {}
-        for inst in self.core.unreleased():
-            try:
-                await self._run(self.core.release(inst), winding_up=True)
-                continue
-            except (SandboxError, asyncio.CancelledError):
-                pass
-            failed = await self._compensate_quietly(inst.allocation_key)
-            if failed is not None:
-                left[inst.allocation_key] = f"{failed.code}: {failed.message}"
+        self._winding_up, self._rows_after = True, None  # ``batched``: each write reads the open rows once written
         try:
-            rows = await self.journal.call(self.journal.open_allocations, run_id=self.run_id)
+            for inst in self.core.unreleased():
+                try:
+                    await self._run(self.core.release(inst), winding_up=True)
+                    continue
+                except (SandboxError, asyncio.CancelledError):
+                    pass
+                failed = await self._compensate_quietly(inst.allocation_key)
+                if failed is not None:
+                    left[inst.allocation_key] = f"{failed.code}: {failed.message}"
+        finally:
+            self._winding_up = False
+        try:
+            # the rows as the last write left them, when it was the session's last (else read now)
+            rows = self._rows_after
+            if rows is None:
+                rows = await self.journal.call(self.journal.open_allocations, run_id=self.run_id)
         except JournalError as exc:
             self.unjournaled.setdefault("rows", f"the Run's open rows could not be read: {exc}")
             rows = []

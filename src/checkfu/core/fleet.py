@@ -57,7 +57,7 @@ from checkfu.core.door import ProviderFault
 from checkfu.core.driver import Limits
 from checkfu.core.expiry import sweep_expired_snapshots
 from checkfu.core.job import run_job
-from checkfu.core.journal import Journal, allocations
+from checkfu.core.journal import Journal, JournalError, allocations
 from checkfu.core.leases import LeaseStore, current_owner
 from checkfu.core.mounts import parse_mount
 from checkfu.core.output import OUTPUT_CAP as KEPT_OUTPUT_CAP
@@ -235,12 +235,14 @@ class _AttemptRunner(Runner):
         claim: Claim,
         queue: RunQueue,
         placed: Adapter,
+        kept: _Output,
     ) -> None:
         super().__init__(registry, journal, runner_tag=runner_tag, clock=clock, limits=limits)
         self.leases = leases
         self.claim = claim
         self.queue = queue
         self.placed = placed
+        self.kept = kept
         self.outcome: _Outcome | None = None
 
     def record_in_tree(self) -> None:
@@ -259,6 +261,7 @@ class _AttemptRunner(Runner):
         *,
         owner: str | None = None,
         story: dict[str, Any] | None = None,
+        selected: dict[str, str] | None = None,
     ) -> Lease:
         # ``owner`` is not recorded: the attempt's lease and the runner's heartbeat say who holds a Run of the fleet.
         self.queue.place(
@@ -267,6 +270,7 @@ class _AttemptRunner(Runner):
             site=adapter.site or None,
             profile_digest=profile.digest,
             story=story,
+            selected=selected,
         )
         return self.claim.lease
 
@@ -284,7 +288,7 @@ class _AttemptRunner(Runner):
         mounts: Sequence[tuple[MountPlan, str]] = (),
         noted: dict[str, Any] | None = None,
     ) -> Attempt:
-        return super().start(
+        attempt = super().start(
             target,
             profile,
             platform=platform,
@@ -295,12 +299,16 @@ class _AttemptRunner(Runner):
             mounts=mounts,
             noted=noted,
         )
+        attempt.session.batched = True  # each call recorded with the attempt's next fenced write
+        return attempt
 
     def finish(
         self, attempt: Attempt, *, status: str, exit_code: int | None = None, summary: dict[str, object] | None = None
     ) -> None:
-        """Kept for the settlement, which the serving loop makes fenced, in one transaction with the lease's end."""
+        """Kept for the settlement, which the serving loop makes fenced, in one transaction with the lease's end, the
+        output not flushed yet and the calls not written yet (``kept``)."""
         self.outcome = _Outcome(status, exit_code, summary)
+        self.kept.calls.extend(attempt.session.take_calls())
 
 
 class _Output:
@@ -315,6 +323,8 @@ class _Output:
         self.pending: list[tuple[str, bytes]] = []
         self.warnings: list[str] = []
         self.phases: dict[str, float] = {}
+        self.calls: list[dict[str, Any]] = []
+        """The attempt's provider calls not written yet (its session's, once it ended), as ``events`` rows."""
 
     async def before(self, name: str) -> None:
         pass
@@ -354,6 +364,18 @@ class _Output:
         if self.pending:
             chunks, self.pending = self.pending, []
             self.queue.append_output(self.claim, chunks)
+
+    def take(self) -> tuple[list[tuple[str, bytes]], list[dict[str, Any]]]:
+        """The output and the calls not written yet, for the write that ends the attempt (which writes them)."""
+        chunks, self.pending = self.pending, []
+        calls, self.calls = self.calls, []
+        return chunks, calls
+
+    def record_calls(self, journal: Journal) -> None:
+        """Write the calls not written yet, unfenced (the attempt was taken over: what happened is still history)."""
+        _, calls = self.take()
+        with contextlib.suppress(JournalError):
+            journal.record_events(calls)
 
 
 @dataclass
@@ -555,11 +577,13 @@ class FleetRunner:
             active = self._active.get(claim.run_id)
             why = active.why if active is not None else "shutdown"
             if why == "fenced":
+                output.record_calls(self.journal)
                 self._fenced(claim, "its lease was taken over (seen at the heartbeat)")
             else:
                 self._give_back(claim, output)
             return
         except SandboxLeaseFenced as exc:
+            output.record_calls(self.journal)
             self._fenced(claim, exc.message)
             return
         except _Postponed as exc:
@@ -574,11 +598,13 @@ class FleetRunner:
             flusher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await flusher
-        try:
-            output.flush()
-            status, exit_code, summary = self._settlement(claim, outcome, error, output, time.perf_counter() - t0)
-            self.queue.settle(claim, status=status, exit_code=exit_code, summary=summary)
+        status, exit_code, summary = self._settlement(claim, outcome, error, output, time.perf_counter() - t0)
+        chunks, calls = output.take()
+        try:  # the rest of the output and of the calls with the settlement: one fenced transaction
+            self.queue.settle(claim, status=status, exit_code=exit_code, summary=summary, output=chunks, calls=calls)
         except SandboxLeaseFenced as exc:
+            with contextlib.suppress(JournalError):
+                self.journal.record_events(calls)
             self._fenced(claim, exc.message)
             return
         self.stats.settled += 1
@@ -638,6 +664,7 @@ class FleetRunner:
             claim=claim,
             queue=self.queue,
             placed=placed,
+            kept=output,
         )
         try:
             await run_job(
@@ -801,11 +828,17 @@ class FleetRunner:
         self.emit({"event": "fenced", "run_id": claim.run_id, "attempt": claim.attempt, "why": why})
 
     def _give_back(self, claim: Claim, output: _Output) -> None:
+        chunks, calls = output.take()
         try:
-            with contextlib.suppress(SandboxLeaseFenced):
-                output.flush()
-            self.queue.give_back(claim, "its runner stopped (SIGTERM): released, and back in the queue")
+            self.queue.give_back(
+                claim,
+                "its runner stopped (SIGTERM): released, and back in the queue",
+                output=chunks,
+                calls=calls,
+            )
         except SandboxLeaseFenced as exc:
+            with contextlib.suppress(JournalError):
+                self.journal.record_events(calls)
             self._fenced(claim, exc.message)
             return
         self.stats.given_back += 1

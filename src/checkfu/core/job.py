@@ -544,8 +544,11 @@ async def _process(
         feeding: asyncio.Future[None] | None = None
         try:
             # No member call renews the lease while the command streams: hold it for the whole timeout,
-            # or reconciliation takes an expired lease (and the running sandbox) from a live Run.
-            session.leases.renew(session.lease, ttl=max(session.leases.ttl, timeout + 120))
+            # or reconciliation takes an expired lease (and the running sandbox) from a live Run. A lease kept by a
+            # heartbeat (a runner of the fleet's) is renewed by it every fraction of its TTL, and a renewal is held
+            # to that TTL anyway: there is nothing to renew here.
+            if not session.leases.heartbeat:
+                session.leases.renew(session.lease, ttl=max(session.leases.ttl, timeout + 120))
             if interact is None:
                 await proc.close_stdin()
             else:

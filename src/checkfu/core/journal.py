@@ -315,6 +315,10 @@ _ADOPT_ALLOCATION = (
 )
 
 
+_RENEW_HELD = fenced(expires_at=sa.bindparam("until"))
+"""Renew a lease only if it is still current: the fence of a provider call, with the write that precedes it."""
+
+
 def hold_lease(c: Connection, lease: Lease) -> None:
     """Within ``c``'s transaction: make sure ``lease`` is current and keep it so until commit.
 
@@ -322,11 +326,15 @@ def hold_lease(c: Connection, lease: Lease) -> None:
         SandboxLeaseFenced: the lease was taken over (another epoch) or ended.
     """
     if c.execute(_HOLD_LEASE, lease_params(lease)).rowcount != 1:
-        raise SandboxLeaseFenced(
-            f"lease {lease.lease_id} at epoch {lease.lease_epoch} is no longer current: another attempt took the Run "
-            "over, or it ended; nothing was written under it",
-            field="lease.lease_epoch",
-        )
+        raise _not_current(lease)
+
+
+def _not_current(lease: Lease) -> SandboxLeaseFenced:
+    return SandboxLeaseFenced(
+        f"lease {lease.lease_id} at epoch {lease.lease_epoch} is no longer current: another attempt took the Run "
+        "over, or it ended; nothing was written under it",
+        field="lease.lease_epoch",
+    )
 
 
 class _Lost(Exception):
@@ -1088,6 +1096,59 @@ class Journal:
                 key="allocation_key",
             )
 
+    @journaled("fenced write")
+    def fenced_write(
+        self,
+        fence: Lease,
+        *,
+        renew_until: float | None = None,
+        allocation: Mapping[str, Any] | None = None,
+        settle: Mapping[str, Any] | None = None,
+        calls: Sequence[Mapping[str, Any]] = (),
+        open_rows_of: str | None = None,
+    ) -> list[AllocationRow] | None:
+        """What one step of an attempt writes, in one transaction that first holds ``fence`` (its epoch, not ended):
+        the lease renewed until ``renew_until`` (the fence of the provider call that follows), a ``pending``
+        ``allocation`` row (``journal_allocation``'s values, written before the provider is asked for it, and on disk
+        when this returns), a row moved (``settle``: ``set_allocation``'s ``key``, ``state``, ``now``, ``object_id``,
+        ``expires_at``), and the ``calls`` recorded since the last write (``record_event``'s rows, each with its
+        ``write_key``), in that order. A runner whose attempt was taken over writes none of it. With ``open_rows_of``
+        (a Run's id), returns that Run's open rows as they are once written (``open_allocations``), else ``None``.
+
+        Raises:
+            SandboxLeaseFenced: ``fence`` was taken over or ended; nothing was written.
+        """
+        with self.tx(durable=allocation is not None) as c:
+            if renew_until is None:
+                hold_lease(c, fence)
+            elif c.execute(_RENEW_HELD, lease_params(fence, until=renew_until)).rowcount != 1:
+                raise _not_current(fence)
+            if allocation is not None:
+                row = {**allocation, "lease_epoch": fence.lease_epoch}
+                self.insert_once(c, allocations, row, key="allocation_key")
+            if settle is not None:
+                params: dict[str, Any] = {"key": settle["key"], "state": settle["state"], "now": settle["now"]}
+                if settle.get("object_id") is not None:
+                    params["object_id"] = settle["object_id"]
+                c.execute(_UPDATE_ALLOCATION if "object_id" not in params else _UPDATE_ALLOCATION_OBJECT, params)
+                if settle.get("expires_at") is not None:
+                    c.execute(_SET_EXPIRY, {"key": settle["key"], "expires_at": settle["expires_at"]})
+            if calls:
+                self.insert_once(c, events, list(calls), key="write_key", scope="run_id")
+            if open_rows_of is None:
+                return None
+            q = allocations.select().where(allocations.c.state.in_(OPEN_STATES), allocations.c.run_id == open_rows_of)
+            rows = c.execute(q.order_by(allocations.c.created_at)).mappings().all()
+        return [_allocation_row(r) for r in rows]
+
+    @journaled("record_events")
+    def record_events(self, calls: Sequence[Mapping[str, Any]]) -> None:
+        """Record ``calls`` (``record_event``'s rows of one Run, each with its ``write_key``) in one transaction."""
+        if not calls:
+            return
+        with self.tx() as c:
+            self.insert_once(c, events, list(calls), key="write_key", scope="run_id")
+
     @journaled("set_allocation")
     def set_allocation(
         self,
@@ -1341,6 +1402,11 @@ class Journal:
 
 NOT_THE_PROVIDERS = tuple(sorted(code for code, cls in ERROR_CLASSES.items() if cls.fault in ("request", "state")))
 """Error codes that are no provider's fault: the caller's request, or the world moving under the caller."""
+
+
+def event_row(call: CallRecord, write_key: str) -> dict[str, Any]:
+    """The ``events`` row of one provider call, under ``write_key`` (``fenced_write``'s and ``record_events``'s)."""
+    return {**_event_of(call), "write_key": write_key}
 
 
 def _event_of(call: CallRecord) -> dict[str, Any]:

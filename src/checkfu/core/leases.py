@@ -111,6 +111,14 @@ class LeaseStore:
     def _span(self, ttl: float | None) -> float:
         return self.ttl if self.heartbeat or ttl is None else ttl
 
+    def span(self, ttl: float | None) -> float:
+        """How long a renewal asked for ``ttl`` holds the lease (``ttl``; with ``heartbeat``, the lease's own TTL)."""
+        return self._span(ttl)
+
+    def fenced(self, lease: Lease) -> SandboxLeaseFenced:
+        """The error of a renewal of ``lease`` that found it no longer current: taken over, or ended."""
+        return self._fenced(lease)
+
     def acquire(self, run_id: str, *, owner: str | None = None, ttl: float | None = None) -> Lease:
         """A new lease on ``run_id``, at epoch 1, held by ``owner`` (this process by default) for ``ttl``."""
         lease = Lease(lease_id=f"lease-{uuid.uuid4().hex}", lease_epoch=1)

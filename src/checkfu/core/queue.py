@@ -322,14 +322,19 @@ class RunQueue:
         site: str | None,
         profile_digest: str,
         story: dict[str, Any] | None = None,
+        selected: dict[str, str] | None = None,
     ) -> None:
-        """Record the adapter (and site) the attempt selected.
+        """Record the adapter (and site) the attempt selected, with its ``select`` event (``selected``: its
+        ``outcome`` and ``detail``).
 
         Raises:
             SandboxLeaseFenced: the attempt was taken over.
         """
+        now = self.clock.now()
         with self.journal.tx() as c:
             hold_lease(c, claim.lease)
+            if selected is not None:
+                c.execute(_run_event(claim.run_id, "select", now, selected["detail"], outcome=selected["outcome"]))
             c.execute(
                 runs.update()
                 .where(runs.c.run_id == claim.run_id)
@@ -349,16 +354,9 @@ class RunQueue:
         """
         if not chunks:
             return
-        now = self.clock.now()
         with self.journal.tx() as c:
             hold_lease(c, claim.lease)
-            c.execute(
-                run_output.insert(),
-                [
-                    {"run_id": claim.run_id, "attempt": claim.attempt, "stream": stream, "data": data, "at": now}
-                    for stream, data in chunks
-                ],
-            )
+            _keep_output(c, claim, chunks, self.clock.now())
 
     def settle(
         self,
@@ -367,15 +365,21 @@ class RunQueue:
         status: str,
         exit_code: int | None,
         summary: dict[str, Any] | None,
+        output: Sequence[tuple[str, bytes]] = (),
+        calls: Sequence[dict[str, Any]] = (),
     ) -> None:
-        """Record the Run's one terminal state and end the lease, in one transaction.
+        """Record the Run's one terminal state and end the lease, in one transaction, with the attempt's ``output``
+        and provider ``calls`` (``events`` rows) not written yet.
 
         Raises:
-            SandboxLeaseFenced: the attempt was taken over; the Run is left to its holder.
+            SandboxLeaseFenced: the attempt was taken over; the Run is left to its holder (nothing was written).
         """
         now = self.clock.now()
         with self.journal.tx() as c:
             _end(c, claim.lease)
+            _keep_output(c, claim, output, now)
+            if calls:
+                c.execute(events.insert(), list(calls))
             c.execute(
                 runs.update()
                 .where(runs.c.run_id == claim.run_id, runs.c.status == RUNNING)
@@ -388,15 +392,26 @@ class RunQueue:
             )
             c.execute(_settle_event(claim.run_id, now, status, f"attempt {claim.attempt}"))
 
-    def give_back(self, claim: Claim, reason: str) -> None:
-        """Put the Run back in the queue for any runner (this one is stopping) and end the lease.
+    def give_back(
+        self,
+        claim: Claim,
+        reason: str,
+        *,
+        output: Sequence[tuple[str, bytes]] = (),
+        calls: Sequence[dict[str, Any]] = (),
+    ) -> None:
+        """Put the Run back in the queue for any runner (this one is stopping) and end the lease, with the attempt's
+        ``output`` and ``calls`` not written yet, in one transaction.
 
         Raises:
-            SandboxLeaseFenced: the attempt was taken over already.
+            SandboxLeaseFenced: the attempt was taken over already (nothing was written).
         """
         now = self.clock.now()
         with self.journal.tx() as c:
             _end(c, claim.lease)
+            _keep_output(c, claim, output, now)
+            if calls:
+                c.execute(events.insert(), list(calls))
             c.execute(
                 runs.update()
                 .where(runs.c.run_id == claim.run_id, runs.c.status == RUNNING)
@@ -507,6 +522,17 @@ def _request(raw: str) -> RunRequest:
 def _end(c: sa.Connection, lease: Lease) -> None:
     if c.execute(_END, lease_params(lease)).rowcount != 1:
         raise _fenced(lease)
+
+
+def _keep_output(c: sa.Connection, claim: Claim, chunks: Sequence[tuple[str, bytes]], now: float) -> None:
+    if chunks:
+        c.execute(
+            run_output.insert(),
+            [
+                {"run_id": claim.run_id, "attempt": claim.attempt, "stream": stream, "data": data, "at": now}
+                for stream, data in chunks
+            ],
+        )
 
 
 def _fenced(lease: Lease) -> SandboxLeaseFenced:

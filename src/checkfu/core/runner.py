@@ -110,11 +110,16 @@ class Attempt:
     """Axes this Run does not have enforced; a loud tier says so at selection."""
 
     def warning(self) -> str | None:
-        if not self.not_enforced:
-            return None
-        env = self.adapter.envelope
-        axes = ", ".join(f"{a} ({env.enforcement.authority(a)})" for a in self.not_enforced)
-        return f"{env.target} does not enforce: {axes}"
+        return not_enforced_warning(self.adapter, self.not_enforced)
+
+
+def not_enforced_warning(adapter: Adapter, not_enforced: Sequence[Axis]) -> str | None:
+    """What a Run on ``adapter`` is warned of at selection: the axes it does not have enforced, if any."""
+    if not not_enforced:
+        return None
+    env = adapter.envelope
+    axes = ", ".join(f"{a} ({env.enforcement.authority(a)})" for a in not_enforced)
+    return f"{env.target} does not enforce: {axes}"
 
 
 class Runner:
@@ -185,8 +190,10 @@ class Runner:
         *,
         owner: str | None = None,
         story: dict[str, Any] | None = None,
+        selected: dict[str, str] | None = None,
     ) -> Lease:
-        """Journal the Run as started and take its lease (a runner of the fleet has both from its claim).
+        """Journal the Run as started, take its lease and record its ``select`` event (``selected``: its ``outcome``
+        and ``detail``); a runner of the fleet has the Run and the lease from its claim.
 
         ``owner`` is the process the Run lives and dies with (a Run started in place): once it is gone the Run
         is an orphan, reaped by the next command that opens the journal."""
@@ -201,7 +208,10 @@ class Runner:
             owner_boot=boot_id() if owner is not None else None,
             story=story,
         )
-        return self.leases.acquire(run_id)
+        lease = self.leases.acquire(run_id)
+        if selected is not None:
+            self.journal.record_event(run_id, "select", started_at=now, duration_ms=0.0, **selected)
+        return lease
 
     def _admit(self, adapter: Adapter) -> None:
         """Only enrolled adapters are selected: this package's own, a test double loaded in this process at
@@ -277,8 +287,10 @@ class Runner:
         run_id = run_id or new_run_id()
         now = self.clock.now()
         story = {**story_of(adapter, mounts), **profile_story(profile), **(noted or {})}
-        lease = self._begin(run_id, adapter, profile, command, now, owner=owner, story=story)
         not_enforced = tuple(adapter.envelope.enforcement.not_counting())
+        warning = not_enforced_warning(adapter, not_enforced)
+        selected = {"outcome": "warning" if warning else "ok", "detail": warning or str(adapter.target)}
+        lease = self._begin(run_id, adapter, profile, command, now, owner=owner, story=story, selected=selected)
         attempt = Attempt(
             session=RunSession(
                 provider=adapter.provider,
@@ -295,15 +307,6 @@ class Runner:
             ),
             adapter=adapter,
             not_enforced=not_enforced,
-        )
-        warning = attempt.warning()
-        self.journal.record_event(
-            run_id,
-            "select",
-            started_at=now,
-            duration_ms=0.0,
-            outcome="warning" if warning else "ok",
-            detail=warning or str(adapter.target),
         )
         return attempt
 
