@@ -13,6 +13,7 @@ skips without them, unless ``CHECKFU_REQUIRE_NODE=1``.
 
 from __future__ import annotations
 
+import gc
 import os
 import pwd
 import shutil
@@ -37,6 +38,23 @@ os.environ["CHECKFU_SERVER"] = "off"
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
+
+
+STRICT_LEAKS = os.environ.get("CHECKFU_STRICT_LEAKS") == "1"
+"""Collect after every test, so an object left unclosed (a socket, a stream) is reported in the test that made it,
+and fail that test: the default run only reports such a warning, since the collector runs at random points and the
+test it would fail is seldom the one that leaked."""
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if STRICT_LEAKS:  # the last matching filter wins: this one over pyproject's "always"
+        config.addinivalue_line("filterwarnings", "error::pytest.PytestUnraisableExceptionWarning")
+
+
+@pytest.fixture(autouse=STRICT_LEAKS)
+def _collected_after() -> Iterator[None]:
+    yield
+    gc.collect()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
