@@ -87,7 +87,7 @@ async def sweep_expired_snapshots(
     Every ``deleteSnapshot`` is recorded as an event of the Run that took the snapshot.
     """
     report = ExpiryReport()
-    rows = journal.expired_snapshots(now=clock.now(), runner_tag=runner_tag)
+    rows = await journal.call(journal.expired_snapshots, now=clock.now(), runner_tag=runner_tag)
     if not rows:
         return report
     if not isinstance(registry, Registry):
@@ -107,8 +107,10 @@ async def sweep_expired_snapshots(
                 )
                 continue
             if adapter.envelope.snapshot_custody == "provider":
-                journal.set_allocation(row.allocation_key, row_transition(row.state, "release"), now=clock.now())
-                journal.record_call(
+                await journal.call(
+                    journal.set_allocation, row.allocation_key, row_transition(row.state, "release"), now=clock.now()
+                )
+                await journal.record_call_async(
                     CallRecord(
                         row.run_id,
                         "deleteSnapshot",
@@ -123,7 +125,7 @@ async def sweep_expired_snapshots(
                 report.settled.append(row.allocation_key)
                 continue
             if lease is None:
-                lease = leases.acquire(f"expire-{runner_tag}", ttl=300)
+                lease = await journal.call(leases.acquire, f"expire-{runner_tag}", ttl=300)
             try:
                 await _delete(adapter.door.call, row, lease, journal)
             except SandboxNotFound:
@@ -131,11 +133,13 @@ async def sweep_expired_snapshots(
             except SandboxError as exc:
                 report.failed[row.allocation_key] = f"{exc.code}: {exc.message}"
                 continue
-            journal.set_allocation(row.allocation_key, row_transition(row.state, "release"), now=clock.now())
+            await journal.call(
+                journal.set_allocation, row.allocation_key, row_transition(row.state, "release"), now=clock.now()
+            )
             report.deleted.append(row.allocation_key)
     finally:
         if lease is not None:
-            leases.end(lease)
+            await journal.call(leases.end, lease)
     return report
 
 

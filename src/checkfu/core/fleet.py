@@ -359,11 +359,11 @@ class _Output:
         self.kept += len(data)
         self.pending.append((stream, data))
 
-    def flush(self) -> None:
+    async def flush(self, journal: Journal) -> None:
         """Raises SandboxLeaseFenced: the attempt was taken over (nothing was kept)."""
-        if self.pending:
+        if self.pending:  # taken here, on the loop, where ``output`` adds to it; written in the journal's worker
             chunks, self.pending = self.pending, []
-            self.queue.append_output(self.claim, chunks)
+            await journal.call(self.queue.append_output, self.claim, chunks)
 
     def take(self) -> tuple[list[tuple[str, bytes]], list[dict[str, Any]]]:
         """The output and the calls not written yet, for the write that ends the attempt (which writes them)."""
@@ -371,11 +371,11 @@ class _Output:
         calls, self.calls = self.calls, []
         return chunks, calls
 
-    def record_calls(self, journal: Journal) -> None:
+    async def record_calls(self, journal: Journal) -> None:
         """Write the calls not written yet, unfenced (the attempt was taken over: what happened is still history)."""
         _, calls = self.take()
         with contextlib.suppress(JournalError):
-            journal.record_events(calls)
+            await journal.call(journal.record_events, calls)
 
 
 @dataclass
@@ -438,8 +438,15 @@ class FleetRunner:
         self._wake.set()
 
     async def serve(self) -> FleetStats:
-        """Serve until ``stop()``; returns what was done."""
-        self.queue.register_runner(
+        """Serve until ``stop()``; returns what was done.
+
+        The journal's work is made in a pool of worker threads (``Journal.offload``), one per Run served at once plus
+        the heartbeat and the reconciliation: a transaction waiting on PostgreSQL (or on SQLite's lock) holds up
+        only its own Run, never the others or the heartbeat that keeps their leases."""
+        self.journal.offload(self.config.concurrency + 2)
+        db = self.journal.call
+        await db(
+            self.queue.register_runner,
             runner_id=self.runner_id,
             owner=self.owner,
             pid=os.getpid(),
@@ -457,7 +464,7 @@ class FleetRunner:
         ]
         try:
             await self._stopping.wait()
-            self.queue.runner_state(self.runner_id, "stopping")
+            await db(self.queue.runner_state, self.runner_id, "stopping")
             for active in list(self._active.values()):
                 if active.why is None:
                     active.why = "shutdown"
@@ -468,15 +475,19 @@ class FleetRunner:
                 task.cancel()
             await asyncio.gather(*background, return_exceptions=True)
             await self.adapters.close()
-            self.queue.runner_state(self.runner_id, "stopped")
+            await db(self.queue.runner_state, self.runner_id, "stopped")
             self.emit({"event": "stopped", "runner_id": self.runner_id, **self.stats.__dict__})
         return self.stats
 
     async def _worker(self, index: int) -> None:
         idle = self.config.poll
         while not self._stopping.is_set():
-            claim = self.queue.claim(
-                owner=self.owner, runner_id=self.runner_id, runner_tag=self.runner_tag, ttl=self.config.lease_ttl
+            claim = await self.journal.call(
+                self.queue.claim,
+                owner=self.owner,
+                runner_id=self.runner_id,
+                runner_tag=self.runner_tag,
+                ttl=self.config.lease_ttl,
             )
             if claim is None:
                 self._wake.clear()
@@ -514,7 +525,9 @@ class FleetRunner:
         while True:
             await asyncio.sleep(self.config.beat)
             try:
-                held = self.queue.heartbeat(runner_id=self.runner_id, owner=self.owner, ttl=self.config.lease_ttl)
+                held = await self.journal.call(
+                    self.queue.heartbeat, runner_id=self.runner_id, owner=self.owner, ttl=self.config.lease_ttl
+                )
             except sa.exc.SQLAlchemyError as exc:
                 self.emit({"event": "heartbeat_failed", "error": f"{type(exc).__name__}: {str(exc)[:300]}"})
                 continue
@@ -577,17 +590,17 @@ class FleetRunner:
             active = self._active.get(claim.run_id)
             why = active.why if active is not None else "shutdown"
             if why == "fenced":
-                output.record_calls(self.journal)
+                await output.record_calls(self.journal)
                 self._fenced(claim, "its lease was taken over (seen at the heartbeat)")
             else:
-                self._give_back(claim, output)
+                await self._give_back(claim, output)
             return
         except SandboxLeaseFenced as exc:
-            output.record_calls(self.journal)
+            await output.record_calls(self.journal)
             self._fenced(claim, exc.message)
             return
         except _Postponed as exc:
-            self._postpone(claim, str(exc))
+            await self._postpone(claim, str(exc))
             return
         except SandboxError as exc:  # refused before run_job began: nothing was allocated
             error = exc
@@ -601,10 +614,18 @@ class FleetRunner:
         status, exit_code, summary = self._settlement(claim, outcome, error, output, time.perf_counter() - t0)
         chunks, calls = output.take()
         try:  # the rest of the output and of the calls with the settlement: one fenced transaction
-            self.queue.settle(claim, status=status, exit_code=exit_code, summary=summary, output=chunks, calls=calls)
+            await self.journal.call(
+                self.queue.settle,
+                claim,
+                status=status,
+                exit_code=exit_code,
+                summary=summary,
+                output=chunks,
+                calls=calls,
+            )
         except SandboxLeaseFenced as exc:
             with contextlib.suppress(JournalError):
-                self.journal.record_events(calls)
+                await self.journal.call(self.journal.record_events, calls)
             self._fenced(claim, exc.message)
             return
         self.stats.settled += 1
@@ -636,8 +657,8 @@ class FleetRunner:
     async def _run_held(self, claim: Claim, output: _Output) -> tuple[_Outcome | None, SandboxError | None]:
         request = claim.request
         registry = await self.adapters.get(request.provider)
-        if id(registry) not in self._recorded:
-            Runner(registry, self.journal, runner_tag=self.runner_tag, clock=self.clock)  # records the in-tree ones
+        if id(registry) not in self._recorded:  # made, it records the in-tree ones
+            await self.journal.work(Runner, registry, self.journal, runner_tag=self.runner_tag, clock=self.clock)
             self._recorded.add(id(registry))
         if claim.takeover:
             await self._reclaim_earlier(claim)
@@ -692,7 +713,7 @@ class FleetRunner:
             SandboxLeaseFenced: this attempt was taken over meanwhile.
             _Postponed: an allocation cannot be compensated now (its site is down, its provider failed).
         """
-        for row in self.journal.open_allocations(run_id=claim.run_id):
+        for row in await self.journal.call(self.journal.open_allocations, run_id=claim.run_id):
             if row.kind == "snapshot" and row.state == "live":
                 continue  # a settled snapshot outlives its Run by design
             adapter = self.adapters.combined.at(row.target, row.site)
@@ -711,8 +732,12 @@ class FleetRunner:
                 raise _Postponed(
                     f"allocation {row.allocation_key}: {fault.error.code}: {fault.error.message}"
                 ) from None
-            self.journal.set_allocation(
-                row.allocation_key, row_transition(row.state, "compensate"), now=self.clock.now(), fence=claim.lease
+            await self.journal.call(
+                self.journal.set_allocation,
+                row.allocation_key,
+                row_transition(row.state, "compensate"),
+                now=self.clock.now(),
+                fence=claim.lease,
             )
             self.emit({"event": "reclaimed", "run_id": claim.run_id, "allocation_key": row.allocation_key})
 
@@ -739,7 +764,7 @@ class FleetRunner:
         refused: list[str] = [f"{s}: {why}" for s, why in registry.down_sites.items()]
         tried: set[str] = set()
         while len(tried) < len(sites):
-            load = self._open_by_site()
+            load = await self.journal.call(self._open_by_site, list(self._active))
             for site, n in self._placed.items():
                 load[site] = load.get(site, 0) + n
             adapter = min(
@@ -760,10 +785,9 @@ class FleetRunner:
             f"no site of {found[0].target} answers: {'; '.join(refused)}", field="provider", retryable=True
         )
 
-    def _open_by_site(self) -> dict[str, int]:
+    def _open_by_site(self, mine: list[str]) -> dict[str, int]:
         """Open sandboxes (instance allocations) per site of the rest of the fleet, from the journal; this runner's
-        own are counted by ``_placed`` from the moment they are placed, before any is journaled."""
-        mine = list(self._active)
+        own (the Runs ``mine``) are counted by ``_placed`` from the moment they are placed, before any is journaled."""
         with self.journal.tx() as c:
             rows = c.execute(
                 sa.select(allocations.c.site, sa.func.count())
@@ -780,7 +804,7 @@ class FleetRunner:
         while True:
             await asyncio.sleep(FLUSH_SECONDS)
             try:
-                output.flush()
+                await output.flush(self.journal)
             except SandboxLeaseFenced:
                 active = self._active.get(output.claim.run_id)
                 if active is not None and active.why is None:
@@ -827,10 +851,11 @@ class FleetRunner:
         self.stats.fenced += 1
         self.emit({"event": "fenced", "run_id": claim.run_id, "attempt": claim.attempt, "why": why})
 
-    def _give_back(self, claim: Claim, output: _Output) -> None:
+    async def _give_back(self, claim: Claim, output: _Output) -> None:
         chunks, calls = output.take()
         try:
-            self.queue.give_back(
+            await self.journal.call(
+                self.queue.give_back,
                 claim,
                 "its runner stopped (SIGTERM): released, and back in the queue",
                 output=chunks,
@@ -838,15 +863,15 @@ class FleetRunner:
             )
         except SandboxLeaseFenced as exc:
             with contextlib.suppress(JournalError):
-                self.journal.record_events(calls)
+                await self.journal.call(self.journal.record_events, calls)
             self._fenced(claim, exc.message)
             return
         self.stats.given_back += 1
         self.emit({"event": "given_back", "run_id": claim.run_id, "attempt": claim.attempt})
 
-    def _postpone(self, claim: Claim, why: str) -> None:
+    async def _postpone(self, claim: Claim, why: str) -> None:
         try:
-            self.queue.postpone(claim, self.config.retry_after, why)
+            await self.journal.call(self.queue.postpone, claim, self.config.retry_after, why)
         except SandboxLeaseFenced as exc:
             self._fenced(claim, exc.message)
             return

@@ -288,7 +288,9 @@ async def run_job(
         capture_dirs=tuple(path for path, is_dir in map(capture_spec, captures) if is_dir),
     )
     async with phases.run("select"):
-        attempt = runner.start(
+        # the Run's first records: off the event loop where the journal is offloaded (a serving runner)
+        attempt = await runner.journal.work(
+            runner.start,
             target,
             profile,
             platform=platform,
@@ -396,7 +398,8 @@ async def run_job(
             if keeper.failure is not None:
                 session.unjournaled["output"] = f"{keeper.lost} bytes of output were not kept: {keeper.failure}"
         try:
-            runner.finish(
+            await runner.journal.work(
+                runner.finish,
                 attempt,
                 status=status,
                 exit_code=result.exit_code if result.exit_code >= 0 else None,

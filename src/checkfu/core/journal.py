@@ -27,6 +27,7 @@ comes with a new revision in ``migrations/versions``.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import contextvars
 import functools
@@ -710,6 +711,8 @@ class Journal:
         self.unrecorded = 0
         """Provider calls whose event could not be recorded (the journal was unavailable): they still happened."""
         self.engine = make_engine(url)
+        self._worker: concurrent.futures.ThreadPoolExecutor | None = None
+        """Set by ``offload``: where ``call`` makes every operation."""
         self._sqlite_file = _sqlite_file(self.engine)
         """What ``tx(durable=True)`` syncs to disk itself."""
         try:
@@ -774,7 +777,55 @@ class Journal:
                         sqlite.execute("PRAGMA synchronous=NORMAL")
 
     def close(self) -> None:
+        if self._worker is not None:
+            self._worker.shutdown(wait=True)
+            self._worker = None
         self.engine.dispose()
+
+    def offload(self, workers: int) -> None:
+        """From now on, make every operation that async code hands to ``call`` (and ``work``) in a pool of ``workers``
+        threads, never on the event loop: for a long-lived process that serves many Runs at once (``checkfu runner
+        serve``), where a transaction's round trip to PostgreSQL, or a wait for SQLite's lock, would otherwise hold
+        up every other Run, the heartbeat included. A one-shot command keeps the inline first attempt (a thread hop
+        costs more than its few short writes). An in-memory database has one connection: one worker."""
+        if self._worker is None:
+            one = isinstance(self.engine.pool, StaticPool)
+            self._worker = concurrent.futures.ThreadPoolExecutor(
+                max_workers=1 if one else max(1, workers), thread_name_prefix="checkfu-journal"
+            )
+
+    @property
+    def offloaded(self) -> bool:
+        return self._worker is not None
+
+    async def work(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+        """Synchronous work that makes journal operations among other things (a Run's selection and first
+        records): in the journal's workers once it is ``offload``-ed, else here, as it always was."""
+        if self._worker is None:
+            return fn(*args, **kwargs)
+        return await self._in_worker(functools.partial(fn, *args, **kwargs))
+
+    async def _in_worker(self, fn: Callable[[], T]) -> T:
+        """``fn`` in a worker thread, in a copy of the caller's context. A cancellation that comes meanwhile waits
+        for it to end before it is raised, as it would for an operation made inline: a write the caller was
+        cancelled during is never still under way while its cleanup writes the same rows."""
+        assert self._worker is not None
+        loop = asyncio.get_running_loop()
+        future = loop.run_in_executor(self._worker, contextvars.copy_context().run, fn)
+        cancelled: asyncio.CancelledError | None = None
+        while not future.done():
+            try:
+                await asyncio.shield(future)
+            except asyncio.CancelledError as exc:
+                if not future.done() or not future.cancelled():
+                    cancelled = exc  # the caller's, not the work's: waited out, then raised
+            except BaseException:
+                pass  # the work's own failure: raised below, from the future
+        if cancelled is not None:
+            if not future.cancelled():
+                future.exception()  # retrieved: the cancellation is what the caller sees
+            raise cancelled
+        return future.result()
 
     async def call(self, operation: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
         """Make a journal operation from async code without ever stalling the event loop on it.
@@ -791,6 +842,8 @@ class Journal:
         Raises:
             JournalError: as ``operation`` does (``JournalUnavailable`` once the deadline passed).
         """
+        if self._worker is not None:
+            return await self._in_worker(functools.partial(operation, *args, **kwargs))
         token = _INLINE.set(True)
         try:
             return operation(*args, **kwargs)

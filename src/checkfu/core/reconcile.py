@@ -98,8 +98,16 @@ async def _compensate(
         raise fault.error from None
 
 
-def _settle(journal: Journal, row: AllocationRow, clock: Clock) -> None:
-    journal.set_allocation(row.allocation_key, row_transition(row.state, "compensate"), now=clock.now())
+async def _settle(journal: Journal, row: AllocationRow, clock: Clock) -> None:
+    await journal.call(
+        journal.set_allocation, row.allocation_key, row_transition(row.state, "compensate"), now=clock.now()
+    )
+
+
+async def _take_over(journal: Journal, leases: LeaseStore, lease_id: str) -> Lease:
+    """Raises SandboxLeaseFenced: its holder renewed meanwhile, or another reconciler took it first."""
+    lease: Lease = await journal.call(leases.takeover, lease_id, only_if_reclaimable=True)
+    return lease
 
 
 async def reconcile(journal: Journal, registry: Registry, clock: Clock, *, runner_tag: str) -> ReconcileReport:
@@ -114,11 +122,12 @@ async def reconcile(journal: Journal, registry: Registry, clock: Clock, *, runne
     taken: dict[str, Lease] = {}
     live_keys: set[str] = set()
     adapters = {(target_key(a.target), a.site): a for a in registry.adapters}
-    for row in journal.open_allocations(runner_tag=runner_tag):
+    for row in await journal.call(journal.open_allocations, runner_tag=runner_tag):
         if row.kind == "snapshot" and row.state == "live":
             live_keys.add(row.allocation_key)  # a settled snapshot belongs to the Session, not the Run
             continue
-        if row.lease_id not in taken and not leases.reclaimable(row.lease_id):  # taken: reclaimed by this pass
+        # taken: reclaimed by this pass
+        if row.lease_id not in taken and not await journal.call(leases.reclaimable, row.lease_id):
             live_keys.add(row.allocation_key)
             continue
         adapter = adapters.get((target_key(row.target), row.site or ""))
@@ -132,7 +141,7 @@ async def reconcile(journal: Journal, registry: Registry, clock: Clock, *, runne
                 report.skipped[row.allocation_key] = _unreachable(registry, row)
             continue
         try:
-            lease = taken.get(row.lease_id) or leases.takeover(row.lease_id, only_if_reclaimable=True)
+            lease = taken.get(row.lease_id) or await _take_over(journal, leases, row.lease_id)
         except SandboxLeaseFenced:
             live_keys.add(row.allocation_key)  # its owner renewed meanwhile: a live Run's, not ours to take
             continue
@@ -142,13 +151,15 @@ async def reconcile(journal: Journal, registry: Registry, clock: Clock, *, runne
         except SandboxError as exc:
             report.failed[row.allocation_key] = f"{exc.code}: {exc.message}"
             continue
-        _settle(journal, row, clock)
+        await _settle(journal, row, clock)
         report.compensated.append(row.allocation_key)
     for lease in taken.values():
-        leases.end(lease)
+        await journal.call(leases.end, lease)
     await _sweep_enumerated(journal, registry, leases, runner_tag, live_keys, report)
-    _settle_runs(journal, leases, clock, runner_tag, report)
-    _note_other_tags(journal, leases, runner_tag, report)
+    # each a run of short reads and writes with no provider call among them: made in one go (off the event loop
+    # when the journal is offloaded)
+    await journal.work(_settle_runs, journal, leases, clock, runner_tag, report)
+    await journal.work(_note_other_tags, journal, leases, runner_tag, report)
     return report
 
 
@@ -218,7 +229,7 @@ async def _sweep_enumerated(
         env = adapter.envelope
         if not (env.lifecycle_assurances.enumerates_allocations and env.declares("listAllocations")):
             continue
-        lease = leases.acquire(f"reconcile-{runner_tag}", ttl=300)
+        lease = await journal.call(leases.acquire, f"reconcile-{runner_tag}", ttl=300)
         try:
             try:
                 listing = (
@@ -228,7 +239,7 @@ async def _sweep_enumerated(
                 raise fault.error from None
             strays = sorted({a.allocation_key for a in listing.allocations} - live_keys)
             for key in strays:
-                row = journal.allocation(key)
+                row = await journal.call(journal.allocation, key)
                 if row is None:
                     # Never recorded here: journaled before any provider is asked, so it is another journal's.
                     report.unaccounted.append(key)
@@ -236,7 +247,8 @@ async def _sweep_enumerated(
                 # Journaled after this pass read the journal (a Run started meanwhile), or a settled
                 # snapshot: only an open row whose lease is reclaimable may be taken from its holder.
                 if row.state in ("pending", "live") and (
-                    (row.kind == "snapshot" and row.state == "live") or not leases.reclaimable(row.lease_id)
+                    (row.kind == "snapshot" and row.state == "live")
+                    or not await journal.call(leases.reclaimable, row.lease_id)
                 ):
                     continue
                 try:
@@ -244,13 +256,13 @@ async def _sweep_enumerated(
                 except SandboxError as exc:
                     report.failed[key] = f"{exc.code}: {exc.message}"
                     continue
-                _settle(journal, row, leases.clock)
+                await _settle(journal, row, leases.clock)
                 report.enumerated.append(key)
         except SandboxError as exc:
             where = f" at {adapter.site}" if adapter.site else ""
             report.failed[f"listAllocations {adapter.target}{where}"] = f"{exc.code}: {exc.message}"
         finally:
-            leases.end(lease)
+            await journal.call(leases.end, lease)
 
 
 # orphans ------------------------------------------------------------------------------------------
@@ -320,7 +332,7 @@ async def reap_orphans(
     for run in runs:
         taken: dict[str, Lease] = {}
         held = False
-        for row in journal.open_allocations(run_id=run.run_id):
+        for row in await journal.call(journal.open_allocations, run_id=run.run_id):
             if row.kind == "snapshot" and row.state == "live":
                 continue
             adapter = adapters.get((target_key(row.target), row.site or ""))
@@ -329,7 +341,7 @@ async def reap_orphans(
                 held = True
                 continue
             try:
-                lease = taken.get(row.lease_id) or leases.takeover(row.lease_id, only_if_reclaimable=True)
+                lease = taken.get(row.lease_id) or await _take_over(journal, leases, row.lease_id)
             except SandboxLeaseFenced:
                 held = True  # another reaper took it first: it settles the Run
                 continue
@@ -340,14 +352,15 @@ async def reap_orphans(
                 report.left[row.allocation_key] = f"{exc.code}: {exc.message}"
                 held = True
                 continue
-            _settle(journal, row, clock)
+            await _settle(journal, row, clock)
             report.released.append(row.allocation_key)
         for lease in taken.values():
-            leases.end(lease)
+            await journal.call(leases.end, lease)
         if held:
             report.pending.append(run.run_id)
             continue
-        summary = orphan_summary(run.owner, journal.allocations_for_run(run.run_id), reaper=reaper)
-        if journal.settle_orphaned_run(run.run_id, now=clock.now(), summary=summary):
+        rows = await journal.call(journal.allocations_for_run, run.run_id)
+        summary = orphan_summary(run.owner, rows, reaper=reaper)
+        if await journal.call(journal.settle_orphaned_run, run.run_id, now=clock.now(), summary=summary):
             report.reaped.append(run.run_id)
     return report
