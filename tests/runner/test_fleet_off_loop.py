@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import psycopg
+import sqlalchemy as sa
 import pytest
 
 from checkfu.core.fleet import FleetConfig, FleetRunner
@@ -157,3 +158,60 @@ async def test_a_lock_held_on_the_journal_never_holds_up_the_serving_loop(reques
     worst, status = await _loop_stall_while_runs_is_locked(cluster.url(cluster.create_database()), offloaded=False)
     assert status == "succeeded"
     assert worst >= 1.0, worst
+
+
+def test_two_runners_recording_one_enrollment_at_once_both_succeed(request: pytest.FixtureRequest) -> None:
+    """Two runners of a fleet that start on one PostgreSQL record their in-tree enrollments at once. Under read
+    committed, the second's delete sees nothing while the first's insert is uncommitted, and its insert then
+    breaks the unique key: a runner failed its first Run over it (seen once its journal was offloaded, when two
+    Runs of one runner began together). The second now records again and replaces the first's row."""
+    cluster = request.getfixturevalue("pg_cluster")
+    url = cluster.url(cluster.create_database())
+    journal = Journal(url)
+    envelope = MemoryProvider().envelope
+    first_inserted, second_inserting = threading.Event(), threading.Event()
+    roles = threading.local()
+
+    @sa.event.listens_for(journal.engine, "before_cursor_execute")
+    def before(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        if getattr(roles, "name", "") == "second" and statement.startswith("INSERT INTO enrollments"):
+            second_inserting.set()
+
+    @sa.event.listens_for(journal.engine, "after_cursor_execute")
+    def after(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        if getattr(roles, "name", "") == "first" and statement.startswith("INSERT INTO enrollments"):
+            first_inserted.set()
+            second_inserting.wait(5)  # the second has deleted (nothing) and waits on this insert's key
+            time.sleep(0.2)  # ... in its own insert, which fails once this commits
+
+    failures: dict[str, BaseException] = {}
+
+    def record(name: str, source: str) -> None:
+        roles.name = name
+        if name == "second":
+            first_inserted.wait(5)
+        try:
+            journal.record_enrollment(
+                envelope.target,
+                source=source,
+                kind="in_tree",
+                envelope_digest="sha256:" + "0" * 64,
+                envelope=envelope.model_dump_json(),
+                ceiling="{}",
+                now=0.0,
+            )
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            failures[name] = exc
+
+    try:
+        threads = [threading.Thread(target=record, args=(n, n)) for n in ("first", "second")]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(10)
+        assert second_inserting.is_set(), "the race was not staged"
+        assert failures == {}, failures
+        row = journal.enrollment(envelope.target)
+        assert row is not None and row.source == "second"  # the last to record replaced the first's row
+    finally:
+        journal.close()

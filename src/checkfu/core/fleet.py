@@ -424,6 +424,7 @@ class FleetRunner:
         self.stats = FleetStats()
         self._active: dict[str, _Active] = {}
         self._recorded: set[int] = set()
+        self._recording = asyncio.Lock()
         self._placed: Counter[str] = Counter()
         self._stopping = asyncio.Event()
         self._wake = asyncio.Event()
@@ -657,9 +658,13 @@ class FleetRunner:
     async def _run_held(self, claim: Claim, output: _Output) -> tuple[_Outcome | None, SandboxError | None]:
         request = claim.request
         registry = await self.adapters.get(request.provider)
-        if id(registry) not in self._recorded:  # made, it records the in-tree ones
-            await self.journal.work(Runner, registry, self.journal, runner_tag=self.runner_tag, clock=self.clock)
-            self._recorded.add(id(registry))
+        if id(registry) not in self._recorded:
+            async with self._recording:  # one attempt records them; the others wait for it, not race it
+                if id(registry) not in self._recorded:  # made, it records the in-tree ones
+                    await self.journal.work(
+                        Runner, registry, self.journal, runner_tag=self.runner_tag, clock=self.clock
+                    )
+                    self._recorded.add(id(registry))
         if claim.takeover:
             await self._reclaim_earlier(claim)
         decode_value(SandboxProfile, request.profile)  # refused before any placement when it does not decode

@@ -1397,9 +1397,20 @@ class Journal:
             "credential_fingerprint": credential_fingerprint,
             "enrolled_at": now,
         }
-        with self.tx() as c:
-            c.execute(enrollments.delete().where(enrollments.c.target == key, enrollments.c.endpoint == endpoint))
-            c.execute(enrollments.insert().values(**values))
+        for attempt in range(3):
+            try:
+                with self.tx() as c:
+                    c.execute(
+                        enrollments.delete().where(enrollments.c.target == key, enrollments.c.endpoint == endpoint)
+                    )
+                    c.execute(enrollments.insert().values(**values))
+                return
+            except sa_exc.IntegrityError:
+                # Another runner recorded the same enrollment between this one's delete and its insert (PostgreSQL's
+                # read committed sees no row to delete while the other's insert is uncommitted): made again, its
+                # delete now sees that row and replaces it, the last to record winning as a replace does.
+                if attempt == 2:
+                    raise
 
     @journaled("enrollment")
     def enrollment(self, target: ExecutionTarget, endpoint: str = "") -> EnrollmentRow | None:
