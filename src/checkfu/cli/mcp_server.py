@@ -422,7 +422,10 @@ class Tools:
             if self.held.pop(a.id, None) is None:
                 raise SandboxNotFound(f"id: {a.id} was removed already", field="id")
             self.made.discard(a.id)
-            await live.release()
+            try:
+                await live.release()
+            finally:  # released (or failed trying): the server holds it no more, nor its providers
+                await self.service.let_go(live)
         return Removed(id=a.id, removed=True)
 
     async def close(self) -> None:
@@ -430,11 +433,14 @@ class Tools:
         else, they live on until removed or their time-to-live passes)."""
         while self.held:
             sandbox_id, live = self.held.popitem()
-            if sandbox_id in self.made:
-                with contextlib.suppress(SandboxError):
-                    await live.release()
-            else:
-                live.detach()
+            try:
+                if sandbox_id in self.made:
+                    with contextlib.suppress(SandboxError):
+                        await live.release()
+                else:
+                    live.detach()
+            finally:
+                await self.service.let_go(live)
 
 
 def _decode(content: str, encoding: str) -> bytes:
@@ -777,7 +783,7 @@ def mcp_command(
                 await serve_http(tools, where[0], where[1], token[0], said, stopping)
         finally:
             await tools.close()
-            service.close()
+            await service.aclose()
         if got:
             # Told to stop, maybe with stdin still open: the thread reading it would hold up the loop's and the
             # interpreter's end. What this server held is released and its journal closed: end here.
