@@ -29,6 +29,7 @@ PUBLIC = ["ConfigError", "JobResult", "LiveSandbox", "Observer", "QuietObserver"
 """A copy of ``checkfu.runner.__all__``, sorted. Changing the public face means changing this list."""
 
 SERVICE_METHODS = {
+    "aclose",
     "adapters",
     "all_adapters",
     "attach_sandbox",
@@ -42,6 +43,7 @@ SERVICE_METHODS = {
     "fleet",
     "grade",
     "keep_house",
+    "let_go",
     "open",
     "open_async",
     "pool_drain",

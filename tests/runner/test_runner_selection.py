@@ -56,6 +56,22 @@ def third_party_honest() -> MemoryProvider:
     return MemoryProvider(env)
 
 
+CLOSED: list[str] = []
+"""The providers ``ClosingStranger`` objects were closed as, in order."""
+
+
+class ClosingStranger(MemoryProvider):
+    """The memory provider, saying when it is closed (a real provider's close lets its client and threads go)."""
+
+    def close(self) -> None:
+        CLOSED.append(self.envelope.provider)
+
+
+def third_party_parity_closing() -> MemoryProvider:
+    """``third_party_parity``, saying when it is closed."""
+    return ClosingStranger(decode_value(SandboxProviderCapabilities, {**ex.parity_envelope(), "provider": "stranger"}))
+
+
 def broken_factory() -> MemoryProvider:
     raise RuntimeError("cannot reach the control socket")
 
@@ -151,6 +167,17 @@ async def test_a_third_party_claiming_runner_enforced_is_refused(tmp_path: Path)
             decode_value(SandboxProviderCapabilities, {**ex.parity_envelope(), "provider": "stranger"}).target
         )
     assert "SandboxEnrollmentRefused" in caught.value.message  # the refusal is named where selection fails
+
+
+async def test_an_adapter_refused_at_loading_is_closed_at_once(tmp_path: Path) -> None:
+    """Started, described and then refused above its ceiling: nothing will ever hold it, so its connections and
+    threads are let go of now rather than left to the collector."""
+    CLOSED.clear()
+    path = adapters_file(tmp_path, {"factory": f"{__name__}:third_party_parity_closing"})
+    registry = await load_registry(entry_point_names=[], config=path)
+    assert registry.adapters == ()
+    assert registry.unavailable[f"{path}#0"].startswith("SandboxEnrollmentRefused:")
+    assert CLOSED == ["stranger"]
 
 
 async def test_registry_add_refuses_by_axis() -> None:

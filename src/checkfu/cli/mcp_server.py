@@ -28,7 +28,8 @@ import os
 import secrets
 import signal
 import sys
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -286,6 +287,9 @@ class Tools:
         self.made: set[str] = set()
         """The sandboxes this server made (released when it ends); any other it holds was attached (let go of)."""
         self.locks: dict[str, asyncio.Lock] = {}
+        self.busy: Counter[int] = Counter()
+        """How many calls are using each held sandbox object now (by its ``id``): one removed meanwhile keeps its
+        providers open until the last of them ends."""
 
     def _profile(self, given: str | dict[str, Any] | None) -> str | dict[str, Any] | None:
         return self.profile if given is None else given
@@ -301,6 +305,21 @@ class Tools:
                 live = await self.service.attach_sandbox(sandbox_id)
                 self.held[sandbox_id] = live
             return live
+
+    @contextlib.asynccontextmanager
+    async def _using(self, sandbox_id: str) -> AsyncIterator[Any]:
+        """``_sandbox``, for one call: if the sandbox is removed while the call runs, its providers are let go of
+        when the call ends, not under it (a provider closed under a call would fail it with no code of ours)."""
+        live = await self._sandbox(sandbox_id)
+        self.busy[id(live)] += 1
+        try:
+            yield live
+        finally:
+            self.busy[id(live)] -= 1
+            if self.busy[id(live)] <= 0:
+                del self.busy[id(live)]
+                if self.held.get(sandbox_id) is not live:  # removed meanwhile: the last call lets go of it
+                    await self.service.let_go(live)
 
     def _gone_meanwhile(self, sandbox_id: str) -> None:
         """Raise when ``sandbox_id`` was removed through this server while a call on it ran (its answer would be
@@ -343,8 +362,9 @@ class Tools:
         return Made(sandbox_id=live.sandbox_id, provider=live.record.provider, expires_at=live.record.expires_at)
 
     async def exec(self, a: ExecIn) -> Ran:
-        live = await self._sandbox(a.sandbox_id)
-        res = await live.exec(a.command, env=dict(a.env), cwd=a.cwd, stdin=a.stdin.encode("utf-8"), timeout=a.timeout)
+        async with self._using(a.sandbox_id) as live:
+            stdin = a.stdin.encode("utf-8")
+            res = await live.exec(a.command, env=dict(a.env), cwd=a.cwd, stdin=stdin, timeout=a.timeout)
         self._gone_meanwhile(a.sandbox_id)
         out, out_cut = _text(res.stdout)
         err, err_cut = _text(res.stderr)
@@ -359,13 +379,13 @@ class Tools:
 
     async def write_file(self, a: WriteIn) -> Written:
         data = _decode(a.content, a.encoding)
-        live = await self._sandbox(a.sandbox_id)
-        await live.write_file(a.path, data, mode=a.mode)
+        async with self._using(a.sandbox_id) as live:
+            await live.write_file(a.path, data, mode=a.mode)
         return Written(path=a.path, bytes=len(data))
 
     async def read_file(self, a: ReadIn) -> Read:
-        live = await self._sandbox(a.sandbox_id)
-        got = await live.read_files([a.path])
+        async with self._using(a.sandbox_id) as live:
+            got = await live.read_files([a.path])
         if not got.files:
             raise SandboxNotFound(f"path: no file at {a.path} in {a.sandbox_id}", field="path")
         f = got.files[0]
@@ -393,8 +413,8 @@ class Tools:
         )
 
     async def list_files(self, a: ListIn) -> Listed:
-        live = await self._sandbox(a.sandbox_id)
-        got = await live.list_dir(a.path, recursive=a.recursive)
+        async with self._using(a.sandbox_id) as live:
+            got = await live.list_dir(a.path, recursive=a.recursive)
         return Listed(
             path=a.path,
             kind=got.kind,
@@ -403,8 +423,8 @@ class Tools:
         )
 
     async def snapshot(self, a: SnapshotIn) -> Snapped:
-        live = await self._sandbox(a.sandbox_id)
-        snap = await live.snapshot(keep=a.keep)
+        async with self._using(a.sandbox_id) as live:
+            snap = await live.snapshot(keep=a.keep)
         return Snapped(snapshot_id=snap.snapshot_ref, sandbox_id=a.sandbox_id, expires_at=snap.expires_at)
 
     async def resume(self, a: ResumeIn) -> Made:
@@ -422,7 +442,13 @@ class Tools:
             if self.held.pop(a.id, None) is None:
                 raise SandboxNotFound(f"id: {a.id} was removed already", field="id")
             self.made.discard(a.id)
-            await live.release()
+            try:
+                await live.release()
+            finally:
+                # Released (or failed trying): the server holds it no more. Its providers go now, unless a call on
+                # it is still running: that one lets go of them as it ends.
+                if not self.busy.get(id(live)):
+                    await self.service.let_go(live)
         return Removed(id=a.id, removed=True)
 
     async def close(self) -> None:
@@ -430,11 +456,14 @@ class Tools:
         else, they live on until removed or their time-to-live passes)."""
         while self.held:
             sandbox_id, live = self.held.popitem()
-            if sandbox_id in self.made:
-                with contextlib.suppress(SandboxError):
-                    await live.release()
-            else:
-                live.detach()
+            try:
+                if sandbox_id in self.made:
+                    with contextlib.suppress(SandboxError):
+                        await live.release()
+                else:
+                    live.detach()
+            finally:
+                await self.service.let_go(live)
 
 
 def _decode(content: str, encoding: str) -> bytes:
@@ -777,7 +806,7 @@ def mcp_command(
                 await serve_http(tools, where[0], where[1], token[0], said, stopping)
         finally:
             await tools.close()
-            service.close()
+            await service.aclose()
         if got:
             # Told to stop, maybe with stdin still open: the thread reading it would hold up the loop's and the
             # interpreter's end. What this server held is released and its journal closed: end here.

@@ -306,7 +306,7 @@ def sandbox_create(
                 await live.release(status="failed")  # a sandbox whose port did not open is not left behind
                 raise
         finally:
-            service.close()
+            await service.aclose()
         return live.record
 
     rec = _run(body, as_json, db)
@@ -353,7 +353,7 @@ async def _remove(ids: list[str], db: str | None, *, status: str) -> list[str]:
                 live = await _attached(service, ident)
                 await live.release(status=status)
         finally:
-            service.close()
+            await service.aclose()
         done.append(ident)
     return done
 
@@ -376,7 +376,7 @@ def sandbox_extend(
             live = await _attached(service, sandbox_id)
             return float(await live.extend(check_ttl(seconds)))
         finally:
-            service.close()
+            await service.aclose()
 
     until = _run(body, as_json, db)
     _emit(as_json, {"sandbox_id": sandbox_id, "expires_at": _when(until)}, f"{sandbox_id} expires {_when(until)}")
@@ -445,7 +445,7 @@ def exec_command(
                 return code
             return await _stream(live, command, values, workdir, timeout, interactive, use_tty)
         finally:
-            service.close()
+            await service.aclose()
 
     code = _run(body, as_json, db)
     from checkfu.cli.run import FINISHED  # noqa: PLC0415
@@ -543,7 +543,7 @@ def cp_command(
             where = exc.filename or local
             raise SandboxPathRejected(f"path: {where}: {exc.strerror or exc} (on this machine)", field="path") from exc
         finally:
-            service.close()
+            await service.aclose()
 
     copied = _run(body, as_json, db)
     _emit(as_json, {"copied": copied}, f"copied {len(copied)} file(s)")
@@ -748,7 +748,7 @@ def snapshot_command(
             live = await _attached(service, sandbox_id)
             return await live.snapshot(keep=seconds)
         finally:
-            service.close()
+            await service.aclose()
 
     snap = _run(body, as_json, db)
     _emit(
@@ -778,7 +778,7 @@ def resume_command(
             ref = _check_id(snapshot, snapshot=True)
             live = await service.resume_snapshot(ref, ttl=seconds, detached=True, credential=_credential())
         finally:
-            service.close()
+            await service.aclose()
         return live.record
 
     rec = _run(body, as_json, db)
@@ -800,7 +800,7 @@ def clone_command(
             live = await _attached(service, sandbox_id)
             copy = await service.clone_sandbox(live, ttl=seconds, detached=True)
         finally:
-            service.close()
+            await service.aclose()
         return copy.record
 
     rec = _run(body, as_json, db)

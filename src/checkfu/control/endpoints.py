@@ -18,7 +18,15 @@ from typing import Any
 from checkfu.contract.errors import SandboxError
 from checkfu.core.door import Recorder
 from checkfu.core.journal import Journal
-from checkfu.core.registry import Adapter, Registry, adapter_from_factory, endpoint, is_endpoint, load_registry
+from checkfu.core.registry import (
+    Adapter,
+    Registry,
+    adapter_from_factory,
+    add_or_close,
+    endpoint,
+    is_endpoint,
+    load_registry,
+)
 from checkfu.wire.credentials import ENROLLED, Credential, CredentialError, read_credential
 
 Wanted = tuple[str, str | None]
@@ -78,7 +86,7 @@ async def reach(
     for site in sorted({endpoint(str(site)) for _, site in wanted if is_endpoint(site)}):
         credential = given[site] if site in given else enrolled_credential(journal, site)
         try:
-            registry.add(await remote_adapter(site, credential, recorder=recorder))
+            await add_or_close(registry, await remote_adapter(site, credential, recorder=recorder))
         except SandboxError as exc:
             registry.mark_unavailable(site, f"{exc.code}: {exc.message}", site=site)
     return registry
@@ -97,7 +105,9 @@ async def add_endpoints(
     have = {a.site for a in registry.adapters}
     for site in sorted(set(sites) - have):
         try:
-            registry.add(await remote_adapter(site, enrolled_credential(journal, site), recorder=recorder))
+            await add_or_close(
+                registry, await remote_adapter(site, enrolled_credential(journal, site), recorder=recorder)
+            )
         except SandboxError as exc:
             registry.mark_unavailable(site, f"{exc.code}: {exc.message}", site=site)
     return registry

@@ -362,6 +362,19 @@ async def close_provider(provider: object) -> None:
             await asyncio.to_thread(close)  # it may wait for locks (the Docker tier's spools): not on the loop
 
 
+async def add_or_close(registry: Registry, adapter: Adapter) -> None:
+    """``registry.add(adapter)``; an adapter it refuses is closed at once, since nothing will ever hold it.
+
+    Raises:
+        SandboxEnrollmentRefused: as ``Registry.add``.
+    """
+    try:
+        registry.add(adapter)
+    except BaseException:
+        await close_provider(adapter.provider)
+        raise
+
+
 async def close_adapters(adapters: Iterable[Adapter]) -> None:
     """``close_provider`` for each distinct provider of ``adapters``."""
     seen: set[int] = set()
@@ -542,7 +555,8 @@ async def load_registry(
     for source, spec, opts, ours, site in specs:
         try:
             resolved = _resolve_factory(spec) if isinstance(spec, str) else spec
-            registry.add(await adapter_from_factory(resolved, source, opts, in_tree=ours, recorder=recorder, site=site))
+            adapter = await adapter_from_factory(resolved, source, opts, in_tree=ours, recorder=recorder, site=site)
+            await add_or_close(registry, adapter)
         except SandboxError as exc:
             registry.mark_unavailable(source, f"{exc.code}: {exc.message}", site=site)
         except (ImportError, AttributeError) as exc:

@@ -15,6 +15,7 @@ import asyncio
 import concurrent.futures
 import sys
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -51,6 +52,23 @@ def _stderr(text: str) -> None:
     print(text, file=sys.stderr)
 
 
+@dataclass
+class _Shared:
+    """A registry this service loaded for the live sandboxes it handed out (one, and its clones), and how many of
+    them still use it: its providers hold connections and threads, closed when the last of them is let go."""
+
+    registry: Registry
+    users: int = 0
+
+
+async def _close(registry: Registry | None) -> None:
+    """Let ``registry``'s providers go (their engine clients, pools and threads); the sandboxes stay as they are."""
+    from checkfu.core.registry import close_adapters  # noqa: PLC0415
+
+    if registry is not None:
+        await close_adapters(registry.adapters)
+
+
 class RunnerService:
     """One runner: its configuration, its journal (open), and the use cases every face offers.
 
@@ -66,6 +84,9 @@ class RunnerService:
         self._tag: str | None = None
         self.reclaimed: list[Reclaimed] = []
         """The sandboxes the last ``reclaim_sandboxes`` reclaimed (``checkfu ps`` shows them)."""
+        self._live: dict[int, tuple[LiveSandbox, _Shared]] = {}
+        """Every live sandbox this service handed out and nobody has let go of yet (``let_go``), by its ``id``, with
+        the registry it was reached through (the sandbox object is kept so its ``id`` is not reused meanwhile)."""
 
     # -- opening and closing ------------------------------------------------------------------------------------
 
@@ -121,7 +142,48 @@ class RunnerService:
         return service
 
     def close(self) -> None:
+        """Close what is still open: the providers of every sandbox handed out and not let go of, then the journal.
+        From inside an event loop, call ``aclose`` instead: a provider's client is best closed on the loop that
+        used it (here it is closed on a loop of its own thread)."""
+        if self._live:
+            try:
+                asyncio.get_running_loop()
+            except RuntimeError:
+                asyncio.run(self._let_go_of_all())
+            else:
+                with concurrent.futures.ThreadPoolExecutor(1) as pool:
+                    pool.submit(asyncio.run, self._let_go_of_all()).result()
         self.journal.close()
+
+    async def aclose(self) -> None:
+        """``close`` for async code: the providers are closed on the running loop."""
+        try:
+            await self._let_go_of_all()
+        finally:
+            self.journal.close()
+
+    async def let_go(self, live: LiveSandbox) -> None:
+        """Say this caller is done with ``live`` (a sandbox ``create_sandbox``, ``attach_sandbox``,
+        ``resume_snapshot`` or ``clone_sandbox`` handed out), whether it released it or leaves it live for someone
+        else: the providers it was reached through are closed once no other sandbox handed out with them is still
+        held. A sandbox this service did not hand out, or one let go of already, is left as it is."""
+        held = self._live.pop(id(live), None)  # a held sandbox is kept alive, so no other object has its id
+        if held is None:
+            return
+        shared = held[1]
+        shared.users -= 1
+        if shared.users == 0:
+            await _close(shared.registry)
+
+    async def _let_go_of_all(self) -> None:
+        while self._live:  # one at a time: a close cut short leaves the rest held, closed by the next close
+            await self.let_go(next(iter(self._live.values()))[0])
+
+    def _hand_out(self, live: LiveSandbox, shared: _Shared) -> LiveSandbox:
+        """Hold ``shared`` open for ``live`` until it is let go of (``let_go``, ``close``)."""
+        shared.users += 1
+        self._live[id(live)] = (live, shared)
+        return live
 
     def __enter__(self) -> RunnerService:
         return self
@@ -150,7 +212,10 @@ class RunnerService:
         """The registry for ``wanted``: installed providers by name (with the configured adapters file unless
         ``adapters_file=False``; ``sites`` places one at several Docker engines), and provider services at their
         endpoints with the credential given for the endpoint, else the one issued when it was enrolled. Every
-        ``describe`` is journaled. One that cannot be reached is recorded as unavailable, never taken for empty."""
+        ``describe`` is journaled. One that cannot be reached is recorded as unavailable, never taken for empty.
+
+        The caller owns what is returned: its providers hold connections and threads, so it closes them
+        (``checkfu.core.registry.close_adapters``) once nothing uses them, as the use cases here do."""
         from checkfu.control.endpoints import reach  # noqa: PLC0415
         from checkfu.core.registry import is_endpoint, load_registry  # noqa: PLC0415
 
@@ -165,9 +230,13 @@ class RunnerService:
             served = [(name, site) for name, site in wanted if is_endpoint(site)]
             if not served:
                 return registry
-            more = await reach(self.journal, served, recorder=self.journal, credentials=credentials)
+            try:
+                more = await reach(self.journal, served, recorder=self.journal, credentials=credentials)
+            except BaseException:
+                await _close(registry)
+                raise
             for adapter in more.adapters:
-                registry.add(adapter)
+                registry.add(adapter)  # one checked already when ``reach`` added it
             return registry
         return await reach(
             self.journal, wanted, recorder=self.journal, options=options, credentials=credentials, config=config
@@ -175,7 +244,7 @@ class RunnerService:
 
     async def remote(self, url: str, credential: Credential | None) -> Registry:
         """A registry of the one provider service at ``url``, reached with ``credential`` (``None``: the one issued
-        when it was enrolled).
+        when it was enrolled). The caller owns it and closes its provider, as with ``adapters``.
 
         Raises:
             SandboxAdapterUnavailable: ``url`` is not a usable provider URL, or the service cannot be reached.
@@ -183,17 +252,19 @@ class RunnerService:
             SandboxError: its envelope does not decode.
         """
         from checkfu.control.endpoints import remote_adapter  # noqa: PLC0415
-        from checkfu.core.registry import Registry  # noqa: PLC0415
+        from checkfu.core.registry import Registry, add_or_close  # noqa: PLC0415
 
         registry = Registry()
-        registry.add(await remote_adapter(url, credential or self.enrolled_credential(url), recorder=self.journal))
+        adapter = await remote_adapter(url, credential or self.enrolled_credential(url), recorder=self.journal)
+        await add_or_close(registry, adapter)  # one refused above its ceiling is closed: nobody will hold it
         return registry
 
     async def all_adapters(
         self, providers: Sequence[str] | None = None, *, sites: Mapping[str, Sequence[Mapping[str, Any]]] | None = None
     ) -> Registry:
         """Every installed provider (or the named ones) with the adapters file, and every provider service that
-        holds something open for this runner: what reconciliation needs to reach every allocation."""
+        holds something open for this runner: what reconciliation needs to reach every allocation. The caller owns
+        it and closes its providers, as with ``adapters``."""
         from checkfu.control.endpoints import add_endpoints, open_endpoints  # noqa: PLC0415
         from checkfu.core.registry import load_registry  # noqa: PLC0415
 
@@ -204,9 +275,13 @@ class RunnerService:
             config=self.config.adapters,
             options=self._options(None),
         )
-        return await add_endpoints(
-            loaded, self.journal, open_endpoints(self.journal, runner_tag=self.tag), recorder=self.journal
-        )
+        try:
+            return await add_endpoints(
+                loaded, self.journal, open_endpoints(self.journal, runner_tag=self.tag), recorder=self.journal
+            )
+        except BaseException:
+            await _close(loaded)
+            raise
 
     async def _at(self, wanted: Wanted, credential: Credential | None) -> Registry:
         """The registry for one journal row's (provider, site): a service's endpoint with ``credential`` (else its
@@ -339,10 +414,13 @@ class RunnerService:
         site = provider if is_endpoint(provider) else None
         prof = None if site else self.profile(profile, provider)  # before any provider is asked anything
         registry = await self.adapters([(provider, site)], adapters_file=site is None)
-        target = self.choose(registry, provider)
-        if prof is None:  # a service: the provider it serves decides whether a tag is pinned
-            prof = self.profile(profile, registry.select(target).envelope.provider)
-        return await self.run(registry, target, prof, command, **job)
+        try:
+            target = self.choose(registry, provider)
+            if prof is None:  # a service: the provider it serves decides whether a tag is pinned
+                prof = self.profile(profile, registry.select(target).envelope.provider)
+            return await self.run(registry, target, prof, command, **job)
+        finally:  # the Run is over, its sandbox released: nothing uses these providers any more
+            await _close(registry)
 
     async def run(
         self,
@@ -399,18 +477,23 @@ class RunnerService:
         prof = None if site else await asyncio.to_thread(self.profile, profile, provider)
         given = {site: credential} if site and credential is not None else None
         registry = await self.adapters([(provider, site)], credentials=given, adapters_file=site is None)
-        target = self.choose(registry, provider)
-        if prof is None:
-            prof = await asyncio.to_thread(self.profile, profile, registry.select(target).envelope.provider)
-        return await self.sandboxes(registry).create(
-            target,
-            prof,
-            host_platform_value(),
-            mounts=resolved,
-            specs=specs,
-            ttl=check_ttl(DEFAULT_TTL if ttl is None else ttl),
-            detached=detached,
-        )
+        try:
+            target = self.choose(registry, provider)
+            if prof is None:
+                prof = await asyncio.to_thread(self.profile, profile, registry.select(target).envelope.provider)
+            live = await self.sandboxes(registry).create(
+                target,
+                prof,
+                host_platform_value(),
+                mounts=resolved,
+                specs=specs,
+                ttl=check_ttl(DEFAULT_TTL if ttl is None else ttl),
+                detached=detached,
+            )
+        except BaseException:
+            await _close(registry)
+            raise
+        return self._hand_out(live, _Shared(registry))
 
     async def attach_sandbox(self, sandbox_id: str, *, credential: Credential | None = None) -> LiveSandbox:
         """A live sandbox of this runner by its id (made by any process, ``checkfu sandbox create`` included).
@@ -423,7 +506,12 @@ class RunnerService:
         rec = SandboxBook(self.journal).get(sandbox_id)
         wanted = (rec.provider, rec.site or None) if rec is not None else ("docker", None)
         registry = await self._at(wanted, credential)
-        return self.sandboxes(registry).attach(sandbox_id)
+        try:
+            live = self.sandboxes(registry).attach(sandbox_id)
+        except BaseException:
+            await _close(registry)
+            raise
+        return self._hand_out(live, _Shared(registry))
 
     async def resume_snapshot(
         self, ref: str, *, ttl: float | None = None, detached: bool = False, credential: Credential | None = None
@@ -438,17 +526,41 @@ class RunnerService:
         rec = SandboxBook(self.journal).snapshot(ref)
         wanted = (rec.target.provider, rec.site or None) if rec is not None else ("docker", None)
         registry = await self._at(wanted, credential)
-        return await self.sandboxes(registry).resume(
-            ref, ttl=check_ttl(DEFAULT_TTL if ttl is None else ttl), detached=detached
-        )
+        try:
+            live = await self.sandboxes(registry).resume(
+                ref, ttl=check_ttl(DEFAULT_TTL if ttl is None else ttl), detached=detached
+            )
+        except BaseException:
+            await _close(registry)
+            raise
+        return self._hand_out(live, _Shared(registry))
 
     async def clone_sandbox(
         self, source: LiveSandbox, *, ttl: float | None = None, detached: bool = False
     ) -> LiveSandbox:
-        """A new sandbox holding ``source``'s files as they are now (the source stays as it is)."""
+        """A new sandbox holding ``source``'s files as they are now (the source stays as it is). It is reached
+        through ``source``'s providers, which stay open until both are let go of (``let_go``); a ``source`` this
+        service did not hand out lends its providers, and whoever owns them closes them."""
         from checkfu.core.sandboxes import DEFAULT_TTL, check_ttl  # noqa: PLC0415
 
-        return await source.host.clone(source, ttl=check_ttl(DEFAULT_TTL if ttl is None else ttl), detached=detached)
+        held = self._live.get(id(source))
+        if held is None:
+            return await source.host.clone(
+                source, ttl=check_ttl(DEFAULT_TTL if ttl is None else ttl), detached=detached
+            )
+        shared = held[1]
+        shared.users += 1  # before the clone is awaited: letting go of the source meanwhile must not close them
+        try:
+            live = await source.host.clone(
+                source, ttl=check_ttl(DEFAULT_TTL if ttl is None else ttl), detached=detached
+            )
+        except BaseException:
+            shared.users -= 1
+            if shared.users == 0:
+                await _close(shared.registry)
+            raise
+        shared.users -= 1
+        return self._hand_out(live, shared)
 
     async def delete_snapshot(self, ref: str, *, credential: Credential | None = None) -> None:
         """Delete snapshot ``ref`` through the provider and site it was taken on (one already deleted is left as
@@ -462,7 +574,10 @@ class RunnerService:
         rec = SandboxBook(self.journal).snapshot(ref)
         wanted = (rec.target.provider, rec.site or None) if rec is not None else ("docker", None)
         registry = await self._at(wanted, credential)
-        await self.sandboxes(registry).delete_snapshot(ref)
+        try:
+            await self.sandboxes(registry).delete_snapshot(ref)
+        finally:
+            await _close(registry)
 
     async def pool_fill(
         self,
@@ -516,17 +631,20 @@ class RunnerService:
         from checkfu.core.reconcile import reconcile  # noqa: PLC0415
 
         registry = await self.all_adapters(providers, sites=sites)
-        ambiguous = registry.ambiguity()
-        if ambiguous is not None:
-            raise ambiguous
+        try:
+            ambiguous = registry.ambiguity()
+            if ambiguous is not None:
+                raise ambiguous
 
-        async def loaded(_: set[Wanted]) -> Registry:
-            return registry
+            async def loaded(_: set[Wanted]) -> Registry:
+                return registry
 
-        # A snapshot cut short belongs to a sandbox that lives on, whose lease reconciliation leaves alone: it is
-        # undone first (the house keeping of a reconciling opening leaves it here), and counted in the report.
-        cut = await self._settle_cut_short(loaded)
-        report = await reconcile(self.journal, registry, SystemClock(), runner_tag=self.tag)
+            # A snapshot cut short belongs to a sandbox that lives on, whose lease reconciliation leaves alone: it
+            # is undone first (the house keeping of a reconciling opening leaves it here), and counted in the report.
+            cut = await self._settle_cut_short(loaded)
+            report = await reconcile(self.journal, registry, SystemClock(), runner_tag=self.tag)
+        finally:
+            await _close(registry)
         await self.reclaim_sandboxes()  # a sandbox whose Run this pass settled (its maker died) is settled with it
         report.compensated[:0] = [c.allocation_key for c in cut if c.error is None]
         report.failed.update({c.allocation_key: c.error for c in cut if c.error is not None})
@@ -599,20 +717,23 @@ class RunnerService:
         """
         from checkfu.conformance.suite import resolve_target  # noqa: PLC0415
         from checkfu.control.grading import grade  # noqa: PLC0415
-        from checkfu.core.registry import Registry, enrollment_endpoint  # noqa: PLC0415
+        from checkfu.core.registry import Registry, close_provider, enrollment_endpoint  # noqa: PLC0415
 
         if credential is None and target.startswith(("http://", "https://")):
             credential = self.enrolled_credential(target)
         adapter = await resolve_target(target, credential)
-        registry = Registry()
-        registry.add(adapter)
-        self.record(registry)
-        return grade(
-            adapter,
-            enrollment=self.journal.enrollment(adapter.target, enrollment_endpoint(adapter)),
-            history=self.journal.provider_faults(adapter.target),
-            conformance=conformance,
-        )
+        try:
+            registry = Registry()
+            registry.add(adapter)
+            self.record(registry)
+            return grade(
+                adapter,
+                enrollment=self.journal.enrollment(adapter.target, enrollment_endpoint(adapter)),
+                history=self.journal.provider_faults(adapter.target),
+                conformance=conformance,
+            )
+        finally:  # graded from its envelope and the journal: its provider is not asked anything more
+            await close_provider(adapter.provider)
 
     def submit(self, request: RunRequest, *, runner_tag: str | None = None) -> str:
         """Queue a checked Run ``request`` (``checkfu.runner.submission.build_request``) for the fleet on this
@@ -683,19 +804,25 @@ class RunnerService:
         except Exception:  # a journal too old to hold sandboxes, or one that cannot be read: nothing to reclaim
             return []
 
-        async def registry_for(wanted: set[Wanted]) -> Registry:
-            return await self.adapters(wanted, adapters_file=False)
+        loaded: list[Registry] = []
 
-        if cut:
-            await self._settle_cut_short(registry_for)
-        if not due:
-            return []
+        async def registry_for(wanted: set[Wanted]) -> Registry:
+            loaded.append(await self.adapters(wanted, adapters_file=False))
+            return loaded[-1]
 
         try:
-            done = await sweep(self.journal, self.tag, registry_for)
-        except Exception as exc:
-            self.notice(f"warning: sandboxes due for reclaiming were left for the next command: {exc}")
-            return []
+            if cut:
+                await self._settle_cut_short(registry_for)
+            if not due:
+                return []
+            try:
+                done = await sweep(self.journal, self.tag, registry_for)
+            except Exception as exc:
+                self.notice(f"warning: sandboxes due for reclaiming were left for the next command: {exc}")
+                return []
+        finally:  # what was due is reclaimed (or left for the next command): the providers are not needed
+            for registry in loaded:
+                await _close(registry)
         for r in done:
             if r.error:
                 self.notice(f"warning: sandbox {r.sandbox_id} ({r.reason}) could not be reclaimed: {r.error}")
@@ -744,14 +871,20 @@ class RunnerService:
         except JournalError:
             return None
 
+        loaded: list[Registry] = []
+
         async def adapters(rows: list[AllocationRow]) -> Registry:
-            return await self.adapters({(r.target.provider, r.site) for r in rows}, adapters_file=False)
+            loaded.append(await self.adapters({(r.target.provider, r.site) for r in rows}, adapters_file=False))
+            return loaded[-1]
 
         try:
             report = await sweep_expired_snapshots(self.journal, adapters, clock, runner_tag=self.tag)
         except (SandboxError, JournalError) as exc:
             self.notice(f"checkfu: expired snapshots were not swept ({exc}); the next command tries again")
             return None
+        finally:
+            for registry in loaded:
+                await _close(registry)
         done = len(report.deleted) + len(report.settled)
         if done:
             self.notice(f"checkfu: deleted {done} expired snapshot(s)")
@@ -799,12 +932,15 @@ class RunnerService:
                         wanted.add((decode(ExecutionTarget, orphan.target).provider, None))
                     except SandboxError:
                         continue
+        registry: Registry | None = None
         try:
             registry = await self.adapters(wanted, adapters_file=False)
             report = await reap_orphans(self.journal, registry, SystemClock(), gone, reaper=reaper or _command_name())
         except Exception as exc:  # the command that opened the journal goes on; the orphan waits for the next
             say(f"checkfu: {len(gone):d} orphaned Run(s) could not be reaped now: {exc}")
             return None
+        finally:
+            await _close(registry)
         owners = {r.run_id: r.owner for r in gone}
         for run_id in report.reaped:
             say(
