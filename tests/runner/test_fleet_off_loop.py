@@ -19,8 +19,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import psycopg
-import sqlalchemy as sa
 import pytest
+import sqlalchemy as sa
 
 from checkfu.core.fleet import FleetConfig, FleetRunner
 from checkfu.core.journal import Journal
@@ -200,7 +200,7 @@ def test_two_runners_recording_one_enrollment_at_once_both_succeed(request: pyte
                 ceiling="{}",
                 now=0.0,
             )
-        except BaseException as exc:  # noqa: BLE001 - reported below
+        except BaseException as exc:  # reported below
             failures[name] = exc
 
     try:
