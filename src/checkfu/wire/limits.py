@@ -76,6 +76,17 @@ class BoundedHttp(HttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        resume = self.flow.resume_reading
+
+        def resumed() -> None:
+            # The client's quiet is timed from when the service reads again, not from the last look the idle timer
+            # took while it was paused: else a client that sent on at once after a long pause of the service's was
+            # cut as idle (seen on a loaded machine, where the next bytes arrive a moment later).
+            if self.flow.read_paused:
+                self._last_read = self.loop.time()
+            resume()
+
+        self.flow.resume_reading = resumed  # type: ignore[method-assign]
         self._begin_head()
 
     def connection_lost(self, exc: Exception | None) -> None:
