@@ -794,10 +794,6 @@ class Journal:
                 max_workers=1 if one else max(1, workers), thread_name_prefix="checkfu-journal"
             )
 
-    @property
-    def offloaded(self) -> bool:
-        return self._worker is not None
-
     async def work(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
         """Synchronous work that makes journal operations among other things (a Run's selection and first
         records): in the journal's workers once it is ``offload``-ed, else here, as it always was."""
